@@ -1,0 +1,51 @@
+"""ooc-learn: out-of-core learning with exact, fast cross-validation under one memory cap.
+
+Data are ingested once into a block store (HDF5) with a metric-forest index (LMDB); learners
+stream blocks under a configurable memory cap.
+
+>>> import ooc_learn                                        # doctest: +SKIP
+>>> store = ooc_learn.ingest(["train.svm"], "train.store")  # doctest: +SKIP
+>>> store.n_samples, store.n_blocks                         # doctest: +SKIP
+
+Public names are imported lazily so that ``import ooc_learn.storage`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "MemoryBudget": "ooc_learn.storage.budget",
+    "OOCError": "ooc_learn.storage.errors",
+    "UsageError": "ooc_learn.storage.errors",
+    "ParameterError": "ooc_learn.storage.errors",
+    "IngestError": "ooc_learn.storage.errors",
+    "StoreFormatError": "ooc_learn.storage.errors",
+    "StoreExistsError": "ooc_learn.storage.errors",
+    "BudgetExceededError": "ooc_learn.storage.errors",
+    "IndexStateError": "ooc_learn.storage.errors",
+    "ModelMismatchError": "ooc_learn.storage.errors",
+    "ClosedError": "ooc_learn.storage.errors",
+    "ingest": "ooc_learn.storage.ingest",
+    "open_store": "ooc_learn.storage.store",
+    "Store": "ooc_learn.storage.store",
+    "CVResult": "ooc_learn.cv.result",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ooc_learn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

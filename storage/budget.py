@@ -1,0 +1,171 @@
+"""One memory cap per run, shared by every cache and buffer.
+
+A :class:`MemoryBudget` is created once per run (CLI ``--memory 512M``, environment
+``OOC_MEMORY``, default 25 % of physical RAM) and handed down. Components reserve bytes before
+they allocate and release them when they free. A reservation that does not fit raises
+:class:`BudgetExceededError` naming the flag to raise, unless the caller asks to evict first
+(caches register an evictor that frees least-recently-used entries).
+
+The promise users can test: peak RSS of a run <= RSS of the same run on a tiny input + the cap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Callable
+
+from .errors import BudgetExceededError, ParameterError
+
+__all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes"]
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text, *, what: str = "--memory") -> int:
+    """Parse ``'512M'``, ``'2G'``, ``'1.5GiB'``, ``'1048576'`` (bytes) into a byte count.
+
+    >>> parse_size("64M")
+    67108864
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = int(text)
+    else:
+        m = _SIZE_RE.match(str(text))
+        if not m:
+            raise ParameterError(
+                f"The {what} value must be a size such as 512M, 2G or a byte count. "
+                f"Got {text!r} instead.")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value <= 0:
+        raise ParameterError(f"The {what} value must be > 0. Got {text!r} instead.")
+    return value
+
+
+def format_size(n: int) -> str:
+    """Human-readable size: ``format_size(3 << 20) == '3.0M'``."""
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.1f}{unit}" if unit else f"{n}B"
+        n /= 1024.0
+    return str(n)  # pragma: no cover
+
+
+def default_memory_bytes() -> int:
+    """``OOC_MEMORY`` if set, else 25 % of physical RAM."""
+    env = os.environ.get("OOC_MEMORY")
+    if env:
+        return parse_size(env, what="OOC_MEMORY")
+    try:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    except Exception:  # pragma: no cover - psutil is a dependency; this is a last resort
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(64 << 20, total // 4)
+
+
+class MemoryBudget:
+    """A byte budget that caches and buffers reserve from.
+
+    Parameters
+    ----------
+    limit : int, str or None
+        The cap in bytes or as a size string; ``None`` takes ``OOC_MEMORY`` or 25 % of RAM.
+
+    Examples
+    --------
+    >>> b = MemoryBudget("1M")
+    >>> b.reserve(1000, "block cache")
+    >>> b.used, b.available
+    (1000, 1047576)
+    >>> b.release(1000)
+    """
+
+    def __init__(self, limit=None):
+        self.limit = default_memory_bytes() if limit is None else parse_size(limit)
+        self._used = 0
+        self._peak = 0
+        self._lock = threading.RLock()
+        self._evictors: list[Callable[[int], int]] = []
+
+    @classmethod
+    def coerce(cls, memory) -> "MemoryBudget":
+        """Accept a budget, a size or ``None`` (the default cap)."""
+        return memory if isinstance(memory, MemoryBudget) else cls(memory)
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def peak(self) -> int:
+        return self._peak
+
+    @property
+    def available(self) -> int:
+        return self.limit - self._used
+
+    def register_evictor(self, evict: Callable[[int], int]) -> None:
+        """``evict(nbytes)`` frees at least ``nbytes`` if it can and returns what it freed."""
+        with self._lock:
+            self._evictors.append(evict)
+
+    def unregister_evictor(self, evict: Callable[[int], int]) -> None:
+        with self._lock:
+            if evict in self._evictors:
+                self._evictors.remove(evict)
+
+    def try_reserve(self, nbytes: int, *, evict: bool = True) -> bool:
+        """Reserve ``nbytes`` if it fits (after evicting cache entries); return success."""
+        nbytes = int(nbytes)
+        with self._lock:
+            if nbytes > self.available and evict:
+                for evictor in list(self._evictors):
+                    need = nbytes - self.available
+                    if need <= 0:
+                        break
+                    evictor(need)
+            if nbytes > self.available:
+                return False
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+            return True
+
+    def reserve(self, nbytes: int, what: str = "buffer", *, evict: bool = True) -> None:
+        """Reserve ``nbytes`` or raise :class:`BudgetExceededError` naming ``--memory``."""
+        if not self.try_reserve(nbytes, evict=evict):
+            raise BudgetExceededError(
+                f"The {what} needs {format_size(int(nbytes))} but only "
+                f"{format_size(self.available)} of the {format_size(self.limit)} memory cap "
+                f"is free.",
+                f"Raise --memory (or OOC_MEMORY) to at least "
+                f"{format_size(self.limit + int(nbytes) - self.available)}, or use smaller "
+                f"blocks (--block-rows).")
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self._used = max(0, self._used - int(nbytes))
+
+    def reservation(self, nbytes: int, what: str = "buffer"):
+        """Context manager: reserve on entry, release on exit."""
+        return _Reservation(self, int(nbytes), what)
+
+    def __repr__(self) -> str:
+        return (f"MemoryBudget(limit={format_size(self.limit)}, used={format_size(self._used)}, "
+                f"peak={format_size(self._peak)})")
+
+
+class _Reservation:
+    def __init__(self, budget: MemoryBudget, nbytes: int, what: str):
+        self.budget, self.nbytes, self.what = budget, nbytes, what
+
+    def __enter__(self):
+        self.budget.reserve(self.nbytes, self.what)
+        return self
+
+    def __exit__(self, *exc):
+        self.budget.release(self.nbytes)
+        return False

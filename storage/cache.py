@@ -1,0 +1,129 @@
+"""A least-recently-used cache whose entries are paid for from a :class:`MemoryBudget`.
+
+Used for store blocks, index nodes and kernel columns. Each entry's size is reserved from the
+budget when it is inserted; when the budget runs short (here or in any other component), the
+cache gives back its least recently used entries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Hashable
+
+from .budget import MemoryBudget
+
+__all__ = ["LRUCache"]
+
+
+class LRUCache:
+    """LRU cache bounded by a byte budget.
+
+    Parameters
+    ----------
+    budget : MemoryBudget
+        Where entry sizes are reserved.
+    max_bytes : int, optional
+        A further bound on this cache alone (default: the whole budget).
+    name : str
+        Used in error messages and statistics.
+
+    Examples
+    --------
+    >>> from ooc_learn.storage.budget import MemoryBudget
+    >>> c = LRUCache(MemoryBudget("1K"))
+    >>> c.get_or_load("a", lambda: (b"x" * 3, 600))
+    b'xxx'
+    >>> c.nbytes
+    600
+    """
+
+    def __init__(self, budget: MemoryBudget, max_bytes: int | None = None, name: str = "cache"):
+        self.budget = budget
+        self.max_bytes = budget.limit if max_bytes is None else int(max_bytes)
+        self.name = name
+        self._entries: "OrderedDict[Hashable, tuple[object, int]]" = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.RLock()
+        self.hits = 0
+        self.misses = 0
+        budget.register_evictor(self._evict)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key) -> bool:
+        return key in self._entries
+
+    def get(self, key, default=None):
+        with self._lock:
+            item = self._entries.get(key)
+            if item is None:
+                return default
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return item[0]
+
+    def put(self, key, value, nbytes: int) -> bool:
+        """Insert; return False (and keep nothing) when the entry cannot fit even when empty."""
+        nbytes = int(nbytes)
+        with self._lock:
+            self.pop(key)
+            if nbytes > self.max_bytes:
+                return False
+            if self._bytes + nbytes > self.max_bytes:
+                self._evict(self._bytes + nbytes - self.max_bytes)
+            if not self.budget.try_reserve(nbytes):
+                return False
+            self._entries[key] = (value, nbytes)
+            self._bytes += nbytes
+            return True
+
+    def get_or_load(self, key, load: Callable[[], tuple[object, int]]):
+        """Return the cached value or ``load()``'s ``(value, nbytes)``, caching it if it fits."""
+        with self._lock:
+            item = self._entries.get(key)
+            if item is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return item[0]
+            self.misses += 1
+        value, nbytes = load()
+        self.put(key, value, nbytes)
+        return value
+
+    def pop(self, key):
+        with self._lock:
+            item = self._entries.pop(key, None)
+            if item is None:
+                return None
+            self._bytes -= item[1]
+            self.budget.release(item[1])
+            return item[0]
+
+    def _evict(self, need: int) -> int:
+        freed = 0
+        with self._lock:
+            while self._entries and freed < need:
+                _, (_, nbytes) = self._entries.popitem(last=False)
+                self._bytes -= nbytes
+                self.budget.release(nbytes)
+                freed += nbytes
+        return freed
+
+    def clear(self) -> None:
+        with self._lock:
+            self._evict(self._bytes + 1)
+
+    def close(self) -> None:
+        """Release every entry and detach from the budget. Closing twice is fine."""
+        self.clear()
+        self.budget.unregister_evictor(self._evict)
+
+    def stats(self) -> dict:
+        return {"name": self.name, "entries": len(self._entries), "bytes": self._bytes,
+                "hits": self.hits, "misses": self.misses}
