@@ -1,0 +1,1 @@
+"""Kernel SVM: SMO, alpha-seeded k-fold CV and exact leave-one-out."""

@@ -1,0 +1,1 @@
+"""Incremental learners for TreeCV (the update/copy/score protocol)."""

@@ -1,0 +1,1 @@
+"""Linear solvers: dual coordinate descent, TRON, IBCD, block minimisation, PEGASOS."""
