@@ -1,0 +1,458 @@
+"""Read and write the block store (see :mod:`ooc_learn.storage.format` for the layout).
+
+:class:`StoreWriter` fills a preallocated ``data.h5`` block by block (blocks must come in
+order); :class:`Store` reads blocks, row ranges and row gathers through an LRU block cache that
+reserves from the run's :class:`MemoryBudget`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+
+from .budget import MemoryBudget
+from .cache import LRUCache
+from .errors import ClosedError, IndexStateError, ParameterError, StoreFormatError
+from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE, TMP_MARKER
+
+__all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order"]
+
+
+def _nbytes(X, y, row_ids) -> int:
+    if sp.issparse(X):
+        xb = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
+    else:
+        xb = X.nbytes
+    return int(xb + y.nbytes + row_ids.nbytes)
+
+
+class StoreWriter:
+    """Write ``data.h5`` of a new store, block after block.
+
+    Datasets are preallocated with the final sizes (known after the shuffle's first pass) and
+    use HDF5's contiguous layout: every block, leaf or row range is then one direct read.
+    """
+
+    def __init__(self, directory, *, n_samples: int, n_features: int, nnz: int, layout: str,
+                 block_offsets, task: str, metadata: dict):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.n_samples, self.n_features, self.nnz = int(n_samples), int(n_features), int(nnz)
+        self.layout, self.task, self.metadata = layout, task, metadata
+        self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
+        self._next_block = 0
+        self._nnz_pos = 0
+        n, d = self.n_samples, self.n_features
+        f = self._file = h5py.File(self.directory / DATA_FILE, "w", libver="latest")
+        f.create_dataset("y", (n,), dtype=np.float32)
+        f.create_dataset("row_id", (n,), dtype=np.int64)
+        f.create_dataset("sqnorm", (n,), dtype=np.float32)
+        f.create_dataset("block_offsets", data=self.block_offsets)
+        if layout == "dense":
+            f.create_dataset("X", (n, d), dtype=np.float32)
+        elif layout == "csr":
+            f.create_dataset("indptr", (n + 1,), dtype=np.int64)
+            f.create_dataset("indices", (self.nnz,), dtype=np.int32)
+            f.create_dataset("data", (self.nnz,), dtype=np.float32)
+            f["indptr"][0:1] = 0
+        else:  # pragma: no cover - callers validate
+            raise ParameterError(f"Unknown layout {layout!r}.")
+
+    def write_block(self, b: int, X, y, row_ids, sqnorm=None) -> None:
+        """Write block ``b`` (blocks in order). ``X`` dense float32 or CSR with sorted indices."""
+        if b != self._next_block:
+            raise ValueError(f"blocks must be written in order: expected {self._next_block}, got {b}")
+        start, stop = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+        if X.shape[0] != stop - start:
+            raise ValueError(f"block {b} has {X.shape[0]} rows, expected {stop - start}")
+        f = self._file
+        f["y"][start:stop] = np.asarray(y, dtype=np.float32)
+        f["row_id"][start:stop] = np.asarray(row_ids, dtype=np.int64)
+        if sqnorm is None:
+            sqnorm = row_sqnorms(X)
+        f["sqnorm"][start:stop] = sqnorm
+        if self.layout == "dense":
+            f["X"][start:stop] = X.toarray() if sp.issparse(X) else X
+        else:
+            X = sp.csr_matrix(X) if not sp.issparse(X) else X
+            a = self._nnz_pos
+            nb = int(X.indptr[-1])
+            if nb:
+                f["indices"][a:a + nb] = X.indices.astype(np.int32, copy=False)
+                f["data"][a:a + nb] = X.data.astype(np.float32, copy=False)
+            f["indptr"][start + 1:stop + 1] = X.indptr[1:].astype(np.int64) + a
+            self._nnz_pos = a + nb
+        self._next_block += 1
+
+    def finish(self) -> None:
+        """Stamp the attributes, mark complete (last), close, and write ``meta.json``."""
+        if self._next_block != len(self.block_offsets) - 1:
+            raise ValueError("not every block was written")
+        f = self._file
+        attrs = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                 "n_samples": self.n_samples, "n_features": self.n_features,
+                 "nnz": self.nnz if self.layout == "csr" else self._dense_nnz(),
+                 "n_blocks": len(self.block_offsets) - 1, "layout": self.layout,
+                 "task": self.task}
+        for k, v in attrs.items():
+            f.attrs[k] = v
+        f.attrs["metadata"] = json.dumps(self.metadata)
+        f.flush()
+        f.attrs["complete"] = True
+        f.close()
+        meta = dict(attrs, metadata=self.metadata)
+        with open(self.directory / META_FILE, "w") as fh:
+            json.dump(meta, fh, indent=1)
+
+    def _dense_nnz(self) -> int:
+        return int(self.metadata.get("nnz", 0))
+
+    def abort(self) -> None:
+        try:
+            self._file.close()
+        except Exception:
+            pass
+
+
+def row_sqnorms(X) -> np.ndarray:
+    """Squared Euclidean norm of every row, computed in float64, returned as float32."""
+    if sp.issparse(X):
+        sq = np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
+    else:
+        X64 = np.asarray(X, dtype=np.float64)
+        sq = np.einsum("ij,ij->i", X64, X64)
+    return sq.astype(np.float32)
+
+
+def is_store(path) -> bool:
+    p = Path(path)
+    return (p / DATA_FILE).is_file() and TMP_MARKER not in p.name
+
+
+class Store:
+    """A finished block store opened read-only.
+
+    Parameters
+    ----------
+    path : str or Path
+        The store directory written by :func:`ooc_learn.ingest`.
+    memory : None, size or MemoryBudget
+        The run's memory cap; the block cache reserves from it.
+
+    Examples
+    --------
+    >>> with open_store("train.store", memory="256M") as store:   # doctest: +SKIP
+    ...     for X, y, row_ids in store.iter_blocks():
+    ...         pass
+    """
+
+    def __init__(self, path, memory=None):
+        self.path = Path(path)
+        self.budget = MemoryBudget.coerce(memory)
+        data = self.path / DATA_FILE
+        if TMP_MARKER in self.path.name:
+            raise StoreFormatError(
+                f"{self.path} is an unfinished store (an ingest that was interrupted).",
+                "Run ooc-ingest again; the leftover folder is removed automatically.")
+        if not self.path.exists():
+            raise StoreFormatError(f"No store at {self.path}.",
+                                   "Create one with: ooc-ingest SOURCE -o STORE")
+        if not data.is_file():
+            raise StoreFormatError(
+                f"{self.path} is not an ooc-learn store (no {DATA_FILE} inside).",
+                "Create one with: ooc-ingest SOURCE -o STORE")
+        try:
+            self._file = h5py.File(data, "r")
+        except OSError as exc:
+            raise StoreFormatError(f"{data} cannot be opened as HDF5 ({exc}).",
+                                   "The store is damaged; re-create it with ooc-ingest "
+                                   "--overwrite.") from None
+        try:
+            self._read_header(data)
+        except Exception:
+            self._file.close()
+            raise
+        self._closed = False
+        self._cache = LRUCache(self.budget, name=f"blocks of {self.path.name}")
+        self._index = None
+        self.rows_read = 0
+        self.bytes_read = 0
+
+    def _read_header(self, data: Path) -> None:
+        a = self._file.attrs
+        if a.get("format") != FORMAT_NAME:
+            raise StoreFormatError(f"{data} is not an ooc-learn store file.",
+                                   "Create one with: ooc-ingest SOURCE -o STORE")
+        version = int(a.get("format_version", -1))
+        if version != FORMAT_VERSION:
+            raise StoreFormatError(
+                f"{self.path} was written by store format {version}; this ooc-learn reads "
+                f"format {FORMAT_VERSION}.",
+                "Re-ingest the source with this version: ooc-ingest SOURCE -o STORE --overwrite")
+        if not bool(a.get("complete", False)):
+            raise StoreFormatError(f"{self.path} is incomplete (its ingest did not finish).",
+                                   "Re-run ooc-ingest with --overwrite.")
+        self.n_samples = int(a["n_samples"])
+        self.n_features = int(a["n_features"])
+        self.n_blocks = int(a["n_blocks"])
+        self.nnz = int(a["nnz"])
+        self.layout = str(a["layout"])
+        self.task = str(a["task"])
+        self.metadata = json.loads(a["metadata"])
+        self.block_offsets = self._file["block_offsets"][:].astype(np.int64)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the cache and the file. Closing twice is fine."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        if self._index is not None and hasattr(self._index, "close"):
+            self._index.close()
+        self._cache.close()
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"The store {self.path} is closed.",
+                              "Open it again with ooc_learn.open_store(path).")
+
+    def __repr__(self) -> str:
+        return (f"Store({str(self.path)!r}, n_samples={self.n_samples}, "
+                f"n_features={self.n_features}, n_blocks={self.n_blocks}, "
+                f"layout={self.layout!r}, task={self.task!r})")
+
+    # -- metadata ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_samples, self.n_features
+
+    @property
+    def block_sizes(self) -> np.ndarray:
+        return np.diff(self.block_offsets)
+
+    @property
+    def label_map(self) -> dict:
+        return self.metadata.get("label_map", {})
+
+    def fingerprint(self) -> str:
+        """Identifies the data: the sources' sha256 and the shuffle parameters."""
+        import hashlib
+
+        h = hashlib.sha256()
+        h.update(json.dumps([s.get("sha256") for s in self.metadata.get("sources", [])]).encode())
+        h.update(json.dumps(self.metadata.get("params", {}), sort_keys=True).encode())
+        h.update(f"{self.n_samples},{self.n_features}".encode())
+        return h.hexdigest()[:16]
+
+    def block_of(self, rows) -> np.ndarray:
+        """Block id of each store row position."""
+        return np.searchsorted(self.block_offsets, np.asarray(rows), side="right") - 1
+
+    def info(self) -> dict:
+        return {"store": str(self.path), "n_samples": self.n_samples,
+                "n_features": self.n_features, "n_blocks": self.n_blocks, "nnz": self.nnz,
+                "layout": self.layout, "task": self.task,
+                "block_rows": {"min": int(self.block_sizes.min()),
+                               "max": int(self.block_sizes.max())},
+                "data_bytes": (self.path / DATA_FILE).stat().st_size,
+                "has_index": (self.path / INDEX_DIR).exists(),
+                "metadata": self.metadata}
+
+    # -- reads ---------------------------------------------------------------------------
+    def read_range(self, start: int, stop: int):
+        """Rows ``start:stop`` of the store as ``(X, y, row_ids)``; one read per dataset."""
+        self._check_open()
+        start, stop = int(start), int(stop)
+        if not (0 <= start <= stop <= self.n_samples):
+            raise IndexError(f"row range {start}:{stop} outside 0:{self.n_samples}")
+        f = self._file
+        y = f["y"][start:stop]
+        row_ids = f["row_id"][start:stop]
+        if self.layout == "dense":
+            X = f["X"][start:stop]
+        else:
+            indptr = f["indptr"][start:stop + 1]
+            a, b = int(indptr[0]), int(indptr[-1])
+            X = sp.csr_matrix((f["data"][a:b], f["indices"][a:b], indptr - a),
+                              shape=(stop - start, self.n_features))
+        self.rows_read += stop - start
+        nb = _nbytes(X, y, row_ids)
+        self.bytes_read += nb
+        return X, y, row_ids
+
+    def read_block(self, b: int):
+        """Block ``b`` as ``(X, y, row_ids)``, through the LRU block cache."""
+        self._check_open()
+        b = int(b)
+        if not 0 <= b < self.n_blocks:
+            raise IndexError(f"block {b} outside 0:{self.n_blocks}")
+
+        def load():
+            out = self.read_range(self.block_offsets[b], self.block_offsets[b + 1])
+            return out, _nbytes(*out)
+
+        return self._cache.get_or_load(("block", b), load)
+
+    def iter_blocks(self, order=None):
+        """Yield ``(X, y, row_ids)`` for each block, in ``order`` (default 0..R-1)."""
+        for b in (range(self.n_blocks) if order is None else order):
+            yield self.read_block(b)
+
+    def gather(self, rows):
+        """Rows at store positions ``rows`` as ``(X, y, row_ids)``, in the order given.
+
+        Rows are grouped by block so each block is read at most once; for a few rows of a
+        large block only the span between the first and last wanted row is read.
+        """
+        self._check_open()
+        rows = np.asarray(rows, dtype=np.int64).ravel()
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n_samples):
+            raise IndexError(f"row positions must be in 0:{self.n_samples}")
+        order = np.argsort(rows, kind="stable")
+        srt = rows[order]
+        blocks = self.block_of(srt)
+        parts_X, parts_y, parts_id = [], [], []
+        bounds = np.flatnonzero(np.diff(blocks)) + 1
+        for seg in np.split(np.arange(srt.size), bounds) if srt.size else []:
+            b = int(blocks[seg[0]])
+            lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+            r0, r1 = int(srt[seg[0]]), int(srt[seg[-1]]) + 1
+            if ("block", b) in self._cache or (r1 - r0) * 2 > hi - lo:
+                X, y, ids = self.read_block(b)
+                local = srt[seg] - lo
+            else:
+                X, y, ids = self.read_range(r0, r1)
+                local = srt[seg] - r0
+            parts_X.append(X[local])
+            parts_y.append(y[local])
+            parts_id.append(ids[local])
+        inv = np.empty_like(order)
+        inv[order] = np.arange(order.size)
+        if not parts_X:
+            X0, _, _ = self.read_range(0, 0)
+            return X0, np.empty(0, np.float32), np.empty(0, np.int64)
+        if self.layout == "dense":
+            X = np.concatenate(parts_X)[inv]
+        else:
+            X = sp.vstack(parts_X, format="csr")[inv]
+        return X, np.concatenate(parts_y)[inv], np.concatenate(parts_id)[inv]
+
+    def sqnorms(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        self._check_open()
+        return self._file["sqnorm"][start:self.n_samples if stop is None else stop]
+
+    def labels(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        self._check_open()
+        return self._file["y"][start:self.n_samples if stop is None else stop]
+
+    def row_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        self._check_open()
+        return self._file["row_id"][start:self.n_samples if stop is None else stop]
+
+    def load_all(self):
+        """All rows in memory as ``(X, y, row_ids)``, reserving their size from the budget."""
+        need = self.estimated_bytes()
+        self.budget.reserve(need, f"whole store {self.path.name} in memory")
+        try:
+            return self.read_range(0, self.n_samples)
+        finally:
+            self.budget.release(need)
+
+    def estimated_bytes(self, rows: int | None = None) -> int:
+        """Bytes that ``rows`` rows (default all) take in memory in this layout."""
+        rows = self.n_samples if rows is None else int(rows)
+        per_row = 12 + (4 * self.n_features if self.layout == "dense"
+                        else 8 + 8 * self.nnz / max(1, self.n_samples))
+        return int(per_row * rows)
+
+    @property
+    def has_index(self) -> bool:
+        return (self.path / INDEX_DIR).exists()
+
+    @property
+    def index(self):
+        """The metric forest (opened lazily); :class:`IndexStateError` when there is none."""
+        self._check_open()
+        if self._index is None:
+            if not self.has_index:
+                raise IndexStateError(
+                    f"The store {self.path} has no metric-forest index.",
+                    f"Build it with: ooc-index {self.path}")
+            from ooc_learn.index.forest import open_forest
+
+            self._index = open_forest(self)
+        return self._index
+
+
+def open_store(path, memory=None) -> Store:
+    """Open a finished store read-only. See :class:`Store`."""
+    return Store(path, memory=memory)
+
+
+def rewrite_block_order(store_path, perms, *, memory=None, extra_files=None) -> None:
+    """Rewrite ``data.h5`` with each block's rows permuted by ``perms[b]`` (block-local).
+
+    ``perms`` is an iterable yielding one permutation per block, in block order (it may be a
+    generator that reads the block from the old store to compute it). The new file is written
+    beside the old one and swapped in with one rename, so a crash leaves the old store intact.
+    ``extra_files`` maps names to callables ``fn(tmp_dir)`` that write more files (the index)
+    into the new store directory before the swap.
+    """
+    store_path = Path(store_path)
+    with open_store(store_path, memory=memory) as old:
+        tmp = store_path.parent / f".{store_path.name}{TMP_MARKER}{os.getpid()}-rw"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            w = StoreWriter(tmp, n_samples=old.n_samples, n_features=old.n_features,
+                            nnz=old.nnz, layout=old.layout, block_offsets=old.block_offsets,
+                            task=old.task, metadata=old.metadata)
+            for b, perm in enumerate(perms):
+                X, y, ids = old.read_range(old.block_offsets[b], old.block_offsets[b + 1])
+                perm = np.asarray(perm, dtype=np.int64)
+                w.write_block(b, X[perm], y[perm], ids[perm], old.sqnorms(
+                    old.block_offsets[b], old.block_offsets[b + 1])[perm])
+            w.finish()
+            for fn in (extra_files or {}).values():
+                fn(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    swap_into_place(tmp, store_path, overwrite=True)
+
+
+def swap_into_place(tmp: Path, final: Path, *, overwrite: bool) -> None:
+    """Rename the finished ``tmp`` directory to ``final``; replace an old one if allowed."""
+    tmp, final = Path(tmp), Path(final)
+    if final.exists():
+        if not overwrite:
+            raise FileExistsError(final)
+        trash = final.parent / f".{final.name}{TMP_MARKER}{os.getpid()}-old"
+        if trash.exists():
+            shutil.rmtree(trash)
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
