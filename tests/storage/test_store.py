@@ -1,0 +1,251 @@
+"""Store writer/reader, external shuffle and the store's failure modes (from arrays)."""
+
+import json
+import multiprocessing as mp
+
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.errors import (BudgetExceededError, ClosedError, IndexStateError,
+                                      ParameterError, StoreExistsError, StoreFormatError)
+from ooc_learn.storage.ingest import ingest_arrays
+from ooc_learn.storage.shuffle import balanced_sizes, deal_chunk
+from ooc_learn.storage.store import open_store
+
+
+def make_data(rng, n=600, d=15, sparse=False):
+    if sparse:
+        X = sp.random(n, d * 4, density=0.1, random_state=rng.integers(1 << 30),
+                      format="csr", dtype=np.float32)
+        keep = np.ones(n, np.float32)
+        keep[3] = 0  # an all-zero row
+        X = (sp.diags(keep) @ X).tocsr()
+        X.eliminate_zeros()
+    else:
+        X = rng.normal(size=(n, d)).astype(np.float32)
+        X[5] = 0.0
+        X[7] = X[6]  # duplicate rows
+    y = np.where(rng.random(n) < 0.3, 1.0, -1.0)
+    return X, y
+
+
+def dense(X):
+    return X.toarray() if sp.issparse(X) else np.asarray(X)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_round_trip_by_row_id(tmp_path, rng, sparse):
+    X, y = make_data(rng, sparse=sparse)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=7, seed=1,
+                       layout="csr" if sparse else "dense") as store:
+        assert store.layout == ("csr" if sparse else "dense")
+        assert (store.n_samples, store.n_features) == X.shape
+        Xs, ys, ids = store.read_range(0, store.n_samples)
+        # the stored rows are a permutation of the source rows, matched by row_id
+        assert np.array_equal(np.sort(ids), np.arange(X.shape[0]))
+        assert np.array_equal(dense(Xs), dense(X)[ids])
+        assert np.array_equal(ys, y[ids].astype(np.float32))
+        sq = (dense(X)[ids].astype(np.float64) ** 2).sum(1)
+        np.testing.assert_allclose(store.sqnorms(), sq, rtol=1e-6)
+        # blocks concatenated are the whole store
+        parts = list(store.iter_blocks())
+        assert len(parts) == 7
+        assert np.array_equal(np.concatenate([p[2] for p in parts]), ids)
+
+
+def test_blocks_are_balanced_random_shards_of_sorted_source(tmp_path, rng):
+    n = 4000
+    X = rng.normal(size=(n, 3)).astype(np.float32)
+    y = np.r_[np.ones(1000), -np.ones(3000)]  # sorted by class
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=8, seed=0) as store:
+        sizes = store.block_sizes
+        assert sizes.max() - sizes.min() <= 1 and sizes.sum() == n
+        # every block holds close to the global 25 % positives (hypergeometric sd ~ 1.4 %)
+        for Xb, yb, ids in store.iter_blocks():
+            assert abs((yb > 0).mean() - 0.25) < 0.07
+            assert np.all(np.diff(ids) != 1) or len(ids) < 3 or (np.diff(ids) == 1).mean() < 0.2
+
+
+def test_deal_chunk_is_exact_and_uniform():
+    rng = np.random.default_rng(0)
+    sizes = balanced_sizes(10, 3)
+    assert sizes.tolist() == [4, 3, 3]
+    # chunked dealing fills every bucket to its exact size
+    rem = sizes.copy()
+    labels = np.concatenate([deal_chunk(rem, m, rng) for m in (4, 3, 3)])
+    assert np.bincount(labels, minlength=3).tolist() == [4, 3, 3] and rem.sum() == 0
+    # each row is equally likely to land in each bucket (positions x buckets frequencies)
+    counts = np.zeros((10, 3))
+    for _ in range(3000):
+        rem = sizes.copy()
+        lab = np.concatenate([deal_chunk(rem, m, rng) for m in (2, 5, 3)])
+        counts[np.arange(10), lab] += 1
+    expected = sizes / 10 * 3000
+    assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected))
+
+
+def test_same_seed_same_store_other_seed_other_order(tmp_path, rng):
+    X, y = make_data(rng)
+    a = ingest_arrays(X, y, tmp_path / "a", n_blocks=4, seed=5)
+    b = ingest_arrays(X, y, tmp_path / "b", n_blocks=4, seed=5)
+    c = ingest_arrays(X, y, tmp_path / "c", n_blocks=4, seed=6)
+    assert np.array_equal(a.row_ids(), b.row_ids())
+    assert not np.array_equal(a.row_ids(), c.row_ids())
+    for s in (a, b, c):
+        s.close()
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse):
+    X, y = make_data(rng, sparse=sparse)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=5) as store:
+        Xall, yall, idall = store.read_range(0, store.n_samples)
+        rows = rng.integers(0, store.n_samples, 80)
+        rows[:3] = rows[0]  # repeats are allowed
+        Xg, yg, ig = store.gather(rows)
+        assert np.array_equal(dense(Xg), dense(Xall)[rows])
+        assert np.array_equal(yg, yall[rows]) and np.array_equal(ig, idall[rows])
+        assert store.gather([])[0].shape[0] == 0
+        with pytest.raises(IndexError):
+            store.gather([store.n_samples])
+
+
+def test_block_cache_stays_inside_budget(tmp_path, rng):
+    X, y = make_data(rng, n=2000, d=50)
+    budget = MemoryBudget(3 * 60_000)  # about 3 blocks of 250 rows x 50 float32
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=8, memory=budget) as store:
+        for _ in range(2):
+            for b in range(store.n_blocks):
+                store.read_block(b)
+                assert budget.used <= budget.limit
+        assert store._cache.stats()["entries"] < store.n_blocks
+    assert budget.used == 0  # closing gives everything back
+
+
+def test_use_after_close_and_double_close(tmp_path, rng):
+    X, y = make_data(rng)
+    store = ingest_arrays(X, y, tmp_path / "s", n_blocks=2)
+    store.close()
+    store.close()
+    with pytest.raises(ClosedError, match="closed"):
+        store.read_block(0)
+    with pytest.raises(ClosedError):
+        store.gather([0])
+
+
+def test_tiny_budget_names_the_flag(tmp_path, rng):
+    X, y = make_data(rng, n=5000, d=40)
+    with pytest.raises(BudgetExceededError, match="memory cap") as ei:
+        ingest_arrays(X, y, tmp_path / "s", n_blocks=1, memory="100K")
+    assert "--memory" in ei.value.hint
+    assert not (tmp_path / "s").exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
+    budget = MemoryBudget("1K")
+    with pytest.raises(BudgetExceededError, match="--memory"):
+        budget.reserve(2048, "test buffer")
+
+
+def test_existing_output_refused_unless_overwrite(tmp_path, rng):
+    X, y = make_data(rng)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=2).close()
+    before = (tmp_path / "s" / "data.h5").read_bytes()
+    with pytest.raises(StoreExistsError, match="already exists"):
+        ingest_arrays(X[:10], y[:10], tmp_path / "s")
+    assert (tmp_path / "s" / "data.h5").read_bytes() == before
+    with ingest_arrays(X[:10], y[:10], tmp_path / "s", overwrite=True) as s:
+        assert s.n_samples == 10
+
+
+def test_wrong_format_reopen(tmp_path, rng):
+    with pytest.raises(StoreFormatError, match="No store"):
+        open_store(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreFormatError, match="not an ooc-learn store"):
+        open_store(tmp_path / "empty")
+    X, y = make_data(rng)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=2).close()
+    with h5py.File(tmp_path / "s" / "data.h5", "r+") as f:
+        f.attrs["format_version"] = 99
+    with pytest.raises(StoreFormatError, match="format 99"):
+        open_store(tmp_path / "s")
+    with h5py.File(tmp_path / "s" / "data.h5", "r+") as f:
+        f.attrs["format_version"] = 1
+        f.attrs["complete"] = False
+    with pytest.raises(StoreFormatError, match="incomplete"):
+        open_store(tmp_path / "s")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "data.h5").write_bytes(b"not hdf5 at all")
+    with pytest.raises(StoreFormatError, match="cannot be opened"):
+        open_store(tmp_path / "junk")
+
+
+def test_store_without_index_says_how_to_build_it(tmp_path, rng):
+    X, y = make_data(rng)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=2) as store:
+        with pytest.raises(IndexStateError, match="no metric-forest index") as ei:
+            store.index
+        assert "ooc-index" in ei.value.hint
+
+
+def test_bad_parameters_rejected_before_reading(tmp_path, rng):
+    X, y = make_data(rng)
+    with pytest.raises(ParameterError, match="'n_blocks' parameter of ingest must be"):
+        ingest_arrays(X, y, tmp_path / "s", n_blocks=0)
+    with pytest.raises(ParameterError, match="either"):
+        ingest_arrays(X, y, tmp_path / "s", n_blocks=2, block_rows=10)
+    with pytest.raises(ParameterError, match="'layout'"):
+        ingest_arrays(X, y, tmp_path / "s", layout="diagonal")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_label_mapping_and_tasks(tmp_path, rng):
+    X = rng.normal(size=(60, 2)).astype(np.float32)
+    y = rng.choice([2.0, 4.0], 60)
+    with ingest_arrays(X, y, tmp_path / "b") as s:
+        assert s.task == "binary" and s.label_map == {"positive": 4.0, "negative": 2.0}
+        _, ys, ids = s.read_range(0, 60)
+        assert np.array_equal(ys, np.where(y[ids] == 4.0, 1, -1))
+    y3 = rng.integers(0, 5, 60).astype(float)
+    with ingest_arrays(X, y3, tmp_path / "m") as s:
+        assert s.task == "multiclass"
+    with ingest_arrays(X, y3, tmp_path / "ovr", positive_label=3) as s:
+        _, ys, ids = s.read_range(0, 60)
+        assert s.task == "binary" and np.array_equal(ys, np.where(y3[ids] == 3, 1, -1))
+    yr = rng.normal(size=60)
+    with ingest_arrays(X, yr, tmp_path / "r") as s:
+        assert s.task == "regression"
+        _, ys, ids = s.read_range(0, 60)
+        np.testing.assert_array_equal(ys, yr[ids].astype(np.float32))
+
+
+def _read_sum(path, q):
+    with open_store(path) as s:
+        q.put(float(sum(float(np.asarray(s.read_block(b)[1]).sum())
+                        for b in range(s.n_blocks))))
+
+
+def test_two_processes_read_one_store_at_once(tmp_path, rng):
+    X, y = make_data(rng, n=3000)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=6).close()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_read_sum, args=(tmp_path / "s", q)) for _ in range(2)]
+    with open_store(tmp_path / "s") as mine:  # and this process holds it open too
+        for p in procs:
+            p.start()
+        results = [q.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        assert results[0] == results[1] == pytest.approx(float(mine.labels().sum()))
+
+
+def test_meta_json_mirrors_attributes(tmp_path, rng):
+    X, y = make_data(rng)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=3) as s:
+        meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+        assert meta["n_samples"] == s.n_samples and meta["format_version"] == 1
+        assert meta["metadata"]["params"]["n_blocks"] == 3
