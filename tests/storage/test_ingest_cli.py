@@ -1,0 +1,242 @@
+"""End-to-end ingest from text sources: the CLI, round trips against scikit-learn, bad input,
+SIGKILL at random moments."""
+
+import bz2
+import gzip
+import json
+import lzma
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import dump_svmlight_file, load_breast_cancer, load_diabetes, load_svmlight_file
+
+from ooc_learn.cli import info_main, ingest_main
+from ooc_learn.storage.errors import IngestError
+from ooc_learn.storage.ingest import ingest
+from ooc_learn.storage.store import open_store
+
+INGEST = [sys.executable, "-c",
+          "import sys; from ooc_learn.cli import ingest_main; sys.exit(ingest_main())"]
+
+
+def run_ingest(*args, **kw):
+    return subprocess.run(INGEST + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def stored_as_source_order(store):
+    X, y, ids = store.read_range(0, store.n_samples)
+    order = np.argsort(ids)
+    X = X[order]
+    return (X.toarray() if sp.issparse(X) else X), y[order], ids[order]
+
+
+def write_svm(path, X, y, zero_based, comment=None):
+    dump_svmlight_file(X, y, str(path), zero_based=zero_based, comment=comment)
+
+
+@pytest.mark.parametrize("zero_based", [False, True])
+@pytest.mark.parametrize("sparse", [True, False], ids=["csr", "dense"])
+def test_libsvm_round_trip_matches_sklearn(tmp_path, rng, zero_based, sparse):
+    n, d = 700, 40
+    if sparse:
+        X = sp.random(n, d, density=0.08, random_state=1, format="csr") * 100
+    else:
+        X = rng.normal(size=(n, d)) * 10 ** rng.integers(-3, 4, size=(n, d))
+    X = sp.lil_matrix(X)
+    if zero_based:
+        X[:, 0] = 1.0  # a zero-based file must show index 0 for "auto" detection
+    X = sp.csr_matrix(X)
+    y = rng.choice([-1.0, 1.0], n)
+    src = tmp_path / "train.svm"
+    write_svm(src, X, y, zero_based)
+    Xr, yr = load_svmlight_file(str(src))  # the peer's reading (zero_based="auto")
+    with ingest([src], tmp_path / "s", n_blocks=3, build_index=False, seed=2) as store:
+        Xs, ys, ids = stored_as_source_order(store)
+        assert np.array_equal(ids, np.arange(n))
+        assert store.n_features == Xr.shape[1]
+        np.testing.assert_array_equal(Xs, Xr.toarray().astype(np.float32))
+        np.testing.assert_array_equal(ys, yr.astype(np.float32))
+        assert store.layout == ("csr" if sparse else "dense")
+
+
+@pytest.mark.parametrize("loader", [load_breast_cancer, load_diabetes], ids=["breast_cancer", "diabetes"])
+def test_bundled_datasets_via_libsvm_and_csv(tmp_path, loader):
+    X, y = loader(return_X_y=True)
+    svm = tmp_path / "d.svm"
+    write_svm(svm, X, y, zero_based=False)
+    csv = tmp_path / "d.csv"
+    header = ",".join(["target"] + [f"f{j}" for j in range(X.shape[1])])
+    np.savetxt(csv, np.column_stack([y, X]), delimiter=",", header=header, comments="",
+               fmt="%.17g")
+    Xr, yr = load_svmlight_file(str(svm), n_features=X.shape[1])
+    for src, name in ((svm, "svm"), (csv, "csv")):
+        with ingest([src], tmp_path / name, build_index=False, n_features=X.shape[1]
+                    if name == "svm" else None) as store:
+            Xs, ys, _ = stored_as_source_order(store)
+            np.testing.assert_array_equal(Xs, Xr.toarray().astype(np.float32))
+            if store.task == "regression":
+                np.testing.assert_array_equal(ys, yr.astype(np.float32))
+            else:
+                assert store.task == "binary"
+                np.testing.assert_array_equal(ys, np.where(yr == yr.max(), 1, -1))
+
+
+@pytest.mark.parametrize("opener,suffix", [(gzip.open, ".gz"), (bz2.open, ".bz2"),
+                                           (lzma.open, ".xz")])
+def test_compressed_sources_and_several_files(tmp_path, rng, opener, suffix):
+    X = sp.random(300, 12, density=0.3, random_state=3, format="csr")
+    y = rng.choice([1.0, 2.0], 300)
+    plain = tmp_path / "a.svm"
+    write_svm(plain, X[:200], y[:200], zero_based=False)
+    comp = tmp_path / ("b.svm" + suffix)
+    with opener(comp, "wb") as fh:
+        dump_svmlight_file(X[200:], y[200:], fh, zero_based=False)
+    with ingest([plain, comp], tmp_path / "s", build_index=False, n_features=12) as store:
+        Xs, ys, ids = stored_as_source_order(store)
+        np.testing.assert_array_equal(Xs, X.toarray().astype(np.float32))
+        np.testing.assert_array_equal(ys, np.where(y == 2.0, 1, -1))
+        srcs = store.metadata["sources"]
+        assert [s["rows"] for s in srcs] == [200, 100]
+        assert all(len(s["sha256"]) == 64 for s in srcs)
+
+
+def test_cli_json_and_info(tmp_path, rng, capsys):
+    X = sp.random(500, 30, density=0.1, random_state=0, format="csr")
+    y = rng.choice([-1.0, 1.0], 500)
+    src = tmp_path / "t.svm"
+    write_svm(src, X, y, zero_based=False)
+    rc = ingest_main([str(src), "-o", str(tmp_path / "s"), "--json", "--quiet", "--no-index",
+                      "--blocks", "4", "--memory", "64M"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("store", "n_samples", "n_features", "n_blocks", "layout", "seconds",
+                "bytes_in", "peak_rss_bytes"):
+        assert key in out
+    assert out["n_samples"] == 500 and out["n_blocks"] == 4
+    assert out["bytes_in"] == src.stat().st_size
+    assert info_main([str(tmp_path / "s"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_samples"] == 500 and info["metadata"]["sources"][0]["name"] == "t.svm"
+
+
+BAD_INPUTS = {
+    "malformed_token": ("1 1:0.5 3:x\n", r"line 1", "3:x"),
+    "missing_colon": ("1 1:0.5\n-1 2:1 7\n", r"line 2", "7"),
+    "non_numeric_label": ("1 1:0.5\nyes 2:1\n", r"line 2", "yes"),
+    "missing_label": ("1 1:0.5\n2:1 3:1\n", r"line 2", "2:1"),
+    "nan_value": ("1 1:0.5\n1 2:nan\n", r"line 2", "nan"),
+    "inf_label": ("inf 1:0.5\n", r"line 1", "inf"),
+    "negative_index": ("1 1:0.5\n1 -4:1\n", r"line 2", "-4"),
+    "huge_index": ("1 1:0.5\n1 99999999999:1\n", r"line 2", "99999999999"),
+    "duplicate_index": ("1 1:0.5 1:0.7\n", r"line 1", "1"),
+    "empty": ("", r"no data rows", None),
+    "only_comments": ("# nothing\n# here\n", r"no data rows", None),
+    "layout_change": ("1 1:0.5 2:1\n-1 3:1\n1,2,3\n", r"line 3", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_libsvm_input_exit_2_names_line_and_leaves_nothing(tmp_path, case):
+    text, where, token = BAD_INPUTS[case]
+    src = tmp_path / "bad.svm"
+    src.write_text(text)
+    r = run_ingest(src, "-o", tmp_path / "s", "--quiet", "--format", "libsvm")
+    assert r.returncode == 2, r.stderr
+    assert "bad.svm" in r.stderr and re_search(where, r.stderr), r.stderr
+    if token:
+        assert token in r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.svm"]
+
+
+def re_search(pattern, text):
+    import re
+
+    return re.search(pattern, text) is not None
+
+
+def test_csv_row_of_wrong_width(tmp_path):
+    src = tmp_path / "bad.csv"
+    src.write_text("y,a,b\n1,0.5,2\n0,1,2,3\n")
+    r = run_ingest(src, "-o", tmp_path / "s", "--quiet")
+    assert r.returncode == 2 and "bad.csv" in r.stderr and "line 3" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+
+
+def test_missing_and_unreadable_file(tmp_path):
+    r = run_ingest(tmp_path / "nope.svm", "-o", tmp_path / "s", "--quiet")
+    assert r.returncode == 2 and "nope.svm" in r.stderr
+    locked = tmp_path / "locked.svm"
+    locked.write_text("1 1:1\n")
+    locked.chmod(0)
+    if os.access(locked, os.R_OK):  # running as root: permissions do not bite
+        pytest.skip("cannot make a file unreadable as root")
+    r = run_ingest(locked, "-o", tmp_path / "s", "--quiet")
+    assert r.returncode == 2 and "locked.svm" in r.stderr
+
+
+def test_output_exists_is_refused_and_kept(tmp_path):
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n")
+    assert run_ingest(src, "-o", tmp_path / "s", "--quiet", "--no-index").returncode == 0
+    before = (tmp_path / "s" / "data.h5").read_bytes()
+    r = run_ingest(src, "-o", tmp_path / "s", "--quiet", "--no-index")
+    assert r.returncode == 2 and "--overwrite" in r.stderr
+    assert (tmp_path / "s" / "data.h5").read_bytes() == before
+    assert run_ingest(src, "-o", tmp_path / "s", "--quiet", "--no-index",
+                      "--overwrite").returncode == 0
+
+
+def test_bad_flag_values_exit_2(tmp_path):
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n")
+    r = run_ingest(src, "-o", tmp_path / "s", "--memory", "lots")
+    assert r.returncode == 2 and "--memory" in r.stderr
+    r = run_ingest(src, "-o", tmp_path / "s", "--blocks", "0")
+    assert r.returncode == 2 and "n_blocks" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svm"]
+
+
+def test_ingest_error_carries_location(tmp_path):
+    src = tmp_path / "bad.svm"
+    src.write_text("1 1:1\n1 1:1 2:abc\n")
+    with pytest.raises(IngestError) as ei:
+        ingest([src], tmp_path / "s", build_index=False)
+    assert ei.value.line == 2 and ei.value.path.endswith("bad.svm") and ei.value.hint
+
+
+def test_sigkill_at_random_moments_never_leaves_an_openable_store(tmp_path, rng):
+    X = sp.random(60000, 50, density=0.2, random_state=4, format="csr")
+    y = rng.choice([-1.0, 1.0], 60000)
+    src = tmp_path / "big.svm"
+    write_svm(src, X, y, zero_based=False)
+    out = tmp_path / "s"
+    for delay in (0.3, 0.9, 1.6, 2.5):
+        p = subprocess.Popen(INGEST + [str(src), "-o", str(out), "--quiet", "--no-index",
+                                       "--blocks", "8", "--overwrite"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if out.exists():  # finished before the kill: then it must be whole
+            with open_store(out) as s:
+                assert s.n_samples == 60000
+            import shutil
+
+            shutil.rmtree(out)
+        leftovers = [q for q in tmp_path.iterdir() if q.name.startswith(".s.ooc-tmp-")]
+        for q in leftovers:
+            with pytest.raises(Exception):
+                open_store(q)
+    r = run_ingest(src, "-o", out, "--quiet", "--no-index", "--blocks", "8")
+    assert r.returncode == 0, r.stderr
+    with open_store(out) as s:
+        assert s.n_samples == 60000
+    assert not [q for q in tmp_path.iterdir() if q.name.startswith(".s.ooc-tmp-")]
