@@ -1,0 +1,89 @@
+"""Shared plumbing of the linear solvers: parameter checks and kernel argument packing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+from ooc_learn.storage.errors import ParameterError
+
+_EMPTY_DENSE = np.empty((0, 0), dtype=np.float32)
+_EMPTY_I64 = np.empty(0, dtype=np.int64)
+_EMPTY_I32 = np.empty(0, dtype=np.int32)
+_EMPTY_F32 = np.empty(0, dtype=np.float32)
+
+
+def check_positive(value, name: str, where: str, *, allow_zero: bool = False,
+                   integer: bool = False, hint: str = "") -> float:
+    """Raise the project's ParameterError unless ``value`` is a finite number > 0 (or >= 0)."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if ok:
+        v = float(value)
+        ok = math.isfinite(v) and (v >= 0 if allow_zero else v > 0)
+        if integer and ok:
+            ok = float(value) == int(value)
+    if not ok:
+        rel = ">= 0" if allow_zero else "> 0"
+        kind = "an integer " if integer else ""
+        raise ParameterError(
+            f"The '{name}' parameter of {where} must be {kind}{rel}. Got {value!r} instead.",
+            hint)
+    return int(value) if integer else float(value)
+
+
+def kernel_args(X):
+    """``(Xd, indptr, indices, data, sparse)`` for the numba kernels, converting if needed.
+
+    Dense input becomes C-contiguous float32; CSR input gets int64 ``indptr``, int32
+    ``indices`` and float32 ``data`` (copies only when the dtypes differ).
+    """
+    if sp.issparse(X):
+        X = X.tocsr() if X.format != "csr" else X
+        return (_EMPTY_DENSE, np.ascontiguousarray(X.indptr, dtype=np.int64),
+                np.ascontiguousarray(X.indices, dtype=np.int32),
+                np.ascontiguousarray(X.data, dtype=np.float32), True)
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ParameterError(f"X must be a 2-d array or a CSR matrix. Got {X.ndim} dimensions.",
+                             "Reshape a single sample with X.reshape(1, -1).")
+    return np.ascontiguousarray(X, dtype=np.float32), _EMPTY_I64, _EMPTY_I32, _EMPTY_F32, False
+
+
+def check_labels(y, n: int, where: str) -> np.ndarray:
+    """Labels as float64 in {-1, +1}; anything else is a ParameterError."""
+    y = np.asarray(y)
+    if y.ndim != 1 or y.shape[0] != n:
+        raise ParameterError(f"y of {where} must be 1-d with one label per row of X "
+                             f"({n}). Got shape {y.shape} instead.")
+    yf = y.astype(np.float64)
+    if n and not np.all((yf == 1.0) | (yf == -1.0)):
+        bad = np.unique(yf[(yf != 1.0) & (yf != -1.0)])[:5]
+        raise ParameterError(
+            f"y of {where} must hold labels -1 and +1. Got {bad.tolist()} among them.",
+            "Map two classes to -1/+1 first (LinearModel.encode_labels does it).")
+    return yf
+
+
+def as_rows(rows, n: int, where: str) -> np.ndarray:
+    """Row positions as an int64 array (all rows when ``rows`` is None), range-checked."""
+    if rows is None:
+        return np.arange(n, dtype=np.int64)
+    r = np.asarray(rows)
+    if r.dtype == bool:
+        if r.shape != (n,):
+            raise ParameterError(f"A boolean 'rows' mask of {where} needs {n} entries. "
+                                 f"Got {r.shape} instead.")
+        return np.flatnonzero(r).astype(np.int64)
+    r = np.ascontiguousarray(r, dtype=np.int64).ravel()
+    if r.size and (r.min() < 0 or r.max() >= n):
+        raise ParameterError(f"The 'rows' of {where} must lie in [0, {n}). "
+                             f"Got values in [{r.min()}, {r.max()}] instead.")
+    return r.copy()
+
+
+def seed_state(rng) -> np.ndarray:
+    """A splitmix64 state for the kernels drawn from a seed or a ``np.random.Generator``."""
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    return np.array([gen.integers(0, 2**63, dtype=np.int64)], dtype=np.uint64)

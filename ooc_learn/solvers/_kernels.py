@@ -1,0 +1,316 @@
+"""Numba kernels of the linear solvers: dual CD, primal pieces for TRON, PEGASOS.
+
+Pure functions over arrays and scalars. Rows are read either from a dense float32 matrix
+``Xd`` (``sparse = False``) or from the CSR arrays ``indptr`` (int64), ``indices`` (int32),
+``data`` (float32) (``sparse = True``); the unused representation is passed as an empty
+array. Every kernel works on the rows listed in an index array, so the same code serves a
+whole data set, an active set, a block, or the inliers of a truncated problem.
+
+The weight vector ``w`` has ``d + 1`` entries: ``w[d]`` multiplies the constant augmented
+feature of value ``bias`` (LIBLINEAR's ``-B``); ``bias = 0`` means no intercept.
+
+Randomness comes from a splitmix64 state (one uint64 in a 1-element array) that the caller
+seeds from a ``np.random.Generator``, so results are reproducible and independent of numba's
+global generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, nogil=True)
+def next_u64(state):
+    """splitmix64: advance ``state[0]`` and return a well-mixed 64-bit value."""
+    z = state[0] + _GOLDEN
+    state[0] = z
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def randbelow(state, k):
+    """Uniform integer in ``[0, k)`` (k >= 1); the modulo bias is below 2^-40 for k < 2^24."""
+    return np.int64(next_u64(state) % np.uint64(k))
+
+
+@njit(cache=True, nogil=True)
+def shuffle_prefix(index, m, state):
+    """Fisher-Yates shuffle of ``index[:m]`` in place (LIBLINEAR's per-pass permutation)."""
+    for i in range(m - 1):
+        j = i + randbelow(state, m - i)
+        t = index[i]
+        index[i] = index[j]
+        index[j] = t
+
+
+@njit(cache=True, nogil=True, inline="always")
+def row_dot(Xd, indptr, indices, data, sparse, bias, i, w):
+    """``x_i^T w[:d] + bias * w[d]`` in float64."""
+    d = w.shape[0] - 1
+    acc = bias * w[d]
+    if sparse:
+        for p in range(indptr[i], indptr[i + 1]):
+            acc += data[p] * w[indices[p]]
+    else:
+        for j in range(d):
+            acc += Xd[i, j] * w[j]
+    return acc
+
+
+@njit(cache=True, nogil=True, inline="always")
+def row_axpy(Xd, indptr, indices, data, sparse, bias, i, a, w):
+    """``w += a * [x_i, bias]``."""
+    d = w.shape[0] - 1
+    w[d] += a * bias
+    if sparse:
+        for p in range(indptr[i], indptr[i + 1]):
+            w[indices[p]] += a * data[p]
+    else:
+        for j in range(d):
+            w[j] += a * Xd[i, j]
+
+
+@njit(cache=True, nogil=True)
+def row_sqnorms(Xd, indptr, indices, data, sparse, n):
+    """Squared norms of rows ``0..n-1`` (without the bias feature), float64."""
+    out = np.zeros(n, dtype=np.float64)
+    for i in range(n):
+        acc = 0.0
+        if sparse:
+            for p in range(indptr[i], indptr[i + 1]):
+                acc += np.float64(data[p]) * data[p]
+        else:
+            for j in range(Xd.shape[1]):
+                acc += np.float64(Xd[i, j]) * Xd[i, j]
+        out[i] = acc
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Dual coordinate descent (Hsieh et al. 2008, Algorithm 3 with shrinking)
+# --------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def dcd_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_size, alpha, w,
+              upper, diag, pgmax_old, pgmin_old, shrinking, state):
+    """One pass of dual CD over ``index[:active_size]`` in a fresh random order.
+
+    ``alpha``, ``y`` and ``sqn`` (squared row norms) are indexed by row position in X;
+    ``index`` holds the positions of the rows of the sub-problem and is permuted in place;
+    rows shrunk in this pass are swapped behind the returned active size. ``w`` is updated
+    in place. Returns ``(active_size, pgmax_new, pgmin_new, n_updates, n_visits)``.
+    """
+    pgmax_new = -np.inf
+    pgmin_new = np.inf
+    n_updates = 0
+    n_visits = 0
+    shuffle_prefix(index, active_size, state)
+    b2 = bias * bias
+    s = 0
+    while s < active_size:
+        i = index[s]
+        yi = 1.0 if y[i] > 0 else -1.0
+        n_visits += 1
+        G = yi * row_dot(Xd, indptr, indices, data, sparse, bias, i, w) - 1.0 + diag * alpha[i]
+        PG = 0.0
+        if alpha[i] == 0.0:
+            if shrinking and G > pgmax_old:
+                active_size -= 1
+                t = index[s]
+                index[s] = index[active_size]
+                index[active_size] = t
+                continue
+            elif G < 0.0:
+                PG = G
+        elif alpha[i] == upper:
+            if shrinking and G < pgmin_old:
+                active_size -= 1
+                t = index[s]
+                index[s] = index[active_size]
+                index[active_size] = t
+                continue
+            elif G > 0.0:
+                PG = G
+        else:
+            PG = G
+        if PG > pgmax_new:
+            pgmax_new = PG
+        if PG < pgmin_new:
+            pgmin_new = PG
+        if abs(PG) > 1.0e-12:
+            qd = sqn[i] + b2 + diag
+            a_old = alpha[i]
+            if qd > 0.0:
+                a_new = min(max(a_old - G / qd, 0.0), upper)
+            else:
+                # an all-zero row without bias under the hinge: the objective is linear in it
+                a_new = upper if G < 0.0 else 0.0
+            alpha[i] = a_new
+            row_axpy(Xd, indptr, indices, data, sparse, bias, i, (a_new - a_old) * yi, w)
+            n_updates += 1
+        s += 1
+    return active_size, pgmax_new, pgmin_new, n_updates, n_visits
+
+
+@njit(cache=True, nogil=True)
+def dcd_solve(Xd, indptr, indices, data, sparse, bias, y, sqn, index, alpha, w, upper, diag,
+              eps, relative, max_iter, shrinking, state):
+    """LIBLINEAR's outer loop of dual CD on the rows in ``index`` (warm start from alpha, w).
+
+    Stops when ``PGmax - PGmin <= eps`` over a pass of the whole (unshrunk) sub-problem; when
+    only the shrunk problem meets it, every row is restored and the check repeats, as in
+    LIBLINEAR. With ``relative`` the threshold is ``eps`` times the range of the first pass.
+    Returns ``(epochs, n_updates, n_visits, pgmax, pgmin, converged)``.
+    """
+    m = index.shape[0]
+    active_size = m
+    pgmax_old = np.inf
+    pgmin_old = -np.inf
+    n_updates = 0
+    n_visits = 0
+    pgmax_new = 0.0
+    pgmin_new = 0.0
+    tol = eps
+    epochs = 0
+    converged = False
+    while epochs < max_iter:
+        active_size, pgmax_new, pgmin_new, u, v = dcd_epoch(
+            Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_size, alpha, w,
+            upper, diag, pgmax_old, pgmin_old, shrinking, state)
+        n_updates += u
+        n_visits += v
+        epochs += 1
+        if active_size == 0:
+            pgmax_new = 0.0
+            pgmin_new = 0.0
+        if relative and epochs == 1:
+            tol = eps * max(pgmax_new - pgmin_new, 1e-300)
+        if pgmax_new - pgmin_new <= tol:
+            if active_size == m:
+                converged = True
+                break
+            active_size = m
+            pgmax_old = np.inf
+            pgmin_old = -np.inf
+            continue
+        pgmax_old = pgmax_new if pgmax_new > 0.0 else np.inf
+        pgmin_old = pgmin_new if pgmin_new < 0.0 else -np.inf
+    return epochs, n_updates, n_visits, pgmax_new, pgmin_new, converged
+
+
+@njit(cache=True, nogil=True)
+def rebuild_w(Xd, indptr, indices, data, sparse, bias, y, rows, alpha, w):
+    """``w += sum_{i in rows} alpha_i y_i [x_i, bias]`` (eq. 8 of the IBCD paper)."""
+    for k in range(rows.shape[0]):
+        i = rows[k]
+        if alpha[i] != 0.0:
+            yi = 1.0 if y[i] > 0 else -1.0
+            row_axpy(Xd, indptr, indices, data, sparse, bias, i, alpha[i] * yi, w)
+
+
+# --------------------------------------------------------------------------------------------
+# Primal pieces (TRON on eq. 16)
+# --------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def rows_dot(Xd, indptr, indices, data, sparse, bias, rows, w, out):
+    """``out[k] = [x_{rows[k]}, bias]^T w``."""
+    for k in range(rows.shape[0]):
+        out[k] = row_dot(Xd, indptr, indices, data, sparse, bias, rows[k], w)
+
+
+@njit(cache=True, nogil=True)
+def rows_tdot(Xd, indptr, indices, data, sparse, bias, rows, coef, out):
+    """``out += sum_k coef[k] [x_{rows[k]}, bias]`` (skips zero coefficients)."""
+    for k in range(rows.shape[0]):
+        if coef[k] != 0.0:
+            row_axpy(Xd, indptr, indices, data, sparse, bias, rows[k], coef[k], out)
+
+
+@njit(cache=True, nogil=True)
+def rows_col_sqsum(Xd, indptr, indices, data, sparse, bias, rows, weight, out):
+    """``out[j] += sum_k weight[k] x_{rows[k], j}^2`` (the bias column included)."""
+    d = out.shape[0] - 1
+    for k in range(rows.shape[0]):
+        c = weight[k]
+        if c == 0.0:
+            continue
+        i = rows[k]
+        out[d] += c * bias * bias
+        if sparse:
+            for p in range(indptr[i], indptr[i + 1]):
+                out[indices[p]] += c * np.float64(data[p]) * data[p]
+        else:
+            for j in range(d):
+                out[j] += c * np.float64(Xd[i, j]) * Xd[i, j]
+
+
+# --------------------------------------------------------------------------------------------
+# PEGASOS (Shalev-Shwartz, Singer, Srebro 2007), w = scale * v
+# --------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def pegasos_pass(Xd, indptr, indices, data, sparse, bias, y, index, v, scale, t, lam,
+                 squared, radius, state):
+    """One pass of PEGASOS over ``index`` (shuffled in place), continuing at step ``t``.
+
+    Step t: ``eta = 1/(lam t)``, ``w <- (1 - eta lam) w + eta (-L'(z)) y x`` for the hinge
+    (``squared = False``) or the squared hinge, then projection onto ``|w| <= radius``
+    (``radius <= 0``: none). ``w = scale * v`` makes the shrink O(1).
+    Returns ``(scale, t, n_updates)``.
+    """
+    m = index.shape[0]
+    shuffle_prefix(index, m, state)
+    n_updates = 0
+    # |v|^2, maintained incrementally for the projection
+    vv = 0.0
+    for j in range(v.shape[0]):
+        vv += v[j] * v[j]
+    b2 = bias * bias
+    for k in range(m):
+        i = index[k]
+        yi = 1.0 if y[i] > 0 else -1.0
+        eta = 1.0 / (lam * t)
+        z = yi * scale * row_dot(Xd, indptr, indices, data, sparse, bias, i, v)
+        shrink = 1.0 - eta * lam
+        if shrink <= 0.0:
+            # first step: the old iterate is forgotten entirely
+            for j in range(v.shape[0]):
+                v[j] = 0.0
+            vv = 0.0
+            scale = 1.0
+        else:
+            scale *= shrink
+        if z < 1.0:
+            g = 2.0 * (1.0 - z) if squared else 1.0
+            a = eta * g * yi / scale
+            xv = row_dot(Xd, indptr, indices, data, sparse, bias, i, v)
+            if sparse:
+                xx = b2
+                for p in range(indptr[i], indptr[i + 1]):
+                    xx += np.float64(data[p]) * data[p]
+            else:
+                xx = b2
+                for j in range(Xd.shape[1]):
+                    xx += np.float64(Xd[i, j]) * Xd[i, j]
+            vv += 2.0 * a * xv + a * a * xx
+            row_axpy(Xd, indptr, indices, data, sparse, bias, i, a, v)
+            n_updates += 1
+        if radius > 0.0:
+            norm = scale * np.sqrt(max(vv, 0.0))
+            if norm > radius:
+                scale *= radius / norm
+        if scale < 1e-9:
+            for j in range(v.shape[0]):
+                v[j] *= scale
+            vv *= scale * scale
+            scale = 1.0
+        t += 1
+    return scale, t, n_updates
