@@ -48,7 +48,7 @@ def test_libsvm_round_trip_matches_sklearn(tmp_path, rng, zero_based, sparse):
     if sparse:
         X = sp.random(n, d, density=0.08, random_state=1, format="csr") * 100
     else:
-        X = rng.normal(size=(n, d)) * 10 ** rng.integers(-3, 4, size=(n, d))
+        X = rng.normal(size=(n, d)) * 10.0 ** rng.integers(-3, 4, size=(n, d))
     X = sp.lil_matrix(X)
     if zero_based:
         X[:, 0] = 1.0  # a zero-based file must show index 0 for "auto" detection
