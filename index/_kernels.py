@@ -1,0 +1,388 @@
+"""Numba kernels of the metric forest: tree build, pivot scores, leaf scans, shrink counts.
+
+Pure functions over arrays and scalars. Every kernel that reads rows takes both layouts
+through the same argument list: a dense float32 matrix ``X`` (n, d) and the three CSR arrays
+(``indptr`` int64, ``indices`` int32, ``data`` float32) with a flag ``is_csr``; the unused
+layout is passed as empty arrays. The metric is the angle in the degree-2 embedding V (IBCD
+paper §3.2, §4.1): V(â)ᵀV(b̂) = (âᵀb̂)², so d(a, b) = arccos((âᵀb̂)²), computed from one
+dot product and the stored squared norms; V(x) is never formed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+
+
+@njit(cache=True, nogil=True)
+def _next_u64(state):
+    """splitmix64 step on ``state`` (uint64 array of length 1): our own stream, thread-safe."""
+    state[0] += _GOLDEN
+    z = state[0]
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, nogil=True)
+def _randbelow(state, m):
+    return np.int64(_next_u64(state) % np.uint64(m))
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dot_dense(X, a, b):
+    # fastmath lets LLVM reassociate the sum, i.e. vectorise it; order does not matter here
+    acc = np.float32(0.0)
+    for k in range(X.shape[1]):
+        acc += X[a, k] * X[b, k]
+    return np.float64(acc)
+
+
+@njit(cache=True, nogil=True)
+def _dot_csr(indptr, indices, data, a, b):
+    """xₐᵀx_b by merging the ascending column indices of two CSR rows."""
+    acc = 0.0
+    i, ie = indptr[a], indptr[a + 1]
+    j, je = indptr[b], indptr[b + 1]
+    while i < ie and j < je:
+        ci, cj = indices[i], indices[j]
+        if ci == cj:
+            acc += np.float64(data[i]) * np.float64(data[j])
+            i += 1
+            j += 1
+        elif ci < cj:
+            i += 1
+        else:
+            j += 1
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def _dot_rows(X, indptr, indices, data, is_csr, a, b):
+    if is_csr:
+        return _dot_csr(indptr, indices, data, a, b)
+    return _dot_dense(X, a, b)
+
+
+@njit(cache=True, nogil=True)
+def cos2_rows(X, indptr, indices, data, is_csr, sqnorm, a, b):
+    """(âᵀb̂)² = V(â)ᵀV(b̂); 0 when either row is zero (a zero row is at angle π/2 to all)."""
+    den = np.float64(sqnorm[a]) * np.float64(sqnorm[b])
+    if den <= 0.0:
+        return 0.0
+    dot = _dot_rows(X, indptr, indices, data, is_csr, a, b)
+    c = dot * dot / den
+    return 1.0 if c > 1.0 else c
+
+
+@njit(cache=True, nogil=True)
+def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group, counts,
+            work, acc):
+    """Send each row of order[s:e] to its nearest pivot (largest cos², ties to the lowest).
+
+    For CSR rows with a workspace ``work`` (d, width), the pivots are scattered into it
+    once so each row costs one pass over its non-zeros instead of k index merges.
+    """
+    for j in range(k):
+        counts[j] = 0
+    scatter = is_csr and work.shape[0] > 0
+    if scatter:
+        for j in range(k):
+            for t in range(indptr[piv[j]], indptr[piv[j] + 1]):
+                work[indices[t], j] = data[t]
+    for i in range(s, e):
+        row = order[i]
+        if scatter:
+            for j in range(k):
+                acc[j] = 0.0
+            for t in range(indptr[row], indptr[row + 1]):
+                v = np.float64(data[t])
+                c = indices[t]
+                for j in range(k):
+                    acc[j] += v * work[c, j]
+        else:
+            for j in range(k):
+                acc[j] = _dot_rows(X, indptr, indices, data, is_csr, row, piv[j])
+        best = -1.0
+        bk = 0
+        for j in range(k):
+            den = np.float64(sqnorm[row]) * np.float64(sqnorm[piv[j]])
+            c2 = acc[j] * acc[j] / den if den > 0.0 else 0.0
+            if c2 > best:
+                best = c2
+                bk = j
+        group[i - s] = bk
+        counts[bk] += 1
+    if scatter:
+        for j in range(k):
+            for t in range(indptr[piv[j]], indptr[piv[j] + 1]):
+                work[indices[t], j] = 0.0
+    top = 0
+    for j in range(k):
+        top = max(top, counts[j])
+    return top
+
+
+@njit(cache=True, nogil=True)
+def _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, state,
+                piv, group, counts, tmp, work, acc):
+    """K-way split of order[s:e] in place; returns the number of pivots used.
+
+    Pivots are drawn without replacement from the node's rows (partial Fisher-Yates). If
+    every row lands with one pivot (all pivots metrically identical: duplicates or zero
+    rows), the draw is repeated; after three failures the rows are equidistant from every
+    pivot, so any split is a valid Voronoi split and the node is cut into K equal runs.
+    """
+    m = e - s
+    k = min(width, m)
+    top = m
+    for _ in range(3):
+        for j in range(k):
+            r = s + j + _randbelow(state, m - j)
+            t = order[s + j]
+            order[s + j] = order[r]
+            order[r] = t
+        for j in range(k):
+            piv[j] = order[s + j]
+        top = _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k,
+                      group, counts, work, acc)
+        if top < m:
+            break
+    if top == m:
+        for j in range(k):
+            counts[j] = 0
+        for i in range(m):
+            g = (i * k) // m
+            group[i] = g
+            counts[g] += 1
+    # stable counting sort of the node's rows by group: every child is one contiguous run
+    pos = 0
+    for j in range(k):
+        c = counts[j]
+        counts[j] = pos
+        pos += c
+    for i in range(m):
+        g = group[i]
+        tmp[counts[g]] = order[s + i]
+        counts[g] += 1
+    for i in range(m):
+        order[s + i] = tmp[i]
+    return k
+
+
+@njit(cache=True, nogil=True)
+def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size, seed,
+                      work):
+    """Build one metric tree over the rows of a block.
+
+    Returns ``(order, start, stop, first_child, n_children, pivot_row, depth)``: ``order`` is
+    the leaf order (a permutation of 0..n-1, every node one contiguous run of it); node 0 is
+    the root; node v covers ``order[start[v]:stop[v]]``; its children are ``first_child[v]
+    .. first_child[v] + n_children[v] - 1`` (``n_children == 0`` for a leaf); ``pivot_row[c]``
+    is the (original) row whose Voronoi cell child c is in its parent (-1 for the root).
+    ``work`` is a zeroed (d, width) float32 scatter workspace for CSR rows, or (0, 0) to
+    merge index lists instead (when d·width would be too large to hold).
+    """
+    n = sqnorm.shape[0]
+    order = np.arange(n)
+    cap = 2 * n + 1
+    start = np.zeros(cap, np.int64)
+    stop = np.zeros(cap, np.int64)
+    first_child = np.full(cap, -1, np.int32)
+    n_children = np.zeros(cap, np.int32)
+    pivot_row = np.full(cap, -1, np.int64)
+    depth = np.zeros(cap, np.int32)
+    stack = np.empty(cap, np.int64)
+    group = np.empty(n, np.int32)
+    tmp = np.empty(n, np.int64)
+    piv = np.empty(width, np.int64)
+    counts = np.zeros(width, np.int64)
+    acc = np.zeros(width, np.float64)
+    state = np.empty(1, np.uint64)
+    state[0] = np.uint64(seed)
+    stop[0] = n
+    n_nodes = 1
+    sp = 0
+    stack[sp] = 0
+    sp += 1
+    while sp > 0:
+        sp -= 1
+        v = stack[sp]
+        s, e = start[v], stop[v]
+        if e - s <= leaf_size:
+            continue
+        k = _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, state,
+                        piv, group, counts, tmp, work, acc)
+        lo = s
+        first_child[v] = n_nodes
+        for j in range(k):
+            hi = counts[j] + s  # counts now hold the run ends (relative to s)
+            if hi == lo:
+                continue  # an empty cell: its pivot went to an identical earlier pivot
+            c = n_nodes
+            n_nodes += 1
+            start[c] = lo
+            stop[c] = hi
+            pivot_row[c] = piv[j]
+            depth[c] = depth[v] + 1
+            n_children[v] += 1
+            stack[sp] = c
+            sp += 1
+            lo = hi
+    return (order, start[:n_nodes].copy(), stop[:n_nodes].copy(),
+            first_child[:n_nodes].copy(), n_children[:n_nodes].copy(),
+            pivot_row[:n_nodes].copy(), depth[:n_nodes].copy())
+
+
+@njit(cache=True, nogil=True)
+def pivot_dots(w, pv_indptr, pv_indices, pv_data):
+    """wᵀp for every pivot p stored as a CSR row (w may be longer: extra entries ignored)."""
+    k = pv_indptr.shape[0] - 1
+    out = np.zeros(k, np.float64)
+    for j in range(k):
+        acc = 0.0
+        for t in range(pv_indptr[j], pv_indptr[j + 1]):
+            acc += w[pv_indices[t]] * np.float64(pv_data[t])
+        out[j] = acc
+    return out
+
+
+@njit(cache=True, nogil=True)
+def child_priorities(wdots, bias, wsq, pv_sqnorm, gram, augment, parent_pri):
+    """Best-bin-first priorities of a node's partitions for the query q = −V(ŵ).
+
+    With cos²ₖ = (ŵᵀp̂ₖ)², qᵀV(p̂ₖ) = −cos²ₖ, so the query's own partition is the pivot with
+    the smallest cos². The nearest boundary of partition k is the bisector hyperplane
+    through (V(p̂ₖ)+V(p̂_q))/2 with normal V(p̂ₖ)−V(p̂_q) (IBCD §4.1); as both are unit
+    vectors its distance to q is (cos²ₖ − cos²_q) / ‖V(p̂ₖ)−V(p̂_q)‖ with
+    ‖V(p̂ₖ)−V(p̂_q)‖² = 2 − 2(p̂ₖᵀp̂_q)². A child's priority is the largest boundary
+    distance on its path (a lower bound on its points' distance to q). With ``augment`` the
+    vectors carry a constant feature 1 (the bias), so every dot gains +1 (pivots) or +b.
+    """
+    k = wdots.shape[0]
+    cos2 = np.empty(k, np.float64)
+    psq = np.empty(k, np.float64)
+    for j in range(k):
+        psq[j] = np.float64(pv_sqnorm[j]) + (1.0 if augment else 0.0)
+        dot = wdots[j] + (bias if augment else 0.0)
+        den = wsq * psq[j]
+        cos2[j] = dot * dot / den if den > 0.0 else 0.0
+    q = 0
+    for j in range(1, k):
+        if cos2[j] < cos2[q]:
+            q = j
+    out = np.empty(k, np.float64)
+    for j in range(k):
+        if j == q:
+            out[j] = parent_pri
+            continue
+        g = gram[j * k + q] + (1.0 if augment else 0.0)
+        den = psq[j] * psq[q]
+        c = g * g / den if den > 0.0 else 0.0
+        chord2 = 2.0 - 2.0 * min(c, 1.0)
+        dist = cos2[j] - cos2[q]
+        if chord2 > 1e-12:
+            dist = dist / np.sqrt(chord2)
+        else:
+            dist = 0.0  # metrically identical pivots: no boundary between them
+        out[j] = max(parent_pri, dist)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _margin(X, indptr, indices, data, is_csr, i, w, b):
+    acc = b
+    if is_csr:
+        for t in range(indptr[i], indptr[i + 1]):
+            acc += np.float64(data[t]) * w[indices[t]]
+    else:
+        for j in range(X.shape[1]):
+            acc += np.float64(X[i, j]) * w[j]
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def scan_leaf(X, indptr, indices, data, is_csr, y, row0, w, b, wt, bt, same_outer, low,
+              excl, shrunk, fen, shrink_on, shrink_hi, need, max_examine, out, n_out):
+    """Test the rows of one leaf against eq. 10 and collect the fresh ones.
+
+    A row (global position ``row0 + i``) is skipped without being examined if it is
+    excluded or shrunk. An examined row qualifies if y·wₜᵀx ≥ ``low`` (not an outlier at
+    the outer iterate) and y·wᵀx < 1 (non-zero gradient). With ``shrink_on``, examined rows
+    with y·wᵀx > ``shrink_hi`` or outliers are marked in ``shrunk`` and counted in the
+    Fenwick tree ``fen`` (IBCD §4.3). Stops once ``need`` rows are collected or
+    ``max_examine`` rows were examined. Returns ``(n_out, n_examined, n_newly_shrunk)``.
+    """
+    n_ex = 0
+    n_sh = 0
+    m = y.shape[0]
+    for i in range(m):
+        if n_out >= need or n_ex >= max_examine:
+            break
+        g = row0 + i
+        if excl.shape[0] > 0 and excl[g]:
+            continue
+        if shrunk.shape[0] > 0 and shrunk[g]:
+            continue
+        n_ex += 1
+        yi = np.float64(y[i])
+        mw = yi * _margin(X, indptr, indices, data, is_csr, i, w, b)
+        mt = mw if same_outer else yi * _margin(X, indptr, indices, data, is_csr, i, wt, bt)
+        if mw < 1.0 and mt >= low:
+            out[n_out] = g
+            n_out += 1
+        elif shrink_on and (mw > shrink_hi or mt < low):
+            shrunk[g] = 1
+            fenwick_add(fen, g, 1)
+            n_sh += 1
+    return n_out, n_ex, n_sh
+
+
+@njit(cache=True, nogil=True)
+def fenwick_add(fen, i, delta):
+    """Add ``delta`` at position i of the Fenwick (binary indexed) tree ``fen``."""
+    j = i + 1
+    n = fen.shape[0]
+    while j <= n:
+        fen[j - 1] += delta
+        j += j & (-j)
+
+
+@njit(cache=True, nogil=True)
+def fenwick_prefix(fen, i):
+    """Sum of positions 0..i-1."""
+    acc = 0
+    j = i
+    while j > 0:
+        acc += fen[j - 1]
+        j -= j & (-j)
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def fenwick_mark(fen, shrunk, rows):
+    """Mark ``rows`` shrunk (those not yet marked); return how many were new."""
+    new = 0
+    for r in rows:
+        if not shrunk[r]:
+            shrunk[r] = 1
+            fenwick_add(fen, r, 1)
+            new += 1
+    return new
+
+
+@njit(cache=True, nogil=True)
+def brute_force_margins(X, indptr, indices, data, is_csr, y, w, b):
+    """y·(wᵀx + b) for every row, float64 (reference scans and benchmarks)."""
+    n = y.shape[0]
+    out = np.empty(n, np.float64)
+    for i in range(n):
+        out[i] = np.float64(y[i]) * _margin(X, indptr, indices, data, is_csr, i, w, b)
+    return out

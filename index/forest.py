@@ -1,0 +1,440 @@
+"""Query the metric forest for the IBCD step: best-bin-first search, shrinking, node cache.
+
+The IBCD inner loop (Yen et al. 2013, Algorithm 1) asks ``queryIndex(w; w_t, s, n)`` for up
+to n fresh rows satisfying eq. 10,
+
+    y·w_tᵀx ≥ L⁻¹(1+s)   (not an outlier at the outer iterate w_t)   and   y·wᵀx < 1,
+
+and for n_e, the number of rows it examined. Rows near the hyperplane w are found as nearest
+neighbours of the query −V(ŵ) in the degree-2 embedding (§3.2): −V(ŵ)ᵀV(x̂) = −(ŵᵀx̂)². The
+search is best-bin-first (§4.1): one priority queue over the partitions of every tree, each
+ranked by its nearest boundary to the query, trees entering in a random order (the seed).
+Every returned row is verified exactly from its stored values. Shrinking on the index
+(§4.3) stops visiting rows far outside the range, and nodes whose rows are all shrunk.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import lmdb
+import numpy as np
+
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.cache import LRUCache
+from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterError
+
+from ._kernels import (child_priorities, fenwick_mark, fenwick_prefix, pivot_dots,
+                       scan_leaf)
+from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, decode_node,
+                      decode_tree_header, node_key, open_reader, tree_key)
+from .tree import row_arrays
+
+__all__ = ["Forest", "open_forest", "outlier_margin"]
+
+_NO_MASK = np.zeros(0, np.uint8)
+_NO_FEN = np.zeros(0, np.int32)
+
+
+def outlier_margin(loss: str, s) -> float:
+    """L⁻¹(1+s): the smallest y·wₜᵀx that is not an outlier of the truncated loss.
+
+    Hinge L(z) = max(0, 1−z) gives −s; squared hinge L(z) = max(0, 1−z)² gives 1 − √(1+s);
+    ``s=None`` (no truncation) gives −inf.
+
+    >>> outlier_margin("hinge", 1.0), outlier_margin("sqhinge", 3.0)
+    (-1.0, -1.0)
+    """
+    if s is None or (isinstance(s, float) and math.isinf(s)):
+        return -math.inf
+    if loss == "hinge":
+        return -float(s)
+    if loss in ("sqhinge", "squared_hinge"):
+        return 1.0 - math.sqrt(1.0 + float(s))
+    raise ParameterError(f"The 'loss' parameter of query must be 'hinge' or 'sqhinge'. Got "
+                         f"{loss!r} instead.", "Pick the loss the solver truncates.")
+
+
+class Forest:
+    """Read-only view of a metric forest, bound to a row provider.
+
+    Parameters
+    ----------
+    path : str or Path
+        The index directory (``STORE/index.lmdb``).
+    read_range : callable
+        ``read_range(start, stop) -> (X, y, row_ids)`` for contiguous store rows; X a
+        float32 ndarray or CSR matrix. A :class:`~ooc_learn.storage.store.Store` is one
+        provider, an in-memory array another.
+    n_samples, n_features : int
+        The store's shape, checked against the index.
+    block_offsets : array of int
+        The store's block row offsets, checked against the index.
+    budget : MemoryBudget, optional
+        The run's memory cap; the node and leaf cache and the shrink state reserve from it.
+    name : str, optional
+        How errors name the store (default: the parent directory of ``path``).
+    cache_bytes : int, optional
+        A bound on the node/leaf cache alone (default: whatever the budget allows).
+    """
+
+    def __init__(self, path, *, read_range: Callable, n_samples: int, n_features: int,
+                 block_offsets, budget=None, name: str | None = None,
+                 cache_bytes: int | None = None):
+        self.path = Path(path)
+        self.name = str(name) if name is not None else str(self.path.parent)
+        self._read_range = read_range
+        self.n_samples = int(n_samples)
+        self.n_features = int(n_features)
+        self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
+        self.budget = MemoryBudget.coerce(budget)
+        self._env = None
+        self._shrunk = _NO_MASK
+        self._fen = _NO_FEN
+        self._shrink_hi = math.inf
+        self.last_query: dict = {}
+        try:
+            self._env = open_reader(self.path)
+        except FileNotFoundError:
+            raise self._error(f"The store {self.name} has no index ({self.path} is missing).",
+                              build=True) from None
+        except lmdb.Error as exc:
+            raise self._error(f"The index of store {self.name} cannot be opened ({exc}); "
+                              f"it is corrupted.") from None
+        try:
+            self.meta = self._check_meta()
+            self.headers = [self._header(t) for t in range(self.n_blocks)]
+        except BaseException:
+            self.close()
+            raise
+        self.cache = LRUCache(self.budget, cache_bytes, name="index nodes")
+        try:
+            self._check_rows()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------- opening and checks
+    def _error(self, message: str, build: bool = False) -> IndexStateError:
+        verb = "Build" if build else "Rebuild"
+        return IndexStateError(message, f"{verb} it with `ooc-index {self.name} --overwrite`.")
+
+    def _get(self, key: bytes, what: str):
+        try:
+            with self._env.begin(buffers=False) as txn:
+                return txn.get(key)
+        except lmdb.Error as exc:
+            raise self._error(f"The index of store {self.name} is corrupted: reading {what} "
+                              f"failed ({exc}).") from None
+
+    def _check_meta(self) -> dict:
+        raw = self._get(META_KEY, "the meta record")
+        try:
+            meta = json.loads(bytes(raw).decode()) if raw is not None else None
+        except (UnicodeDecodeError, ValueError):
+            meta = "garbled"
+        if meta == "garbled" or (meta is not None and not isinstance(meta, dict)):
+            raise self._error(f"The index of store {self.name} is corrupted: its meta record "
+                              f"is not readable.")
+        if meta is None or meta.get("format") != INDEX_FORMAT or not meta.get("complete"):
+            raise self._error(f"The index of store {self.name} is incomplete or not an "
+                              f"ooc-learn index (no finished meta record).")
+        if meta.get("format_version") != INDEX_FORMAT_VERSION:
+            raise self._error(f"The index of store {self.name} was written by index format "
+                              f"{meta.get('format_version')!r}; this is format "
+                              f"{INDEX_FORMAT_VERSION}.")
+        mine = dict(n_samples=self.n_samples, n_features=self.n_features,
+                    n_blocks=len(self.block_offsets) - 1)
+        for key, want in mine.items():
+            if meta.get(key) != want:
+                raise self._error(f"The index of store {self.name} does not match the store: "
+                                  f"index {key}={meta.get(key)!r}, store {key}={want}.")
+        if list(meta.get("block_offsets", [])) != self.block_offsets.tolist():
+            raise self._error(f"The index of store {self.name} does not match the store: "
+                              f"the block row offsets differ.")
+        return meta
+
+    def _header(self, t: int):
+        try:
+            h = decode_tree_header(self._get(tree_key(t), f"tree {t}"), t)
+        except ValueError as exc:
+            raise self._error(f"The index of store {self.name} is corrupted: {exc}.") from None
+        if h.row_offset != self.block_offsets[t] or \
+                h.row_offset + h.n_rows != self.block_offsets[t + 1]:
+            raise self._error(f"The index of store {self.name} does not match the store: "
+                              f"tree {t} covers other rows than block {t}.")
+        return h
+
+    def _check_rows(self) -> None:
+        """Compare the first tree's root pivots with the store's rows (catches re-ingest)."""
+        h = self.headers[0] if self.headers else None
+        if h is None or h.n_internal == 0:
+            return
+        node = self.node(0, 0)
+        for j, row in enumerate(node.pivot_row):
+            X, _, _ = self._read_range(int(row), int(row) + 1)
+            Xd, indptr, indices, data, is_csr = row_arrays(X)
+            lo, hi = node.pv_indptr[j], node.pv_indptr[j + 1]
+            if is_csr:
+                keep = data != 0
+                same = (np.array_equal(indices[keep], node.pv_indices[lo:hi])
+                        and np.array_equal(data[keep], node.pv_data[lo:hi]))
+            else:
+                dense = np.zeros(self.n_features, np.float32)
+                dense[node.pv_indices[lo:hi]] = node.pv_data[lo:hi]
+                same = np.array_equal(Xd[0], dense)
+            if not same:
+                raise self._error(f"The index of store {self.name} does not match the store: "
+                                  f"pivot row {int(row)} differs from the stored row (the "
+                                  f"data were rewritten after the index was built).")
+
+    # ---------------------------------------------------------------- state
+    @property
+    def n_blocks(self) -> int:
+        return len(self.block_offsets) - 1
+
+    @property
+    def closed(self) -> bool:
+        return self._env is None
+
+    def _alive(self):
+        if self._env is None:
+            raise ClosedError(f"The index of store {self.name} is closed.",
+                              "Open the store again (store.index) to query it.")
+
+    def close(self) -> None:
+        """Release the cache, the shrink state and the LMDB handle. Closing twice is fine."""
+        if getattr(self, "cache", None) is not None:
+            self.cache.close()
+        self.unshrink()
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # ---------------------------------------------------------------- node and leaf reads
+    def node(self, t: int, v: int):
+        """Node record v of tree t, through the LRU cache."""
+        def load():
+            raw = self._get(node_key(t, v), f"node {v} of tree {t}")
+            try:
+                rec = decode_node(raw, t, v)
+            except ValueError as exc:
+                raise self._error(f"The index of store {self.name} is corrupted: {exc}.") \
+                    from None
+            return rec, rec.nbytes
+        return self.cache.get_or_load(("node", t, v), load)
+
+    def _leaf_rows(self, t: int, v: int, start: int, stop: int):
+        def load():
+            X, y, _ = self._read_range(start, stop)
+            arrays = row_arrays(X)
+            y = np.ascontiguousarray(y, dtype=np.float32)
+            nbytes = sum(a.nbytes for a in arrays[:4]) + y.nbytes + 64
+            self.last_query["rows_read"] += stop - start
+            return (arrays, y), nbytes
+        return self.cache.get_or_load(("leaf", t, v), load)
+
+    # ---------------------------------------------------------------- shrinking (§4.3)
+    def shrink(self, threshold: float = 1.0, rows=None) -> int:
+        """Shrink on the index from now on (IBCD §4.3); return how many rows are shrunk.
+
+        Every row a later query examines with y·wᵀx > 1 + ``threshold`` or y·wₜᵀx below the
+        outlier margin is marked and never visited again; a node whose rows are all marked
+        is skipped without a read. ``rows`` (store positions, e.g. the active set) are
+        marked now. :meth:`unshrink` restores everything. The state costs 5 bytes per row
+        of the memory budget.
+        """
+        self._alive()
+        if not threshold >= 0:
+            raise ParameterError(f"The 'threshold' parameter of shrink must be >= 0. Got "
+                                 f"{threshold!r} instead.", "The paper's T is a margin "
+                                 "slack such as 1.0.")
+        if self._shrunk.shape[0] == 0:
+            self.budget.reserve(5 * self.n_samples, "index shrink state")
+            self._shrunk = np.zeros(self.n_samples, np.uint8)
+            self._fen = np.zeros(self.n_samples, np.int32)
+        self._shrink_hi = 1.0 + float(threshold)
+        if rows is not None:
+            fenwick_mark(self._fen, self._shrunk, self._rows_arg(rows, "rows", "shrink"))
+        return self.n_shrunk
+
+    def unshrink(self) -> int:
+        """Restore every shrunk row and stop shrinking; return how many were restored."""
+        restored = self.n_shrunk
+        if self._shrunk.shape[0]:
+            self.budget.release(5 * self.n_samples)
+        self._shrunk, self._fen, self._shrink_hi = _NO_MASK, _NO_FEN, math.inf
+        return restored
+
+    @property
+    def n_shrunk(self) -> int:
+        return int(fenwick_prefix(self._fen, self.n_samples)) if self._fen.shape[0] else 0
+
+    def _rows_arg(self, rows, name: str, where: str) -> np.ndarray:
+        rows = np.asarray(rows)
+        if rows.dtype == bool:
+            if rows.shape != (self.n_samples,):
+                raise ParameterError(
+                    f"The '{name}' parameter of {where} must be a boolean mask of "
+                    f"{self.n_samples} rows or an array of row positions. Got a mask of shape "
+                    f"{rows.shape} instead.", "Pass one entry per store row.")
+            return np.flatnonzero(rows)
+        rows = rows.astype(np.int64, copy=False).ravel()
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n_samples):
+            raise ParameterError(
+                f"The '{name}' parameter of {where} must hold row positions in "
+                f"[0, {self.n_samples}). Got values in [{rows.min()}, {rows.max()}] instead.",
+                "Pass store row positions (as returned by query).")
+        return rows
+
+    # ---------------------------------------------------------------- the query
+    def _weights(self, w, name: str):
+        w = np.asarray(w, dtype=np.float64).ravel()
+        d = self.n_features
+        if w.shape[0] not in (d, d + 1) or not np.all(np.isfinite(w)):
+            raise ParameterError(
+                f"The '{name}' parameter of query must be a finite vector of {d} weights "
+                f"(or {d + 1} with the bias last). Got {w.shape[0]} entries instead.",
+                "Pass the model's coefficients.")
+        if w.shape[0] == d + 1:
+            return np.ascontiguousarray(w[:d]), float(w[d]), True
+        return w, 0.0, False
+
+    def query(self, w, *, w_outer=None, s=1.0, n: int | None = 1000, exclude=None,
+              seed: int = 0, loss: str = "hinge", max_examined: int | None = None):
+        """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined.
+
+        Parameters
+        ----------
+        w : array (n_features,) or (n_features + 1,)
+            The current weights. With ``n_features + 1`` entries the last is the bias b,
+            the weight of a constant feature 1 (LIBLINEAR's ``-B 1``): margins are wᵀx + b
+            and the search runs in the augmented space [x, 1].
+        w_outer : array like ``w``, optional
+            The outer iterate w_t of the truncated-loss relaxation (default: ``w``).
+        s : float or None
+            The truncation; rows with y·w_tᵀx < L⁻¹(1+s) are outliers (hinge: −s; squared
+            hinge: 1 − √(1+s), see :func:`outlier_margin`). ``None``: no truncation.
+        n : int or None
+            The number of fresh rows wanted; ``None`` returns every qualifying row.
+        exclude : bool mask (n_samples,) or array of rows, optional
+            Rows not to return and not to examine (the active set).
+        seed : int
+            Orders the trees at random (bias reduction, §4.1).
+        loss : "hinge" or "sqhinge"
+            Which L⁻¹(1+s) to use.
+        max_examined : int, optional
+            Stop after examining this many rows.
+
+        Returns
+        -------
+        rows : int64 ndarray
+            Store row positions in the order found, none repeated or excluded, each verified.
+        n_examined : int
+            Rows whose margins were computed (excluded and shrunk rows are not examined).
+        """
+        self._alive()
+        wv, b, aug = self._weights(w, "w")
+        if w_outer is None:
+            wt, bt, same = wv, b, True
+        else:
+            wt, bt, aug_t = self._weights(w_outer, "w_outer")
+            if aug_t != aug:
+                raise ParameterError(
+                    f"The 'w_outer' parameter of query must have as many entries as 'w' "
+                    f"({len(np.ravel(w))}). Got {len(np.ravel(w_outer))} instead.",
+                    "Pass both with or both without the bias.")
+            same = bool(np.array_equal(wt, wv) and bt == b)
+        if s is not None and not (float(s) >= 0):
+            raise ParameterError(f"The 's' parameter of query must be >= 0 or None. Got "
+                                 f"{s!r} instead.", "s = 1 is the ramp loss's usual value.")
+        low = outlier_margin(loss, s)
+        limit = self.n_samples if n is None else n
+        if not isinstance(limit, (int, np.integer)) or isinstance(limit, bool) or limit < 1:
+            raise ParameterError(f"The 'n' parameter of query must be an int >= 1 or None. "
+                                 f"Got {n!r} instead.", "IBCD asks for about 1000 rows.")
+        max_ex = self.n_samples if max_examined is None else int(max_examined)
+        if max_ex < 0:
+            raise ParameterError(f"The 'max_examined' parameter of query must be >= 0. Got "
+                                 f"{max_examined!r} instead.", "Use None for no limit.")
+        excl = _NO_MASK
+        if exclude is not None:
+            excl = np.zeros(self.n_samples, np.uint8)
+            excl[self._rows_arg(exclude, "exclude", "query")] = 1
+        return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, excl, seed)
+
+    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed):
+        stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
+                     rows_examined=0, rows_shrunk=0)
+        self.last_query = stats
+        wsq = float(wv @ wv) + (b * b if aug else 0.0)
+        rank = np.random.default_rng(seed).permutation(self.n_blocks)
+        heap = []
+        count = 0
+        for t, h in enumerate(self.headers):
+            if h.n_rows:
+                heap.append((0.0, int(rank[t]), 0, t, 0, h.row_offset,
+                             h.row_offset + h.n_rows, h.n_internal == 0))
+        heapq.heapify(heap)
+        out = np.empty(min(limit, self.n_samples), np.int64)
+        n_out = n_ex = 0
+        shrink_on = self._fen.shape[0] > 0
+        while heap and n_out < limit and n_ex < max_ex:
+            pri, tr, _, t, v, s0, e0, leaf = heapq.heappop(heap)
+            if shrink_on and (fenwick_prefix(self._fen, e0) - fenwick_prefix(self._fen, s0)
+                              == e0 - s0):
+                stats["nodes_skipped"] += 1
+                continue
+            if leaf:
+                (Xd, indptr, indices, data, is_csr), y = self._leaf_rows(t, v, s0, e0)
+                n_out, ex, sh = scan_leaf(Xd, indptr, indices, data, is_csr, y, s0, wv, b,
+                                          wt, bt, same, low, excl, self._shrunk, self._fen,
+                                          shrink_on, self._shrink_hi, limit, max_ex - n_ex,
+                                          out, n_out)
+                n_ex += ex
+                stats["leaves_scanned"] += 1
+                stats["rows_shrunk"] += sh
+                continue
+            node = self.node(t, v)
+            stats["nodes_expanded"] += 1
+            pri_c = child_priorities(pivot_dots(wv, node.pv_indptr, node.pv_indices,
+                                                node.pv_data),
+                                     b, wsq, node.pivot_sqnorm, node.gram, aug, pri)
+            for j in range(pri_c.shape[0]):
+                count += 1
+                # ties: the tree's random rank, then the newest first (depth first)
+                heapq.heappush(heap, (float(pri_c[j]), tr, -count, t, int(node.child_id[j]),
+                                      int(node.child_start[j]), int(node.child_stop[j]),
+                                      bool(node.child_leaf[j])))
+        stats["rows_examined"] = n_ex
+        return out[:n_out].copy(), int(n_ex)
+
+    def stats(self) -> dict:
+        """Cache statistics and the last query's work counters."""
+        return {"cache": self.cache.stats() if not self.closed else {},
+                "last_query": dict(self.last_query), "n_shrunk": self.n_shrunk}
+
+
+def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
+    """The index of an open store (``STORE/index.lmdb``), reading leaf rows through it.
+
+    Raises :class:`IndexStateError` naming the store and the fix when the index is missing,
+    of another format version, built for other rows, or corrupted.
+    """
+    from ooc_learn.storage.format import INDEX_DIR
+
+    return Forest(Path(store.path) / INDEX_DIR, read_range=store.read_range,
+                  n_samples=store.n_samples, n_features=store.n_features,
+                  block_offsets=store.block_offsets, budget=store.budget,
+                  name=str(store.path), cache_bytes=cache_bytes)

@@ -1,0 +1,362 @@
+"""The metric forest on disk: ``STORE/index.lmdb`` (format version 1).
+
+Records (one LMDB database, little-endian payloads, each ending in a CRC-32 of the bytes
+before it so a damaged record is detected instead of decoded):
+
+==========================  ==========================================================
+key                         value
+==========================  ==========================================================
+``b"meta"``                 JSON: format name and version, n_blocks, n_samples,
+                            n_features, block_offsets, width, leaf_size, seed, counts;
+                            written last, by :meth:`ForestWriter.close`
+``b"T" + >u4 tree``         tree header: block row offset, rows, nodes, depth
+``b"N" + >u4 tree >u4 v``   node v of that tree (the root and every internal node):
+                            its row range and, per child: node id, row range, whether
+                            it is a leaf, pivot store row, pivot squared norm, pivot
+                            vector (CSR); plus the k×k pivot Gram matrix
+==========================  ==========================================================
+
+Leaves need no record: their row range sits in the parent's record, and their rows are one
+contiguous slice of ``data.h5`` (rows live there, not here). Row positions in the index are
+store rows (the block's offset added). The writer builds into a temporary sibling directory
+and renames it into place when every tree is written, so an interrupted build leaves no
+index rather than a partial one. Readers open the environment read-only; several processes
+can query one index at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import uuid
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+import lmdb
+import numpy as np
+
+from ooc_learn.storage.errors import IndexStateError, ParameterError
+
+from .tree import FlatTree
+
+__all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
+           "encode_node", "decode_node", "encode_tree_header", "decode_tree_header",
+           "tree_key", "node_key", "META_KEY", "open_reader", "index_nbytes"]
+
+INDEX_FORMAT = "ooc-learn-index"
+INDEX_FORMAT_VERSION = 1
+META_KEY = b"meta"
+_NODE_HEAD = struct.Struct("<4sHHqqqi")   # magic, version, flags, tree, start, stop, k
+_TREE_HEAD = struct.Struct("<4sHHqqqqqi")  # magic, version, flags, tree, offset, rows,
+#                                            nodes, internal, depth
+_CRC = struct.Struct("<I")
+_NODE_MAGIC = b"OOCN"
+_TREE_MAGIC = b"OOCT"
+
+
+class Node(NamedTuple):
+    """One decoded node record. Row positions are store rows."""
+
+    start: int
+    stop: int
+    child_id: np.ndarray      # int32 (k,)
+    child_start: np.ndarray   # int64 (k,)
+    child_stop: np.ndarray    # int64 (k,)
+    child_leaf: np.ndarray    # bool (k,)
+    pivot_row: np.ndarray     # int64 (k,)
+    pivot_sqnorm: np.ndarray  # float32 (k,)
+    pv_indptr: np.ndarray     # int64 (k + 1,)
+    pv_indices: np.ndarray    # int32 (nnz,)
+    pv_data: np.ndarray       # float32 (nnz,)
+    gram: np.ndarray          # float64 (k * k,)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self[2:])) + 64
+
+
+class TreeHeader(NamedTuple):
+    tree: int
+    row_offset: int
+    n_rows: int
+    n_nodes: int
+    n_internal: int
+    depth: int
+
+
+def tree_key(tree: int) -> bytes:
+    return b"T" + struct.pack(">I", tree)
+
+
+def node_key(tree: int, node: int) -> bytes:
+    return b"N" + struct.pack(">II", tree, node)
+
+
+def _seal(payload: bytes) -> bytes:
+    return payload + _CRC.pack(zlib.crc32(payload) & 0xFFFFFFFF)
+
+
+def _unseal(value: bytes, what: str) -> memoryview:
+    if value is None or len(value) < _CRC.size:
+        raise ValueError(f"{what} is missing or truncated")
+    body = memoryview(value)[:-_CRC.size]
+    (crc,) = _CRC.unpack(value[-_CRC.size:])
+    if zlib.crc32(body) & 0xFFFFFFFF != crc:
+        raise ValueError(f"{what} fails its checksum")
+    return body
+
+
+def encode_tree_header(tree_id: int, row_offset: int, tree: FlatTree) -> bytes:
+    n_internal = int(np.count_nonzero(tree.n_children > 0))
+    return _seal(_TREE_HEAD.pack(_TREE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id, row_offset,
+                                 tree.n_rows, tree.n_nodes, n_internal, tree.max_depth))
+
+
+def decode_tree_header(value: bytes, tree_id: int) -> TreeHeader:
+    body = _unseal(value, f"the header of tree {tree_id}")
+    if len(body) != _TREE_HEAD.size:
+        raise ValueError(f"the header of tree {tree_id} has the wrong size")
+    magic, version, _, t, off, rows, nodes, internal, depth = _TREE_HEAD.unpack(body)
+    if magic != _TREE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id:
+        raise ValueError(f"the header of tree {tree_id} is not a version-"
+                         f"{INDEX_FORMAT_VERSION} tree header")
+    return TreeHeader(t, off, rows, nodes, internal, depth)
+
+
+def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int) -> bytes:
+    """Serialise node v (store rows = block rows + ``row_offset``)."""
+    k = int(tree.n_children[v])
+    c = np.arange(int(tree.first_child[v]), int(tree.first_child[v]) + k)
+    lo, hi = (int(tree.pv_indptr[c[0]]), int(tree.pv_indptr[c[-1] + 1])) if k else (0, 0)
+    parts = [
+        _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id,
+                        int(tree.start[v]) + row_offset, int(tree.stop[v]) + row_offset, k),
+        struct.pack("<q", hi - lo),
+        c.astype("<i4").tobytes(),
+        (tree.start[c] + row_offset).astype("<i8").tobytes(),
+        (tree.stop[c] + row_offset).astype("<i8").tobytes(),
+        (tree.n_children[c] == 0).astype("u1").tobytes(),
+        (tree.pivot_row[c] + row_offset).astype("<i8").tobytes(),
+        tree.pivot_sqnorm[c].astype("<f4").tobytes(),
+        (tree.pv_indptr[c[0]:c[-1] + 2] - lo if k else np.zeros(1)).astype("<i8").tobytes(),
+        tree.gram[tree.gram_ptr[v]:tree.gram_ptr[v + 1]].astype("<f8").tobytes(),
+        tree.pv_indices[lo:hi].astype("<i4").tobytes(),
+        tree.pv_data[lo:hi].astype("<f4").tobytes(),
+    ]
+    return _seal(b"".join(parts))
+
+
+def decode_node(value: bytes, tree_id: int, node: int) -> Node:
+    """Inverse of :func:`encode_node`; raises ValueError on any inconsistency."""
+    what = f"node {node} of tree {tree_id}"
+    body = _unseal(value, what)
+    if len(body) < _NODE_HEAD.size + 8:
+        raise ValueError(f"{what} is truncated")
+    magic, version, _, t, start, stop, k = _NODE_HEAD.unpack_from(body, 0)
+    if magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0:
+        raise ValueError(f"{what} is not a version-{INDEX_FORMAT_VERSION} node record")
+    (nnz,) = struct.unpack_from("<q", body, _NODE_HEAD.size)
+    pos = _NODE_HEAD.size + 8
+    out = []
+    for dtype, count in (("<i4", k), ("<i8", k), ("<i8", k), ("u1", k), ("<i8", k),
+                         ("<f4", k), ("<i8", k + 1), ("<f8", k * k), ("<i4", nnz),
+                         ("<f4", nnz)):
+        nb = np.dtype(dtype).itemsize * count
+        if pos + nb > len(body):
+            raise ValueError(f"{what} is truncated")
+        out.append(np.frombuffer(body, dtype, count, pos))
+        pos += nb
+    if pos != len(body):
+        raise ValueError(f"{what} has trailing bytes")
+    cid, cs, ce, leaf, prow, psq, ptr, gram, idx, val = out
+    return Node(start, stop, cid.astype(np.int32), cs.astype(np.int64), ce.astype(np.int64),
+                leaf.astype(bool), prow.astype(np.int64), psq.astype(np.float32),
+                ptr.astype(np.int64), idx.astype(np.int32), val.astype(np.float32),
+                gram.astype(np.float64))
+
+
+def _record_pages(records, psize: int) -> int:
+    """Pages LMDB needs to hold ``records`` (a fresh B-tree bound, not a guess).
+
+    A value larger than about half a page goes to its own run of overflow pages; smaller
+    items share leaf pages, which a B-tree keeps at least half full, hence the factor 2.
+    Branch pages (at most one per two leaf pages) and a fixed allowance for the meta pages,
+    the copy-on-write path of the transaction and the free list come on top.
+    """
+    overflow = 0
+    inline = 0
+    for key, value in records:
+        item = 8 + len(key) + len(value)
+        if item > (psize - 16) // 2:
+            overflow += -(-(len(value) + 16) // psize)
+            inline += 8 + len(key) + 8 + 2
+        else:
+            inline += item + 2
+    leaf_pages = -(-2 * inline // (psize - 16)) + 1
+    return overflow + leaf_pages + leaf_pages // 2 + 32
+
+
+class ForestWriter:
+    """Write one tree per block into ``path`` (normally ``STORE/index.lmdb``).
+
+    Parameters
+    ----------
+    path : str or Path
+        The index directory to create; it appears only when :meth:`close` succeeds.
+    n_blocks, n_samples, n_features : int
+        The store's shape; the reader checks them against the store it is opened with.
+    width, leaf_size, seed : int
+        The build parameters, recorded in the meta record.
+    overwrite : bool
+        Replace an existing index at ``path`` (default True: the caller decided).
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> from ooc_learn.index.tree import build_block_tree
+    >>> X = np.random.default_rng(0).random((300, 4), dtype=np.float32)
+    >>> perm, tree = build_block_tree(X, width=3, leaf_size=20)
+    >>> d = tempfile.mkdtemp()
+    >>> with ForestWriter(os.path.join(d, "index.lmdb"), n_blocks=1, n_samples=300,
+    ...                   n_features=4, width=3, leaf_size=20, seed=0) as w:
+    ...     w.add_tree(0, 0, tree)
+    """
+
+    def __init__(self, path, *, n_blocks: int, n_samples: int, n_features: int,
+                 width: int, leaf_size: int, seed: int, overwrite: bool = True):
+        for name, val, low in (("n_blocks", n_blocks, 1), ("n_samples", n_samples, 0),
+                               ("n_features", n_features, 0), ("width", width, 2),
+                               ("leaf_size", leaf_size, 1), ("seed", seed, 0)):
+            if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < low:
+                raise ParameterError(
+                    f"The '{name}' parameter of ForestWriter must be an int >= {low}. Got "
+                    f"{val!r} instead.", "Pass the store's shape and the build parameters.")
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise IndexStateError(f"An index already exists at {self.path}.",
+                                  "Pass overwrite=True (ooc-index STORE --overwrite).")
+        self.params = dict(n_blocks=int(n_blocks), n_samples=int(n_samples),
+                           n_features=int(n_features), width=int(width),
+                           leaf_size=int(leaf_size), seed=int(seed))
+        self._tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-"
+                                        f"{uuid.uuid4().hex[:8]}")
+        self._env = lmdb.open(str(self._tmp), map_size=1 << 20, subdir=True, sync=False,
+                              metasync=False, max_dbs=0, readahead=False)
+        self._psize = self._env.stat()["psize"]
+        self._trees: dict[int, tuple[int, int, int, int]] = {}
+        self.transactions = 0
+        self.map_grows = 0
+
+    def _ensure_room(self, records) -> None:
+        info = self._env.info()
+        need = (info["last_pgno"] + 1 + _record_pages(records, self._psize)) * self._psize
+        if need > info["map_size"]:
+            self._env.set_mapsize(need)
+            self.map_grows += 1
+
+    def add_tree(self, block_id: int, block_row_offset: int, tree: FlatTree) -> None:
+        """Write the tree of one block in a single write transaction."""
+        if self._env is None:
+            raise IndexStateError(f"The index writer for {self.path} is closed.",
+                                  "Create a new ForestWriter.")
+        if not 0 <= block_id < self.params["n_blocks"] or block_id in self._trees:
+            raise ParameterError(
+                f"The 'block_id' parameter of ForestWriter.add_tree must be a new block in "
+                f"[0, {self.params['n_blocks']}). Got {block_id!r} instead.",
+                "Add each block's tree exactly once.")
+        off = int(block_row_offset)
+        records = [(tree_key(block_id), encode_tree_header(block_id, off, tree))]
+        for v in range(tree.n_nodes):
+            if v == 0 or tree.n_children[v] > 0:
+                records.append((node_key(block_id, v), encode_node(block_id, tree, v, off)))
+        self._ensure_room(records)
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in records:
+                        txn.put(key, value)
+                break
+            except lmdb.MapFullError:  # the bound above was short: grow and redo the txn
+                self._env.set_mapsize(2 * self._env.info()["map_size"])
+                self.map_grows += 1
+        self.transactions += 1
+        self._trees[int(block_id)] = (off, tree.n_rows, tree.n_nodes, tree.n_leaves)
+
+    def close(self) -> Path:
+        """Check every block has its tree, write the meta record, and move into place."""
+        if self._env is None:
+            return self.path
+        p = self.params
+        missing = sorted(set(range(p["n_blocks"])) - set(self._trees))
+        offsets = [0]
+        for b in range(p["n_blocks"]):
+            if b in self._trees:
+                offsets.append(offsets[-1] + self._trees[b][1])
+        bad = missing or any(self._trees[b][0] != offsets[b] for b in range(p["n_blocks"])) \
+            or offsets[-1] != p["n_samples"]
+        if bad:
+            self.abort()
+            what = (f"trees of blocks {missing[:10]} were never added" if missing else
+                    "the trees' row ranges do not tile the store's rows")
+            raise IndexStateError(f"The index for {self.path} is incomplete: {what}.",
+                                  "Rebuild it with `ooc-index STORE --overwrite`.")
+        meta = dict(format=INDEX_FORMAT, format_version=INDEX_FORMAT_VERSION, **p,
+                    block_offsets=offsets,
+                    n_nodes=sum(t[2] for t in self._trees.values()),
+                    n_leaves=sum(t[3] for t in self._trees.values()), complete=True)
+        record = [(META_KEY, json.dumps(meta).encode())]
+        self._ensure_room(record)
+        with self._env.begin(write=True) as txn:
+            txn.put(*record[0])
+        self._env.sync(True)
+        self._env.close()
+        self._env = None
+        # replace any old index: move it aside first so the swap is two renames
+        old = None
+        if self.path.exists():
+            old = self.path.with_name(f"{self.path.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(self.path, old)
+        os.replace(self._tmp, self.path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial build. Safe to call twice."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+def open_reader(path) -> lmdb.Environment:
+    """Open an index environment read-only (lock-free when the directory is read-only)."""
+    path = Path(path)
+    if not (path / "data.mdb").is_file():
+        raise FileNotFoundError(str(path))
+    try:
+        return lmdb.open(str(path), readonly=True, lock=True, subdir=True, max_dbs=0,
+                         readahead=False, max_readers=512)
+    except (lmdb.ReadonlyError, PermissionError, lmdb.ReadersFullError):
+        # a read-only store cannot hold the lock file; nobody can be writing it either
+        return lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=0,
+                         readahead=False)
+
+
+def index_nbytes(path) -> int:
+    """Bytes the index occupies on disk (data file only; the lock file is not data)."""
+    f = Path(path) / "data.mdb"
+    return f.stat().st_size if f.exists() else 0
