@@ -1,0 +1,260 @@
+"""Hold-out, k-fold and LOO cross-validation of a fitted :class:`SparseRLS`.
+
+The three ways of Section 6.4 to treat held-out rows that are basis vectors (E = H & B):
+
+* ``remove``: E leaves the basis (basis L = B \\ E) and its rows leave training (Prop. 1);
+* ``keep``: E stays in the basis *and* in training; only H \\ E is held out (Corollary 2 with
+  H \\ E); the rows of E are still predicted, by that same model;
+* ``keep_no_loss``: E stays in the basis but every row of H leaves training (Corollary 2);
+* ``skip`` (LOO only, the paper's option ii): basis rows get NaN.
+
+A fold whose U rows do not fit the memory budget is streamed: pass 1 accumulates
+S = U~^T U~ and U~^T y_H chunk by chunk, the n-side weights are solved, pass 2 forms U~ again
+and predicts (:func:`.holdout.n_side_weights`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import NamedTuple
+
+import numpy as np
+
+from ooc_learn.storage.errors import ParameterError
+
+from .holdout import (choose_strategy, holdout_path, lam_tilde, loo_basis_remove_path,
+                      loo_rows_path, n_side_weights)
+from .model import BASIS_MODES_HOLDOUT, BASIS_MODES_LOO, check_lambdas
+
+__all__ = ["LambdaSelection", "holdout_path_model", "kfold_path_model", "loo_path_model",
+           "select_lambda_model", "make_folds"]
+
+METRICS = ("mse", "mae", "error")
+
+
+class LambdaSelection(NamedTuple):
+    """Result of :meth:`SparseRLS.select_lambda`."""
+
+    best_lambda: float
+    curve: np.ndarray          # CV score per lambda (lower is better)
+    model: object              # the SparseRLS, switched to best_lambda
+    lambdas: np.ndarray
+
+
+def _check_mode(mode: str, allowed, owner: str) -> None:
+    if mode not in allowed:
+        raise ParameterError(f"The 'basis_mode' parameter of {owner} must be one of {allowed}. "
+                             f"Got {mode!r} instead.")
+
+
+def _check_rows(H, m: int, owner: str) -> np.ndarray:
+    H = np.asarray(H)
+    if H.dtype == bool:
+        if H.shape != (m,):
+            raise ParameterError(f"A boolean hold-out mask for {owner} must have length {m}.")
+        H = np.flatnonzero(H)
+    H = np.atleast_1d(H)
+    if H.ndim != 1 or H.size == 0 or not np.issubdtype(H.dtype, np.integer):
+        raise ParameterError(f"The 'H' parameter of {owner} must be a non-empty 1-d array of "
+                             f"row positions or a boolean mask. Got {H!r} instead.")
+    if H.min() < 0 or H.max() >= m:
+        raise ParameterError(f"The 'H' parameter of {owner} must hold row positions in "
+                             f"[0, {m}). Got {int(H.min())}..{int(H.max())} instead.")
+    if np.unique(H).size != H.size:
+        raise ParameterError(f"The 'H' parameter of {owner} must not repeat a row.")
+    if H.size >= m:
+        raise ParameterError(f"The hold-out set of {owner} covers all {m} training rows, so "
+                             f"nothing is left to train on.", "Hold out fewer rows.")
+    return H.astype(np.int64)
+
+
+def _ut_piece(model, rows, QE, Ecols):
+    """U~ rows for ``rows``: U - K~(rows, B_E) Q_E (just U when no basis row is removed)."""
+    U, Xr = model.u_rows(rows, need_x=QE is not None)
+    if QE is None:
+        return U
+    return U - model._kernel_rows(Xr, rows, cols=Ecols) @ QE
+
+
+def _holdout_one(model, H, lams, mode, stats):
+    """Predictions (c, |H|, v) for one hold-out set."""
+    c, Y, Q, Lam, z0 = lams.size, model._Y, model.Q_, model.eigvals_, model._z0
+    n, v = Q.shape[0], Y.shape[1]
+    out = np.empty((c, H.size, v))
+    hE, Ecols = model.basis_hits(H)
+    Hp, xrows, QE, Ecols_rm = H, None, None, None
+    if mode == "keep" and hE.size:
+        mask = np.ones(H.size, dtype=bool)
+        mask[hE] = False
+        Hp, xrows = H[mask], H[hE]
+        if Hp.size == 0:       # nothing held out that is not kept: the full model predicts
+            UE, _ = model.u_rows(xrows)
+            lt = lam_tilde(Lam, lams)
+            out[:, hE] = np.einsum("hn,cn,nv->chv", UE, lt, z0, optimize=True)
+            return out
+    elif mode == "remove" and hE.size:
+        QE, Ecols_rm = Q[Ecols], Ecols
+    zbase = z0 if QE is None else z0 - QE.T @ model._Ky[Ecols_rm]
+    h = Hp.size
+    budget = model._budget
+    need = 8 * (3 * h * n + 2 * h * h)
+    if budget.try_reserve(need):
+        try:
+            Ut = _ut_piece(model, Hp, QE, Ecols_rm)
+            Ux = None if xrows is None else model.u_rows(xrows)[0]
+            zt = zbase - Ut.T @ Y[Hp]
+            f, fx, strategy = holdout_path(Ut, zt, Lam, lams, QE=QE, Ux=Ux)
+        finally:
+            budget.release(need)
+    else:                       # stream the fold: n-side weights from S and U~^T y_H
+        step = max(64, int(budget.available // (8 * 3 * n)))
+        S, Uty = np.zeros((n, n)), np.zeros((n, v))
+        for a in range(0, h, step):
+            Ut = _ut_piece(model, Hp[a:a + step], QE, Ecols_rm)
+            S += Ut.T @ Ut
+            Uty += Ut.T @ Y[Hp[a:a + step]]
+        e = 0 if QE is None else QE.shape[0]
+        strategy = "eig" if choose_strategy(h, n, e, c, v) == "eig" else "chol"
+        W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
+        f = np.empty((c, h, v))
+        for a in range(0, h, step):
+            Ut = _ut_piece(model, Hp[a:a + step], QE, Ecols_rm)
+            f[:, a:a + step] = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
+        fx = (None if xrows is None else
+              np.einsum("hn,cnv->chv", model.u_rows(xrows)[0], W, optimize=True))
+        strategy += "-streamed"
+    stats[strategy] += 1
+    if xrows is None:
+        return f
+    mask = np.ones(H.size, dtype=bool)
+    mask[hE] = False
+    out[:, mask] = f
+    out[:, hE] = fx
+    return out
+
+
+def holdout_path_model(model, H, lams, basis_mode: str) -> np.ndarray:
+    """Hold-out predictions (c, |H|, v) of a fitted model for rows ``H``."""
+    owner = "SparseRLS.holdout_predict"
+    _check_mode(basis_mode, BASIS_MODES_HOLDOUT, owner)
+    lams = check_lambdas(lams, owner)
+    model._check_fitted()
+    H = _check_rows(H, model._Y.shape[0], owner)
+    t0, stats = time.perf_counter(), Counter()
+    f = _holdout_one(model, H, lams, basis_mode, stats)
+    model.cv_stats_ = {"method": "holdout", "strategies": dict(stats),
+                       "seconds": time.perf_counter() - t0}
+    return f
+
+
+def make_folds(folds, m: int, *, seed=0, block_offsets=None) -> list[np.ndarray]:
+    """Fold row arrays from an int k, a length-m label array (-1: in no fold) or a list.
+
+    An int k on a Store with at least k blocks groups whole blocks (contiguous block ids);
+    otherwise rows are permuted with ``seed``.
+    """
+    owner = "SparseRLS.kfold_predict"
+    if isinstance(folds, (int, np.integer)):
+        k = int(folds)
+        if not 2 <= k <= m:
+            raise ParameterError(f"The 'folds' parameter of {owner} must be between 2 and the "
+                                 f"number of samples ({m}). Got {k} instead.")
+        if block_offsets is not None and k <= len(block_offsets) - 1:
+            groups = np.array_split(np.arange(len(block_offsets) - 1), k)
+            return [np.arange(block_offsets[g[0]], block_offsets[g[-1] + 1]) for g in groups]
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        return [np.sort(f) for f in np.array_split(rng.permutation(m), k)]
+    if isinstance(folds, (list, tuple)):
+        out = [np.asarray(f, dtype=np.int64).ravel() for f in folds]
+        allrows = np.concatenate(out) if out else np.empty(0, np.int64)
+        if np.unique(allrows).size != allrows.size:
+            raise ParameterError(f"The folds of {owner} must be disjoint.")
+        return out
+    lab = np.asarray(folds)
+    if lab.shape != (m,) or not np.issubdtype(lab.dtype, np.integer):
+        raise ParameterError(f"The 'folds' parameter of {owner} must be an int, a list of row "
+                             f"arrays or an integer label per row (length {m}).")
+    return [np.flatnonzero(lab == g) for g in np.unique(lab[lab >= 0])]
+
+
+def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
+    """k-fold predictions (c, m, v): every row predicted by the model of its own fold."""
+    owner = "SparseRLS.kfold_predict"
+    _check_mode(basis_mode, BASIS_MODES_HOLDOUT, owner)
+    lams = check_lambdas(lams, owner)
+    model._check_fitted()
+    m, v = model._Y.shape
+    src = model._source
+    fold_list = make_folds(folds, m, seed=model.seed,
+                           block_offsets=src.offsets if src.is_store else None)
+    t0, stats = time.perf_counter(), Counter()
+    with model._budget.reservation(8 * lams.size * m * v, "k-fold predictions"):
+        out = np.full((lams.size, m, v), np.nan)
+        for H in fold_list:
+            H = _check_rows(H, m, owner)
+            out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
+    model.cv_stats_ = {"method": f"{len(fold_list)}-fold", "strategies": dict(stats),
+                       "seconds": time.perf_counter() - t0}
+    return out
+
+
+def loo_path_model(model, lams, basis_mode: str) -> np.ndarray:
+    """LOO predictions (c, m, v) in O(m n c v) after training (Corollary 3)."""
+    owner = "SparseRLS.loo_predict"
+    _check_mode(basis_mode, BASIS_MODES_LOO, owner)
+    lams = check_lambdas(lams, owner)
+    model._check_fitted()
+    m, v = model._Y.shape
+    t0 = time.perf_counter()
+    lt = lam_tilde(model.eigvals_, lams)
+    Y, z0, Q, B = model._Y, model._z0, model.Q_, model.basis_
+    out = np.empty((lams.size, m, v))
+    for a, b, U in model.iter_u_chunks():
+        out[:, a:b] = loo_rows_path(U, Y[a:b], lt, z0)
+    if basis_mode in ("remove", "keep"):
+        UB = model.KBB_ @ Q               # U rows of the basis rows: K~_BB Q
+        if basis_mode == "remove":
+            out[:, B] = loo_basis_remove_path(UB, np.diag(model.KBB_).copy(), Q, model._Ky,
+                                              Y[B], lt, z0)
+        else:
+            out[:, B] = np.einsum("hn,cn,nv->chv", UB, lt, z0, optimize=True)
+    elif basis_mode == "skip":
+        out[:, B] = np.nan
+    model.cv_stats_ = {"method": "loo", "seconds": time.perf_counter() - t0}
+    return out
+
+
+def _score(pred: np.ndarray, Y: np.ndarray, metric: str) -> np.ndarray:
+    """Score per lambda over the rows with finite predictions; pred (c, m, v), Y (m, v)."""
+    ok = np.isfinite(pred).all(axis=(0, 2))
+    if not ok.any():
+        raise ParameterError("No row has a CV prediction to score (every row skipped).")
+    P, T = pred[:, ok], Y[ok][None]
+    if metric == "mse":
+        return ((P - T) ** 2).mean(axis=(1, 2))
+    if metric == "mae":
+        return np.abs(P - T).mean(axis=(1, 2))
+    if P.shape[2] == 1:
+        return (np.sign(P[..., 0]) != np.sign(T[..., 0])).mean(axis=1)
+    return (P.argmax(axis=2) != T.argmax(axis=2)).mean(axis=1)
+
+
+def select_lambda_model(model, lams, cv, metric: str, basis_mode: str) -> LambdaSelection:
+    """Choose lambda by LOO (``cv="loo"``) or k-fold CV (``cv=k`` or folds); refit is O(n^2)."""
+    owner = "SparseRLS.select_lambda"
+    if metric not in METRICS:
+        raise ParameterError(f"The 'metric' parameter of {owner} must be one of {METRICS}. "
+                             f"Got {metric!r} instead.")
+    lams = check_lambdas(lams, owner)
+    if isinstance(cv, str):
+        if cv != "loo":
+            raise ParameterError(f"The 'cv' parameter of {owner} must be 'loo', an int k or "
+                                 f"folds. Got {cv!r} instead.")
+        pred = loo_path_model(model, lams, basis_mode)
+    else:
+        pred = kfold_path_model(model, cv, lams, basis_mode)
+    curve = _score(pred, model._Y, metric)
+    best = float(lams[int(np.argmin(curve))])
+    model.set_lambda(best)
+    return LambdaSelection(best, curve, model, lams)

@@ -1,0 +1,234 @@
+"""Hold-out, k-fold and LOO predictions of sparse RLS (Pahikkala et al. 2012, Section 5).
+
+Notation (DESIGN.md, "Sparse RLS CV"): basis B (n rows), K_BB = C C^T, C^-1 K_B K_B^T C^-T =
+V diag(Lam) V^T, Q = C^-T V, so that P^-1 = Q diag(1 / (Lam + lam)) Q^T. For all m training
+rows the model caches z0 = Q^T K_B y (n x v) and, per row i, u_i = (K_B^T Q)_i (the matrix U).
+
+Holding out rows H with E = H & B removed from the basis (L = B \\ E), Proposition 1 gives
+
+    U~ = U_H - K_HE Q_E                       (= K_HL Q_L)
+    z~ = z0 - Q_E^T (K_B y)_E - U~^T y_H      (= Q_L^T (K_LH' y_H'))
+    Lam~' = Lam~ - Lam~ Q_E^T (Q_E Lam~ Q_E^T)^-1 Q_E Lam~       (so K_HL W K_LH = U~ Lam~' U~^T)
+    J = U~ Lam~' U~^T,  r = U~ Lam~' z~,  f_H = (I - J)^-1 r                (eq. 26)
+
+With E empty (Corollary 2) the correction terms vanish. Both sides of the SMW identity are
+implemented (eq. 36): the |H| side solves an |H| x |H| system per lambda; the n side works with
+the hold-in Gram matrix in Q coordinates, Lam - U~^T U~ (projected on null(Q_E) when E is not
+empty, because a_E = 0 there), either by one Cholesky per lambda or, for long lambda grids, by
+one eigendecomposition per fold after which each lambda costs O(|H| n v). A flop model picks the
+cheapest, so one hold-out costs O(min(|H|^2 n, |H| n^2)) as in the paper.
+
+All functions are pure: arrays in, arrays out, float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as la
+
+__all__ = ["lam_tilde", "holdout_path", "n_side_weights", "loo_rows_path",
+           "loo_basis_remove_path", "choose_strategy"]
+
+STRATEGIES = ("small", "chol", "eig")
+
+
+def lam_tilde(Lam: np.ndarray, lams: np.ndarray) -> np.ndarray:
+    """``1 / (Lam + lam)`` for every lambda: shape (c, n)."""
+    return 1.0 / (Lam[None, :] + np.asarray(lams, dtype=np.float64)[:, None])
+
+
+def choose_strategy(h: int, n: int, e: int, c: int, v: int) -> str:
+    """The cheapest way (estimated flops) to hold out h rows for c lambdas.
+
+    ``small``: the |H| x |H| system per lambda (left side of eq. 36);
+    ``chol``: the n x n hold-in system per lambda (right side of eq. 36);
+    ``eig``: one n x n eigendecomposition, then O(|H| n v) per lambda.
+    """
+    small = c * (h * h * n + h ** 3 / 3.0 + h * n * (v + e))
+    proj = 4.0 * n * n * e
+    chol = h * n * n + proj + c * (n ** 3 / 3.0 + n * n * v + h * n * v)
+    eig = h * n * n + proj + 10.0 * n ** 3 + c * (n * n * v + h * n * v)
+    costs = {"small": small, "chol": chol, "eig": eig}
+    return min(costs, key=costs.get)
+
+
+def _orth_basis(QE: np.ndarray) -> np.ndarray:
+    """Orthonormal basis (n x |E|) of range(Q_E^T); Q is invertible so Q_E^T has full rank."""
+    Y, _ = la.qr(QE.T, mode="economic")
+    return Y
+
+
+def _project(M: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """``Pi M Pi`` for the projector Pi = I - Y Y^T onto null(Q_E) (M symmetric)."""
+    MY = M @ Y
+    YMY = Y.T @ MY
+    out = M - Y @ MY.T - MY @ Y.T + Y @ YMY @ Y.T
+    return 0.5 * (out + out.T)
+
+
+def _spd_solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    try:
+        cf = la.cho_factor(A, lower=True, check_finite=False)
+    except la.LinAlgError:
+        # Positive definite in exact arithmetic (Schur complement of a PD matrix); a failure
+        # means lambda is below the rounding level of the cached matrices.
+        return la.solve(A, B, assume_a="sym", check_finite=False)
+    return la.cho_solve(cf, B, check_finite=False)
+
+
+def holdout_path(Ut: np.ndarray, zt: np.ndarray, Lam: np.ndarray, lams, *, QE=None, Ux=None,
+                 strategy: str = "auto"):
+    """Hold-out predictions for one hold-out set and every lambda (Proposition 1, eq. 26).
+
+    Parameters
+    ----------
+    Ut : ndarray (h, n)
+        U~ = U_H - K_HE Q_E (just U_H when no basis row is removed).
+    zt : ndarray (n, v)
+        z~ = z0 - Q_E^T (K_B y)_E - U~^T y_H.
+    Lam : ndarray (n,)
+        Eigenvalues of C^-1 K_B K_B^T C^-T.
+    lams : array (c,)
+        Regularisation parameters (> 0).
+    QE : ndarray (|E|, n), optional
+        Rows of Q of the removed basis vectors (constraint a_E = 0).
+    Ux : ndarray (t, n), optional
+        U rows of extra training rows to predict with the same hold-out model (only without
+        QE; used for the ``keep`` mode, whose held-out basis rows stay in training).
+
+    Returns
+    -------
+    f : ndarray (c, h, v), fx : ndarray (c, t, v) or None, strategy : str
+    """
+    lams = np.atleast_1d(np.asarray(lams, dtype=np.float64))
+    h, n = Ut.shape
+    v = zt.shape[1]
+    e = 0 if QE is None else QE.shape[0]
+    if strategy == "auto":
+        strategy = choose_strategy(h, n, e, lams.size, v)
+    if strategy == "small":
+        f, fx = _small_side(Ut, zt, Lam, lams, QE, Ux)
+    else:
+        f, fx = _n_side(Ut, zt, Lam, lams, QE, Ux, strategy)
+    return f, fx, strategy
+
+
+def _small_side(Ut, zt, Lam, lams, QE, Ux):
+    h = Ut.shape[0]
+    c, v = lams.size, zt.shape[1]
+    f = np.empty((c, h, v))
+    fx = None if Ux is None else np.empty((c, Ux.shape[0], v))
+    eye = np.eye(h)
+    for k, lt in enumerate(lam_tilde(Lam, lams)):
+        Us = Ut * lt
+        J = Us @ Ut.T
+        r = Us @ zt
+        if QE is not None:
+            D = lt[:, None] * QE.T                       # Lam~ Q_E^T
+            M = QE @ D                                   # Q_E Lam~ Q_E^T
+            UD = Ut @ D
+            cf = la.cho_factor(M, lower=True, check_finite=False)
+            J -= UD @ la.cho_solve(cf, UD.T, check_finite=False)
+            r -= UD @ la.cho_solve(cf, D.T @ zt, check_finite=False)
+        A = eye - 0.5 * (J + J.T)
+        f[k] = _spd_solve(A, r)
+        if fx is not None:
+            # model weights in Q coordinates: w = Lam~ (z~ + U~^T f_H)  (SMW, left side)
+            fx[k] = Ux @ (lt[:, None] * (zt + Ut.T @ f[k]))
+    return f, fx
+
+
+def n_side_weights(S: np.ndarray, zt: np.ndarray, Lam: np.ndarray, lams, *, QE=None,
+                   strategy: str = "eig") -> np.ndarray:
+    """Hold-out model weights in Q coordinates for every lambda (right side of eq. 36).
+
+    With S = U~^T U~ the hold-in Gram matrix is M = Lam - S; the weights are
+    w = (Pi M Pi + lam I)^-1 Pi z~, Pi the projector on null(Q_E) (identity without QE), and
+    the hold-out predictions are U~ w. Only S and z~ are needed, so a hold-out set too large
+    for memory can be accumulated chunk by chunk.
+
+    Returns W of shape (c, n, v).
+    """
+    lams = np.atleast_1d(np.asarray(lams, dtype=np.float64))
+    n = S.shape[0]
+    M = -S
+    M[np.diag_indices(n)] += Lam
+    b = zt
+    if QE is not None and QE.shape[0]:
+        Y = _orth_basis(QE)
+        M = _project(M, Y)
+        b = zt - Y @ (Y.T @ zt)
+    else:
+        M = 0.5 * (M + M.T)
+    W = np.empty((lams.size, n, zt.shape[1]))
+    if strategy == "eig":
+        theta, Z = la.eigh(M, check_finite=False)
+        np.maximum(theta, 0.0, out=theta)        # a Gram matrix: negatives are rounding
+        Zb = Z.T @ b
+        for k, lam in enumerate(lams):
+            W[k] = Z @ (Zb / (theta + lam)[:, None])
+        return W
+    for k, lam in enumerate(lams):
+        A = M.copy()
+        A[np.diag_indices(n)] += lam
+        W[k] = _spd_solve(A, b)
+    return W
+
+
+def _n_side(Ut, zt, Lam, lams, QE, Ux, strategy):
+    W = n_side_weights(Ut.T @ Ut, zt, Lam, lams, QE=QE, strategy=strategy)
+    f = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
+    fx = None if Ux is None else np.einsum("hn,cnv->chv", Ux, W, optimize=True)
+    return f, fx
+
+
+def _stack_lt_z(lt: np.ndarray, z0: np.ndarray) -> np.ndarray:
+    """(n, c*v) matrix whose column (k, j) is lt[k] * z0[:, j]."""
+    c, n = lt.shape
+    return (lt.T[:, :, None] * z0[:, None, :]).reshape(n, c * z0.shape[1])
+
+
+def loo_rows_path(Uc: np.ndarray, yc: np.ndarray, lt: np.ndarray, z0: np.ndarray):
+    """LOO predictions of rows that are not removed from the basis (Corollary 2, |H| = 1).
+
+    f_i = (yhat_i - h_i y_i) / (1 - h_i) with h_i = u_i Lam~ u_i^T and yhat_i = u_i Lam~ z0:
+    two GEMMs over all lambdas at once, O(rows * n * c * (v + 1)).
+
+    Returns an array (c, rows, v).
+    """
+    c = lt.shape[0]
+    rows, v = yc.shape
+    hdiag = (Uc * Uc) @ lt.T                                   # (rows, c)
+    yhat = (Uc @ _stack_lt_z(lt, z0)).reshape(rows, c, v)
+    f = (yhat - hdiag[:, :, None] * yc[:, None, :]) / (1.0 - hdiag)[:, :, None]
+    return np.ascontiguousarray(f.transpose(1, 0, 2))
+
+
+def loo_basis_remove_path(UB: np.ndarray, kdiag: np.ndarray, Q: np.ndarray, KyB: np.ndarray,
+                          yB: np.ndarray, lt: np.ndarray, z0: np.ndarray):
+    """LOO predictions of the basis rows, each removed from the basis (E = H = {i}).
+
+    Proposition 1 with scalars: u~ = u_i - k_ii q_i; with a1 = u~ Lam~ u~^T, a2 = u~ Lam~ q_i^T,
+    a3 = q_i Lam~ q_i^T: J = a1 - a2^2 / a3 and r = t1 - (a2 / a3) t2, where
+    t1 = u~ Lam~ z0 - a2 (K_B y)_i - a1 y_i and t2 = q_i Lam~ z0 - a3 (K_B y)_i - a2 y_i.
+    O(n^2 c (v + 1)) for all n basis rows.
+
+    Parameters: UB (n, n) U rows of the basis rows in basis order; kdiag (n,) shifted k(x_i, x_i);
+    Q (n, n); KyB (n, v) = K_B y; yB (n, v) labels of the basis rows. Returns (c, n, v).
+    """
+    c = lt.shape[0]
+    n, v = yB.shape
+    Ut = UB - kdiag[:, None] * Q
+    a1 = (Ut * Ut) @ lt.T
+    a2 = (Ut * Q) @ lt.T
+    a3 = (Q * Q) @ lt.T
+    Z = _stack_lt_z(lt, z0)
+    uz = (Ut @ Z).reshape(n, c, v)
+    qz = (Q @ Z).reshape(n, c, v)
+    a1, a2, a3 = a1[:, :, None], a2[:, :, None], a3[:, :, None]
+    Ky, yy = KyB[:, None, :], yB[:, None, :]
+    t1 = uz - a2 * Ky - a1 * yy
+    t2 = qz - a3 * Ky - a2 * yy
+    r = t1 - (a2 / a3) * t2
+    J = a1 - a2 * a2 / a3
+    return np.ascontiguousarray((r / (1.0 - J)).transpose(1, 0, 2))

@@ -1,0 +1,370 @@
+"""Sparse regularized least squares (subset of regressors) with fast cross-validation.
+
+Objective (Pahikkala et al. 2012, eq. 11): with basis rows B (n of the m training rows),
+
+    a = argmin_a  || y - K_B^T a ||^2 + lam * a^T K_BB a  =  P^-1 K_B y,
+    P = K_B K_B^T + lam K_BB                                        (eqs. 12-13)
+
+solved once in O(m n^2) through the eigen-reformulation of Section 4 (eqs. 14-17):
+K_BB = C C^T (Cholesky), C^-1 K_B K_B^T C^-T = V Lam V^T, Q = C^-T V, P^-1 = Q (Lam + lam)^-1 Q^T.
+After that ``set_lambda`` costs O(n^2 v) and the hold-out / k-fold / LOO predictions of
+Section 5 (Proposition 1, Corollaries 2-5; see :mod:`.holdout`) reuse Q, Lam, z0 = Q^T K_B y and
+U = K_B^T Q. There is no iteration, hence no stopping rule: the solution is exact up to rounding.
+
+Positive definiteness (the paper assumes K strictly PD and shifts it by 1e-7 I in its
+experiments, Sections 6.2 and 6.4): we train with K~ = K + delta I on the training rows, i.e.
+delta is added to K_BB's diagonal and to K_B at each basis row's own column, with
+delta = jitter * mean(diag K_BB) (default jitter 1e-8). This makes K_BB invertible when basis
+rows are duplicated or when a linear kernel has n > d, and every hold-out formula stays exact
+for the shifted kernel. Predictions for new points use the unshifted k(x, x_B).
+
+K_B is formed chunk by chunk (array slices, or the blocks of a Store), so m may exceed memory
+while the n x n and n x v matrices stay in memory; U = K_B^T Q is cached (m x n) only when the
+memory budget allows and is otherwise recomputed from the rows chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import scipy.linalg as la
+from scipy.linalg.blas import dsyrk
+
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.errors import ParameterError, UsageError
+
+from . import _kernels
+from .kernel import KernelSpec, kernel_block, kernel_diag, row_sqnorms64
+from .source import as_label_matrix, make_source
+
+__all__ = ["SparseRLS"]
+
+log = logging.getLogger(__name__)
+
+BASIS_MODES_HOLDOUT = ("remove", "keep", "keep_no_loss")
+BASIS_MODES_LOO = ("remove", "keep", "keep_no_loss", "skip")
+
+
+def check_lambda(lam, owner: str) -> float:
+    """A finite lambda > 0, or ParameterError."""
+    try:
+        val = float(lam)
+    except (TypeError, ValueError):
+        val = float("nan")
+    if not (np.isfinite(val) and val > 0):
+        raise ParameterError(f"The 'lam' parameter of {owner} must be > 0. Got {lam!r} instead.",
+                             "Use a positive regularisation strength such as 1.0.")
+    return val
+
+
+def check_lambdas(lams, owner: str) -> np.ndarray:
+    arr = np.atleast_1d(np.asarray(lams, dtype=np.float64))
+    if arr.ndim != 1 or arr.size == 0:
+        raise ParameterError(f"The 'lams' parameter of {owner} must be a non-empty 1-d list.")
+    bad = ~(np.isfinite(arr) & (arr > 0))
+    if bad.any():
+        raise ParameterError(f"The 'lams' parameter of {owner} must hold values > 0. "
+                             f"Got {arr[bad][0]!r} instead.", "Use e.g. np.logspace(-6, 3, 20).")
+    return arr
+
+
+class SparseRLS:
+    """Sparse RLS with a random (seeded) or explicit basis and exact fast CV.
+
+    Parameters
+    ----------
+    kernel : {"rbf", "linear", "poly"}
+    gamma : float or None
+        RBF / poly scale; None means 1 / n_features.
+    degree, coef0 : poly kernel ``(gamma <x, z> + coef0) ** degree``.
+    n_basis : int
+        Number of basis rows drawn uniformly without replacement (ignored if ``basis`` given).
+    basis : array of int, optional
+        Explicit basis row positions (unique).
+    lam : float
+        Regularisation parameter (> 0); change it later with :meth:`set_lambda`.
+    jitter : float
+        Relative diagonal shift delta = jitter * mean(diag K_BB) added to K on the training rows.
+    seed : int or numpy.random.Generator
+        Randomness of the basis draw and of random folds.
+    memory : None, size string, bytes or MemoryBudget
+        The memory cap (a Store's own budget is used when fitting a Store and memory is None).
+    cache_u : bool
+        Keep U = K_B^T Q (m x n float64) in memory when the budget allows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 3)); y = np.sin(X[:, 0])
+    >>> model = SparseRLS(n_basis=40, lam=0.1).fit(X, y)
+    >>> loo = model.loo_predict()               # exact LOO predictions, O(m n)
+    >>> loo.shape
+    (200,)
+    """
+
+    def __init__(self, kernel: str = "rbf", gamma=None, degree: int = 3, coef0: float = 1.0,
+                 n_basis: int = 100, basis=None, lam: float = 1.0, jitter: float = 1e-8,
+                 seed=0, memory=None, cache_u: bool = True):
+        self.spec = KernelSpec(kernel, gamma, degree, coef0)
+        if basis is None and (int(n_basis) != n_basis or n_basis < 1):
+            raise ParameterError(
+                f"The 'n_basis' parameter of SparseRLS must be an integer >= 1. "
+                f"Got {n_basis!r} instead.")
+        if not (np.isfinite(jitter) and jitter >= 0):
+            raise ParameterError(
+                f"The 'jitter' parameter of SparseRLS must be >= 0. Got {jitter!r} instead.")
+        self.kernel, self.gamma, self.degree, self.coef0 = kernel, gamma, degree, coef0
+        self.n_basis = int(n_basis) if basis is None else len(np.atleast_1d(basis))
+        self.basis = None if basis is None else np.atleast_1d(np.asarray(basis))
+        self.lam = check_lambda(lam, "SparseRLS")
+        self.jitter = float(jitter)
+        self.seed = seed
+        self.memory = memory
+        self.cache_u = bool(cache_u)
+        self.stats_ = {}
+        self._fitted = False
+        self._ucache = None
+        self._ucache_bytes = 0
+        self._ucache_is_u = False
+
+    # -- fitting -------------------------------------------------------------------------------
+    def fit(self, X, y=None) -> "SparseRLS":
+        """Fit on arrays (dense or CSR) with labels ``y`` (vector or (m, v) matrix), or on a
+        Store (labels from the store, or ``y`` aligned with the store's row positions)."""
+        t0 = time.perf_counter()
+        self.release_cache()
+        m0 = getattr(X, "shape", (None,))[0]
+        n_chunk = max(256, (1 << 22) // max(self.n_basis, 1))
+        src = make_source(X, n_chunk)
+        m, d = src.n_samples, src.n_features
+        del m0
+        if self.basis is None and self.n_basis > m:
+            raise ParameterError(
+                f"The 'n_basis' parameter of SparseRLS must be <= the number of samples ({m}). "
+                f"Got {self.n_basis} instead.", "Use fewer basis vectors or more data.")
+        if y is None:
+            if not src.is_store:
+                raise ParameterError("The 'y' parameter of SparseRLS.fit is required for arrays.")
+            y = src.labels()
+        Y, self._vector_y = as_label_matrix(y, m)
+        src.check_finite()
+        basis = self._draw_basis(m)
+        store_budget = getattr(getattr(X, "budget", None), "limit", None)
+        self._budget = (X.budget if (src.is_store and self.memory is None and store_budget)
+                        else MemoryBudget.coerce(self.memory))
+        n, v = basis.size, Y.shape[1]
+        self._source, self._Y, self.basis_ = src, Y, basis
+        self._bsorted_order = np.argsort(basis, kind="stable")
+        self._bsorted = basis[self._bsorted_order]
+        self.gamma_ = self.spec.resolved_gamma(d)
+        self.n_features_in_ = d
+        with self._budget.reservation(8 * (5 * n * n + 3 * n * v), "sparse RLS n x n matrices"):
+            self.X_basis_ = src.take(basis)
+            self._sqB = row_sqnorms64(self.X_basis_)
+            KBB = kernel_block(self.X_basis_, self.X_basis_, self.spec, self.gamma_,
+                               sqA=self._sqB, sqB=self._sqB)
+            diag = np.diag(KBB).copy()
+            self.delta_ = self.jitter * (float(diag.mean()) if diag.mean() > 0 else 1.0)
+            KBB[np.diag_indices(n)] += self.delta_
+            G, Ky = self._accumulate(src, Y, n, v)
+            self._decompose(KBB, G, Ky)
+        self._fitted = True
+        self.set_lambda(self.lam)
+        self.stats_.update(fit_seconds=time.perf_counter() - t0, n_samples=m, n_basis=n,
+                           n_outputs=v, rows_read=int(src.rows_read))
+        return self
+
+    def _draw_basis(self, m: int) -> np.ndarray:
+        if self.basis is None:
+            rng = (self.seed if isinstance(self.seed, np.random.Generator)
+                   else np.random.default_rng(self.seed))
+            return np.sort(rng.choice(m, size=self.n_basis, replace=False)).astype(np.int64)
+        b = self.basis
+        if b.size == 0 or not np.issubdtype(b.dtype, np.integer):
+            raise ParameterError("The 'basis' parameter of SparseRLS must be a non-empty array "
+                                 f"of row positions. Got {b!r} instead.")
+        if b.min() < 0 or b.max() >= m:
+            raise ParameterError(f"The 'basis' parameter of SparseRLS must hold row positions "
+                                 f"in [0, {m}). Got {int(b.min())}..{int(b.max())} instead.")
+        if np.unique(b).size != b.size:
+            raise ParameterError("The 'basis' parameter of SparseRLS must not repeat a row.",
+                                 "Pass each basis row once (duplicate *rows* are fine).")
+        return b.astype(np.int64)
+
+    def _accumulate(self, src, Y, n: int, v: int):
+        """One pass over the rows: G = K_B K_B^T (syrk, upper) and K_B y; caches K_B^T rows."""
+        m = src.n_samples
+        G = np.zeros((n, n), order="F")
+        Ky = np.zeros((n, v))
+        self._ucache = None
+        if self.cache_u and self._budget.try_reserve(8 * m * n):
+            self._ucache_bytes = 8 * m * n
+            self._ucache = np.empty((m, n))
+        self._ucache_is_u = False
+        kev = 0
+        for j in range(len(src.offsets) - 1):
+            a, b = int(src.offsets[j]), int(src.offsets[j + 1])
+            Kc = self._kernel_rows(src.chunk(j), np.arange(a, b))
+            kev += Kc.size
+            G = dsyrk(1.0, Kc, beta=1.0, c=G, trans=1, lower=0, overwrite_c=1)
+            Ky += Kc.T @ Y[a:b]
+            if self._ucache is not None:
+                self._ucache[a:b] = Kc
+        G = np.triu(G) + np.triu(G, 1).T
+        self.stats_ = {"kernel_evaluations": kev + n * n}
+        return G, Ky
+
+    def _decompose(self, KBB, G, Ky) -> None:
+        try:
+            C = la.cholesky(KBB, lower=True, check_finite=False)
+        except la.LinAlgError:
+            raise UsageError(
+                f"The basis kernel matrix K_BB is not positive definite even after a diagonal "
+                f"shift of {self.delta_:.3g}.", "Raise SparseRLS(jitter=...) e.g. to 1e-6.") from None
+        A = la.solve_triangular(C, G, lower=True, check_finite=False)
+        A = la.solve_triangular(C, A.T, lower=True, check_finite=False)
+        Lam, V = la.eigh(0.5 * (A + A.T), check_finite=False)
+        np.maximum(Lam, 0.0, out=Lam)            # a Gram matrix: negatives are rounding
+        self.KBB_ = KBB
+        self.eigvals_ = Lam
+        self.Q_ = la.solve_triangular(C.T, V, lower=False, check_finite=False)
+        self._Ky = Ky
+        self._z0 = self.Q_.T @ Ky
+
+    # -- model ---------------------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not self._fitted:
+            raise UsageError("This SparseRLS is not fitted yet.", "Call fit(X, y) first.")
+
+    def set_lambda(self, lam: float) -> "SparseRLS":
+        """Switch to another lambda in O(n^2 v): a = Q (Lam + lam)^-1 Q^T K_B y (eq. 17)."""
+        lam = check_lambda(lam, "SparseRLS.set_lambda")
+        self._check_fitted()
+        self.lam = lam
+        self.coef_ = self.Q_ @ (self._z0 / (self.eigvals_ + lam)[:, None])
+        return self
+
+    def coef_path(self, lams) -> np.ndarray:
+        """Coefficients for every lambda: shape (c, n, v)."""
+        lams = check_lambdas(lams, "SparseRLS.coef_path")
+        self._check_fitted()
+        Lt = 1.0 / (self.eigvals_[None, :] + lams[:, None])
+        return np.einsum("ij,cj,jv->civ", self.Q_, Lt, self._z0, optimize=True)
+
+    def predict(self, X) -> np.ndarray:
+        """f(x) = k(x, X_B) a for new rows (unshifted kernel); chunked over rows."""
+        self._check_fitted()
+        src = make_source(X, max(256, (1 << 22) // self.basis_.size))
+        if src.n_features != self.n_features_in_:
+            from ooc_learn.storage.errors import ModelMismatchError
+            raise ModelMismatchError(
+                f"X has {src.n_features} features but this SparseRLS was fitted with "
+                f"{self.n_features_in_}.", "Predict on rows with the training feature layout.")
+        out = np.empty((src.n_samples, self.coef_.shape[1]))
+        for j in range(len(src.offsets) - 1):
+            a, b = int(src.offsets[j]), int(src.offsets[j + 1])
+            K = kernel_block(src.chunk(j), self.X_basis_, self.spec, self.gamma_, sqB=self._sqB)
+            out[a:b] = K @ self.coef_
+        return out[:, 0] if self._vector_y else out
+
+    # -- rows of K~_B^T and U = K~_B^T Q -------------------------------------------------------
+    def basis_hits(self, rows: np.ndarray):
+        """(positions in ``rows`` that are basis rows, their basis column)."""
+        idx = np.searchsorted(self._bsorted, rows)
+        idx = np.minimum(idx, self._bsorted.size - 1)
+        hit = self._bsorted[idx] == rows
+        return np.flatnonzero(hit), self._bsorted_order[idx[hit]]
+
+    def _kernel_rows(self, Xr, rows: np.ndarray, cols=None) -> np.ndarray:
+        """K~(rows, B[cols]) with the diagonal shift where a row is itself that basis row."""
+        XB = self.X_basis_ if cols is None else self.X_basis_[cols]
+        sqB = self._sqB if cols is None else self._sqB[cols]
+        K = kernel_block(Xr, XB, self.spec, self.gamma_, sqB=sqB)
+        pos, bcol = self.basis_hits(rows)
+        if pos.size and self.delta_:
+            if cols is not None:
+                where = {int(c): t for t, c in enumerate(np.asarray(cols))}
+                keep = np.array([int(c) in where for c in bcol], dtype=bool)
+                pos = pos[keep]
+                bcol = np.array([where[int(c)] for c in bcol[keep]], dtype=np.int64)
+            _kernels.add_shift(K, pos.astype(np.int64), bcol.astype(np.int64), self.delta_)
+        return K
+
+    def _ensure_u_cache(self) -> None:
+        if self._ucache is not None and not self._ucache_is_u:
+            step = max(256, (1 << 22) // self.basis_.size)
+            for a in range(0, self._ucache.shape[0], step):
+                self._ucache[a:a + step] = self._ucache[a:a + step] @ self.Q_
+            self._ucache_is_u = True
+
+    def u_rows(self, rows: np.ndarray, *, need_x: bool = False):
+        """(U rows, X rows or None) for row positions ``rows`` (any order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._ucache is not None:
+            self._ensure_u_cache()
+            Xr = self._source.take(rows) if need_x else None
+            return self._ucache[rows], Xr
+        Xr = self._source.take(rows)
+        U = self._kernel_rows(Xr, rows) @ self.Q_
+        self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
+        return U, (Xr if need_x else None)
+
+    def iter_u_chunks(self):
+        """Yield (start, stop, U rows) over the source's chunks (store blocks)."""
+        src = self._source
+        self._ensure_u_cache()
+        for j in range(len(src.offsets) - 1):
+            a, b = int(src.offsets[j]), int(src.offsets[j + 1])
+            if self._ucache is not None:
+                yield a, b, self._ucache[a:b]
+            else:
+                U = self._kernel_rows(src.chunk(j), np.arange(a, b)) @ self.Q_
+                self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
+                yield a, b, U
+
+    def release_cache(self) -> None:
+        """Drop the cached U (or K_B^T) rows and give their bytes back to the budget."""
+        if self._ucache is not None:
+            self._ucache = None
+            self._budget.release(self._ucache_bytes)
+            self._ucache_bytes = 0
+
+    # -- cross-validation (see .crossval) ------------------------------------------------------
+    def holdout_predict(self, H, basis_mode: str = "remove") -> np.ndarray:
+        """Predictions for rows H from the model trained without them (Proposition 1)."""
+        return self._squeeze(self.holdout_predict_path(H, [self.lam], basis_mode)[0])
+
+    def holdout_predict_path(self, H, lams, basis_mode: str = "remove") -> np.ndarray:
+        """:meth:`holdout_predict` for every lambda: shape (c, |H|[, v])."""
+        from .crossval import holdout_path_model
+        return self._squeeze(holdout_path_model(self, H, lams, basis_mode))
+
+    def kfold_predict(self, folds=10, basis_mode: str = "remove") -> np.ndarray:
+        """Per-row predictions of the fold model that held the row out (NaN: in no fold)."""
+        return self._squeeze(self.kfold_predict_path(folds, [self.lam], basis_mode)[0])
+
+    def kfold_predict_path(self, folds, lams, basis_mode: str = "remove") -> np.ndarray:
+        """:meth:`kfold_predict` for every lambda: shape (c, m[, v])."""
+        from .crossval import kfold_path_model
+        return self._squeeze(kfold_path_model(self, folds, lams, basis_mode))
+
+    def loo_predict(self, basis_mode: str = "remove") -> np.ndarray:
+        """Leave-one-out predictions of every training row in O(m n)."""
+        return self._squeeze(self.loo_predict_path([self.lam], basis_mode)[0])
+
+    def loo_predict_path(self, lams, basis_mode: str = "remove") -> np.ndarray:
+        """:meth:`loo_predict` for every lambda: shape (c, m[, v])."""
+        from .crossval import loo_path_model
+        return self._squeeze(loo_path_model(self, lams, basis_mode))
+
+    def select_lambda(self, lams, cv="loo", metric: str = "mse", basis_mode: str = "remove"):
+        """Pick lambda by LOO or k-fold CV; returns ``LambdaSelection(best_lambda, curve,
+        model, lambdas)`` with this model switched to the best lambda."""
+        from .crossval import select_lambda_model
+        return select_lambda_model(self, lams, cv, metric, basis_mode)
+
+    def _squeeze(self, arr: np.ndarray) -> np.ndarray:
+        return arr[..., 0] if self._vector_y else arr
