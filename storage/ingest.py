@@ -101,16 +101,17 @@ def _clean_stale(out: Path) -> None:
 class _Hasher(threading.Thread):
     """sha256 and size of a source file, computed beside the parse (hashlib drops the GIL)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, buffer_bytes: int = 1 << 20):
         super().__init__(daemon=True)
         self.path, self.digest, self.size, self.error = path, None, 0, None
+        self.buffer_bytes = buffer_bytes
 
     def run(self):
         try:
             h = hashlib.sha256()
             with open(self.path, "rb") as fh:
                 while True:
-                    buf = fh.read(4 << 20)
+                    buf = fh.read(self.buffer_bytes)
                     if not buf:
                         break
                     h.update(buf)
@@ -330,7 +331,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     src_meta = []
     hashers = []
     bytes_in = 0
-    chunk_bytes = int(min(16 << 20, max(1 << 20, budget.limit // 32)))
+    # the parser holds about 6x its text chunk (buffer, carry, output arrays)
+    chunk_bytes = int(min(16 << 20, max(64 << 10, budget.limit // 32)))
 
     # ---- pass 1: parse and spill ------------------------------------------------------
     if chunks is None:
@@ -354,7 +356,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                leave=False)
     for name, chunk_iter in it:
         if chunks is None:
-            h = _Hasher(Path(name))
+            h = _Hasher(Path(name), chunk_bytes)
             h.start()
             hashers.append(h)
         rows_before = spill.n_rows
