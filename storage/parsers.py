@@ -1,0 +1,870 @@
+"""Streaming parsers for ingest sources: LIBSVM/svmlight, CSV, ``.npy`` and ``.npz``.
+
+Every parser yields :class:`RawChunk` s, bounded pieces of rows in CSR form, and never holds the
+whole source. Text is read ``chunk_bytes`` of decompressed bytes at a time; the complete lines
+of each piece are parsed by a numba kernel (``_parse_kernels``) over a ``uint8`` view into
+output arrays sized beforehand by counting ``:`` / delimiters / newlines, and the partial last
+line is carried over. Numbers agree bit for bit with Python's ``float(token)`` (labels, float64)
+and with ``np.float32(float(token))`` (feature values); the few tokens the kernel cannot convert
+exactly are converted here with ``float``.
+
+Bad input raises :class:`~ooc_learn.storage.errors.IngestError` naming the file, the line, the
+column and the token. ``column`` is 1-based: for LIBSVM the whitespace-separated token number
+(the label is token 1), for CSV the field number (the label field counted), for ``.npy`` /
+``.npz`` the column of the array (rows are named in the message).
+
+Example
+-------
+>>> from ooc_learn.storage.parsers import iter_chunks                      # doctest: +SKIP
+>>> for chunk in iter_chunks("train.svm.gz"):                               # doctest: +SKIP
+...     print(chunk.first_line, chunk.labels.shape, chunk.indices.shape)
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import csv
+import gzip
+import io
+import lzma
+import os
+import re
+import zipfile
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from . import _parse_kernels as K
+from .errors import IngestError, ParameterError
+
+__all__ = ["RawChunk", "open_binary", "detect_format", "iter_chunks", "FORMATS"]
+
+FORMATS = ("auto", "libsvm", "csv", "npy", "npz")
+INDEX_SENTINEL = int(K.INDEX_SENTINEL)
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+_SNIFF_BYTES = 1 << 16
+_SNIFF_LINES = 20
+_SLOW_CAP = 1 << 12
+_NAMES = {"libsvm": "LIBSVM", "csv": "CSV", "npy": ".npy", "npz": ".npz"}
+_LIBSVM_TOKEN = re.compile(r"^(?:[+-]?\d+|qid):")
+
+
+@dataclass
+class RawChunk:
+    """A bounded piece of consecutive source rows in CSR form.
+
+    ``indices`` are raw: LIBSVM indices as written (not base-converted); CSV/npy/npz the 0-based
+    position of the feature among the non-label columns. ``first_line`` and ``line_numbers``
+    are 1-based lines of the decompressed text (1-based rows for .npy/.npz).
+    ``min_index``/``max_index`` cover every feature token, explicit zeros included
+    (``INDEX_SENTINEL`` / -1 when there is none).
+    """
+
+    labels: np.ndarray
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    first_line: int
+    line_numbers: np.ndarray | None
+    min_index: int
+    max_index: int
+    n_columns: int | None
+    bytes_read: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.labels.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# opening and decompressing
+
+
+class SourceFile(io.BufferedIOBase):
+    """A source opened for binary reading, decompressed when its magic bytes say so.
+
+    Read errors of the compressed stream (truncated, corrupted) become :class:`IngestError`.
+    :meth:`raw_tell` is the position in the file on disk, for progress reporting.
+    """
+
+    def __init__(self, path: str, raw, stream, compression: str | None):
+        super().__init__()
+        self.path, self.compression = path, compression
+        self._raw, self._stream = raw, stream
+
+    def readable(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def _errors(self):
+        try:
+            yield
+        except (EOFError, OSError, lzma.LZMAError, zlib.error) as exc:
+            what = f"{self.compression} stream" if self.compression else "file"
+            tool = {"gzip": "gzip -t", "bzip2": "bzip2 -t", "xz": "xz -t"}.get(self.compression)
+            check = f" (check it with '{tool} FILE')" if tool else ""
+            raise IngestError(f"the {what} is truncated or corrupted: {exc}",
+                              f"Re-download or re-create the file{check}.",
+                              path=self.path) from exc
+
+    def read(self, size: int | None = -1) -> bytes:
+        with self._errors():
+            return self._stream.read(size)
+
+    def read1(self, size: int = -1) -> bytes:
+        with self._errors():
+            return self._stream.read1(size)
+
+    def readinto(self, buffer) -> int:
+        with self._errors():
+            return self._stream.readinto(buffer)
+
+    def raw_tell(self) -> int:
+        return self._raw.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                if self._stream is not self._raw:
+                    self._stream.close()
+            finally:
+                self._raw.close()
+                super().close()
+
+
+def open_binary(path) -> SourceFile:
+    """Open ``path`` for binary reading; gzip/bzip2/xz are decompressed (found by magic bytes).
+
+    Raises :class:`IngestError` naming the path when it is missing or unreadable.
+
+    >>> with open_binary("train.svm.xz") as f:                                # doctest: +SKIP
+    ...     head = f.read(100)
+    """
+    p = os.fspath(path)
+    try:
+        raw = open(p, "rb")
+        magic = raw.read(6)
+        raw.seek(0)
+    except FileNotFoundError:
+        raise IngestError("the source file does not exist",
+                          "Check the path and the working directory.", path=p) from None
+    except IsADirectoryError:
+        raise IngestError("the source is a directory, not a file",
+                          "Pass the data files inside it, one per argument.", path=p) from None
+    except PermissionError:
+        raise IngestError("the source file cannot be read (permission denied)",
+                          "Give the user running ingest read permission (chmod +r).",
+                          path=p) from None
+    except OSError as exc:
+        raise IngestError(f"the source file cannot be opened: {exc.strerror or exc}",
+                          "Check that the path names a readable regular file.", path=p) from None
+    compression = next((name for m, name in _MAGIC.items() if magic.startswith(m)), None)
+    if compression == "gzip":
+        stream = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif compression == "bzip2":
+        stream = bz2.BZ2File(raw, "rb")
+    elif compression == "xz":
+        stream = lzma.LZMAFile(raw, "rb")
+    else:
+        stream = raw
+    return SourceFile(p, raw, stream, compression)
+
+
+def _read_full(f, n: int) -> bytes:
+    """Read ``n`` bytes unless the stream ends first."""
+    data = f.read(n)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# format detection
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _data_lines(head: bytes, at_eof: bool) -> list[tuple[int, str]]:
+    """The first non-blank, non-comment lines of ``head`` as ``(line number, text)``."""
+    lines = head.split(b"\n")
+    if not at_eof and len(lines) > 1:
+        lines = lines[:-1]  # a cut last line; a single line longer than ``head`` is kept
+    out = []
+    for no, raw in enumerate(lines, start=1):
+        text = raw.decode("utf-8", "replace").strip()
+        if text and not text.startswith("#"):
+            out.append((no, text))
+            if len(out) == _SNIFF_LINES:
+                break
+    return out
+
+
+def _read_head(path) -> tuple[bytes, bool, SourceFile]:
+    with open_binary(path) as f:
+        head = _read_full(f, _SNIFF_BYTES)
+        at_eof = len(head) < _SNIFF_BYTES
+    return head, at_eof, f
+
+
+def _empty_source(path) -> IngestError:
+    return IngestError("the source has no data rows (it is empty or holds only comments and "
+                       "blank lines)", "Check that the right file was given and that it was "
+                       "written completely.", path=os.fspath(path))
+
+
+def detect_format(path) -> str:
+    """Return ``"libsvm"``, ``"csv"``, ``"npy"`` or ``"npz"`` for the source at ``path``.
+
+    Binary formats are recognised by magic bytes (after decompression); text by its first
+    data lines: ``index:value`` tokens mean LIBSVM, delimited fields mean CSV.
+
+    >>> detect_format("train.svm.gz")                                         # doctest: +SKIP
+    'libsvm'
+    """
+    head, at_eof, f = _read_head(path)
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    if head.startswith(_ZIP_MAGIC):
+        if f.compression:
+            raise IngestError(f"the .npz archive is {f.compression}-compressed",
+                              "Decompress it first: zip archives need random access.",
+                              path=f.path)
+        return "npz"
+    if b"\x00" in head:
+        raise IngestError("the source is not text (LIBSVM/CSV), .npy or .npz",
+                          "Pass a LIBSVM, CSV, .npy or .npz file (optionally .gz/.bz2/.xz).",
+                          path=f.path)
+    lines = _data_lines(head, at_eof)
+    if not lines:
+        if len(head.strip()) == 0 or at_eof:
+            raise _empty_source(path)
+        raise IngestError("the first 64 KiB hold no data line, so the format cannot be "
+                          "detected", "Pass fmt='libsvm' or fmt='csv' explicitly.", path=f.path)
+    for _, text in lines:
+        tokens = text.split("#", 1)[0].split()
+        if any(_LIBSVM_TOKEN.match(t) for t in tokens):
+            return "libsvm"
+        if len(tokens) >= 2 or any(d in text for d in ",;\t"):
+            return "csv"
+    return "libsvm"  # only label-only rows: a LIBSVM file whose first rows have no features
+
+
+# ---------------------------------------------------------------------------------------------
+# the public iterator
+
+
+def _check_params(fmt, chunk_bytes, label_column, delimiter, header, npz_keys) -> None:
+    def bad(name, want, got):
+        return ParameterError(f"The '{name}' parameter of iter_chunks must be {want}. "
+                              f"Got {got!r} instead.", f"Pass {name}= as {want}.")
+    if fmt not in FORMATS:
+        raise bad("fmt", "one of " + ", ".join(map(repr, FORMATS)), fmt)
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, (int, np.integer)) \
+            or chunk_bytes < 1:
+        raise bad("chunk_bytes", "an int >= 1", chunk_bytes)
+    if isinstance(label_column, bool) or not isinstance(label_column, (int, np.integer, str)):
+        raise bad("label_column", "an int or a column name", label_column)
+    if delimiter is not None and (not isinstance(delimiter, str) or
+                                  (len(delimiter) != 1 and delimiter != "whitespace") or
+                                  delimiter in "\n\r#.+-0123456789eE" or ord(delimiter[0]) > 127):
+        raise bad("delimiter", "None, 'whitespace' or one ASCII character", delimiter)
+    if header not in (None, True, False):
+        raise bad("header", "None, True or False", header)
+    if not (isinstance(npz_keys, (tuple, list)) and len(npz_keys) == 2 and
+            all(isinstance(k, str) for k in npz_keys)):
+        raise bad("npz_keys", "a pair of member names such as ('X', 'y')", npz_keys)
+
+
+def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_column=0,
+                delimiter: str | None = None, header: bool | None = None,
+                npz_keys=("X", "y")) -> Iterator[RawChunk]:
+    """Stream the rows of one source as :class:`RawChunk` s of about ``chunk_bytes`` of input.
+
+    Parameters
+    ----------
+    path : source file (``.gz``/``.bz2``/``.xz`` read transparently).
+    fmt : ``"auto"`` (see :func:`detect_format`), ``"libsvm"``, ``"csv"``, ``"npy"``, ``"npz"``.
+    chunk_bytes : decompressed text (or array bytes) parsed per chunk.
+    label_column : CSV/npy label column, an int (negative counts from the end) or a header name.
+    delimiter : CSV delimiter; ``None`` detects ``,`` ``\\t`` ``;`` or whitespace.
+    header : CSV header line; ``None`` detects it (first row has a non-numeric field).
+    npz_keys : member names of the dense matrix and the labels in an ``.npz``.
+
+    Parameters are checked, and the format detected, when this is called; rows are read lazily.
+    An :class:`IngestError` is raised for bad input, also for a source with no data rows.
+
+    >>> rows = sum(c.n_rows for c in iter_chunks("train.csv", label_column="y"))  # doctest: +SKIP
+    """
+    _check_params(fmt, chunk_bytes, label_column, delimiter, header, npz_keys)
+    detected = fmt == "auto"
+    open_binary(path).close()  # a missing or unreadable file fails now, not at the first row
+    if detected:
+        fmt = detect_format(path)
+    chunk_bytes = int(chunk_bytes)
+    if fmt == "libsvm":
+        gen = _iter_libsvm(path, chunk_bytes, detected)
+    elif fmt == "csv":
+        layout = _csv_layout(path, label_column, delimiter, header)
+        gen = _iter_csv(path, chunk_bytes, layout, detected)
+    elif fmt == "npy":
+        gen = _iter_npy(path, chunk_bytes, label_column)
+    else:
+        gen = _iter_npz(path, chunk_bytes, tuple(npz_keys))
+    return _nonempty(gen, path)
+
+
+def _nonempty(gen, path) -> Iterator[RawChunk]:
+    rows = 0
+    for chunk in gen:
+        rows += chunk.n_rows
+        yield chunk
+    if rows == 0:
+        raise _empty_source(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# text: chunking, kernel driving, slow tokens, errors
+
+
+def _text_blocks(f: SourceFile, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Yield ``(buf, end)``: ``buf[:end]`` holds whole lines ending in ``\\n``."""
+    carry = b""
+    pending: list[bytes] = []
+    while True:
+        data = _read_full(f, chunk_bytes)
+        eof = len(data) < chunk_bytes
+        if not eof and data.rfind(b"\n") < 0:
+            pending.append(data)  # a line longer than a chunk: join once it ends
+            continue
+        buf = b"".join([carry, *pending, data])
+        pending = []
+        if eof:
+            if buf and not buf.endswith(b"\n"):
+                buf += b"\n"
+            if buf:
+                yield buf, len(buf)
+            return
+        end = buf.rfind(b"\n") + 1
+        yield buf, end
+        carry = buf[end:]
+
+
+class _TextParser:
+    """Drives one text kernel over successive buffers; holds the slow-token scratch arrays."""
+
+    def __init__(self, path, fmt: str, detected: bool, kernel, kernel_args=()):
+        self.path, self.fmt, self.detected = os.fspath(path), fmt, detected
+        self.kernel, self.kernel_args = kernel, kernel_args
+        self.st = np.zeros(K.ST_SIZE, dtype=np.int64)
+        self.st[K.ST_LINE] = 1
+        self._slow(_SLOW_CAP)
+        self.delim = None
+
+    def _slow(self, cap: int) -> None:
+        self.slow_a = np.empty(cap, np.int64)
+        self.slow_b = np.empty(cap, np.int64)
+        self.slow_t = np.empty(cap, np.int64)
+
+    def parse(self, buf: bytes, start: int, end: int, rows_cap: int, nnz_cap: int,
+              n_columns, bytes_read: int) -> RawChunk | None:
+        st = self.st
+        st[[K.ST_POS, K.ST_ROWS, K.ST_NNZ, K.ST_NSLOW, K.ST_NZERO]] = (start, 0, 0, 0, 0)
+        st[K.ST_MIN], st[K.ST_MAX] = K.INDEX_SENTINEL, -1
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        labels = np.empty(rows_cap, np.float64)
+        indptr = np.zeros(rows_cap + 1, np.int64)
+        indices = np.empty(nnz_cap, np.int64)
+        values = np.empty(nnz_cap, np.float32)
+        lines = np.empty(rows_cap, np.int64)
+        zeros = False
+        while True:
+            pos0 = st[K.ST_POS]
+            status = self.kernel(arr, end, st, *self.kernel_args, labels, indptr, indices,
+                                 values, lines, self.slow_a, self.slow_b, self.slow_t)
+            if st[K.ST_NSLOW]:
+                zeros |= self._resolve(buf, labels, indptr, values, lines)
+                st[K.ST_NSLOW] = 0
+            if status == K.OK:
+                break
+            if status != K.SLOW_FULL:
+                raise self._error(status, buf)
+            if st[K.ST_POS] == pos0:  # one row holds more slow tokens than the scratch
+                self._slow(2 * self.slow_a.shape[0])
+        rows, nnz = int(st[K.ST_ROWS]), int(st[K.ST_NNZ])
+        if rows == 0:
+            return None
+        if zeros or st[K.ST_NZERO]:
+            nnz = int(K.drop_zeros(indptr[:rows + 1], indices, values))
+        if n_columns is not None and rows:
+            st[K.ST_MIN], st[K.ST_MAX] = (0, n_columns - 1) if n_columns else (K.INDEX_SENTINEL, -1)
+        indices, values = indices[:nnz], values[:nnz]
+        if 2 * nnz < nnz_cap:
+            indices, values = indices.copy(), values.copy()
+        return RawChunk(labels[:rows], indptr[:rows + 1], indices, values, int(lines[0]),
+                        lines[:rows], int(st[K.ST_MIN]), int(st[K.ST_MAX]), n_columns,
+                        bytes_read)
+
+    def _resolve(self, buf, labels, indptr, values, lines) -> bool:
+        """Convert the slow tokens with ``float``; returns True when one became 0."""
+        zero = False
+        for k in range(int(self.st[K.ST_NSLOW])):
+            a, b, t = int(self.slow_a[k]), int(self.slow_b[k]), int(self.slow_t[k])
+            v = float(buf[a:b])
+            if t < 0:
+                if not np.isfinite(v):
+                    raise self._at(a, "the label overflows float64",
+                                   "Labels must be finite numbers.", line=lines[-t - 1])
+                labels[-t - 1] = v
+            else:
+                with np.errstate(over="ignore"):
+                    v32 = np.float32(v)
+                if not np.isfinite(v32):
+                    row = int(np.searchsorted(indptr[1:self.st[K.ST_ROWS] + 1], t, "right"))
+                    line = lines[row] if row < self.st[K.ST_ROWS] else self.st[K.ST_LINE]
+                    raise self._at(a, "the feature value overflows float32 (|value| > 3.4e38)",
+                                   "Rescale the feature; values are stored as float32.",
+                                   line=line)
+                values[t] = v32
+                zero |= v32 == 0
+        return zero
+
+    def _at(self, pos: int, message: str, hint: str, line) -> IngestError:
+        """An IngestError for the token that contains byte ``pos`` of the current buffer."""
+        buf = self._buf
+        a = buf.rfind(b"\n", 0, pos) + 1
+        if self.delim is None:
+            s, e = pos, pos
+            while s > a and buf[s - 1] not in b" \t\r":
+                s -= 1
+            while e < len(buf) and buf[e] not in b" \t\r\n#":
+                e += 1
+            col = len(buf[a:s].split()) + 1
+        else:
+            d = self.delim.encode()
+            col = buf.count(d, a, pos) + 1
+            s = buf.rfind(d, a, pos) + 1 if col > 1 else a
+            e = min(x for x in (buf.find(d, pos), buf.find(b"\n", pos), len(buf)) if x >= 0)
+        token = buf[s:e].decode("utf-8", "replace").strip()
+        return IngestError(message, hint, path=self.path, line=int(line), column=col, token=token)
+
+    def _error(self, status: int, buf: bytes) -> IngestError:
+        st = self.st
+        line, a, b = int(st[K.ST_ERR_LINE]), int(st[K.ST_ERR_A]), int(st[K.ST_ERR_B])
+        col = int(st[K.ST_ERR_COL]) or None
+        token = buf[a:b].decode("utf-8", "replace")
+        line_text = buf[buf.rfind(b"\n", 0, a) + 1:buf.find(b"\n", a)].decode("utf-8", "replace")
+        if status in (K.E_TOKEN, K.E_LABEL, K.E_LABEL_MISSING, K.E_FIELD, K.E_WIDTH):
+            other = _looks_like(line_text, self.fmt)
+            if other:
+                verb = "was detected as" if self.detected else "is read as"
+                how = "from its first lines " if self.detected else ""
+                return IngestError(
+                    f"the file {verb} {_NAMES[self.fmt]} {how}but line {line} looks like {other}",
+                    "One source must keep one layout: fix the line or split the file by format"
+                    + (" (or pass the format explicitly if the detection was wrong)."
+                       if self.detected else "."), path=self.path, line=line)
+        msg, hint = _MESSAGES[status]
+        if status == K.E_DUPLICATE:
+            msg = msg.format(index=int(st[K.ST_ERR_EXTRA]))
+            if col is None:
+                col, token = _duplicate_token(line_text, int(st[K.ST_ERR_EXTRA]))
+        if status == K.E_WIDTH:
+            n = int(self.kernel_args[1])
+            got = len(_split(line_text, self.delim))
+            msg = f"the row has {got} fields but the file has {n} columns"
+            return IngestError(msg, hint, path=self.path, line=line)
+        if status == K.E_MISSING:
+            token = None
+        if self.fmt == "libsvm" and status == K.E_TOKEN and token.startswith("qid"):
+            msg = "malformed qid token; expected 'qid:' and an integer"
+        return IngestError(msg, hint, path=self.path, line=line, column=col, token=token)
+
+
+_TOKEN_HINT = ("LIBSVM lines read 'label index:value index:value ...' with integer indices and "
+               "decimal values; fix or remove the token.")
+_MESSAGES = {
+    K.E_TOKEN: ("malformed feature token; expected 'index:value' such as '7:0.25'", _TOKEN_HINT),
+    K.E_LABEL: ("the label is not a number",
+                "Each line must start with a numeric label such as +1, -1, 2 or 1.5e3."),
+    K.E_LABEL_MISSING: ("the line has no label: it starts with a feature token",
+                        "Put the numeric label first, e.g. '+1 3:0.5 7:1.0'."),
+    K.E_LABEL_NONFINITE: ("the label is NaN or infinite",
+                          "Drop the row or give it a finite label."),
+    K.E_VALUE_NONFINITE: ("the value is NaN or infinite",
+                          "Impute or drop missing values before ingesting; the store holds "
+                          "finite float32 values only."),
+    K.E_INDEX_NEG: ("negative feature index",
+                    "Feature indices are integers >= 0 (0-based) or >= 1 (1-based)."),
+    K.E_INDEX_BIG: ("feature index above 2**31-1 = 2147483647",
+                    "Indices must fit in int32: renumber the features (e.g. hash them into a "
+                    "smaller range)."),
+    K.E_DUPLICATE: ("feature index {index} appears twice in one row",
+                    "Merge or remove the repeated index; each index may appear once per row."),
+    K.E_FIELD: ("the field is not a number",
+                "Every field must be numeric: encode text columns, and pass header=True if the "
+                "first line is a header."),
+    K.E_MISSING: ("empty field (missing value)",
+                  "Impute or drop missing values before ingesting."),
+    K.E_WIDTH: ("", "Every row needs the same number of fields; fix the row, or pass the right "
+                "delimiter= if it was detected wrongly."),
+}
+
+
+def _split(text: str, delim: str | None) -> list[str]:
+    return text.split() if delim is None else text.split(delim)
+
+
+def _duplicate_token(line_text: str, index: int) -> tuple[int | None, str | None]:
+    seen = False
+    for j, tok in enumerate(line_text.split("#", 1)[0].split(), start=1):
+        head = tok.split(":", 1)[0]
+        if j > 1 and head.lstrip("+-").isdigit() and int(head) == index:
+            if seen:
+                return j, tok
+            seen = True
+    return None, None
+
+
+def _looks_like(text: str, fmt: str) -> str | None:
+    """The other layout ``text`` looks like, if it clearly does."""
+    text = text.strip()
+    if fmt == "libsvm":
+        body = text.split("#", 1)[0]
+        if ":" in body:
+            return None
+        for d in ",;\t":
+            fields = body.split(d)
+            if len(fields) >= 2 and all(_is_number(x) for x in fields):
+                return f"CSV ('{d}'-delimited numeric fields)".replace("'\t'", "tab")
+        fields = body.split()
+        if len(fields) >= 3 and all(_is_number(x) for x in fields):
+            return "CSV (whitespace-delimited numeric fields)"
+        return None
+    if fmt == "csv" and any(_LIBSVM_TOKEN.match(t) for t in text.split()[1:]):
+        return "LIBSVM (index:value tokens)"
+    return None
+
+
+def _iter_text(path, chunk_bytes: int, parser: _TextParser, capacity, skip_lines: int = 0,
+               n_columns=None) -> Iterator[RawChunk]:
+    with open_binary(path) as f:
+        for buf, end in _text_blocks(f, chunk_bytes):
+            start = 0
+            while skip_lines and start < end:  # the CSV header and the lines before it
+                start = buf.index(b"\n", start) + 1
+                skip_lines -= 1
+                parser.st[K.ST_LINE] += 1
+            n_lines = buf.count(b"\n", start, end)
+            parser._buf = buf
+            chunk = parser.parse(buf, start, end, n_lines, capacity(buf, start, end, n_lines),
+                                 n_columns, f.raw_tell())
+            if chunk is not None:
+                yield chunk
+
+
+def _iter_libsvm(path, chunk_bytes: int, detected: bool) -> Iterator[RawChunk]:
+    parser = _TextParser(path, "libsvm", detected, K.parse_libsvm)
+    yield from _iter_text(path, chunk_bytes, parser,
+                          lambda buf, a, b, n: buf.count(b":", a, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV layout (delimiter, header, label column)
+
+
+@dataclass
+class _CSVLayout:
+    delimiter: str | None   # None: runs of whitespace
+    header_line: int        # 1-based line of the header, 0 when there is none
+    n_fields: int
+    label_col: int
+
+
+def _csv_layout(path, label_column, delimiter, header) -> _CSVLayout:
+    head, at_eof, f = _read_head(path)
+    lines = _data_lines(head, at_eof)
+    if not lines:
+        if at_eof:
+            raise _empty_source(path)
+        raise IngestError("the first 64 KiB hold no data line, so the CSV layout cannot be "
+                          "detected", "Remove the leading comment lines.", path=f.path)
+    if delimiter is None:
+        delimiter = _sniff_delimiter([t for _, t in lines])
+    elif delimiter == "whitespace" or delimiter == " ":
+        delimiter = None
+    first_no, first = lines[0]
+    fields = [x.strip() for x in _split(first, delimiter)]
+    if header is None:
+        header = not all(_is_number(x) for x in fields)
+    names = None
+    if header:
+        if delimiter is not None:
+            names = [x.strip() for x in next(csv.reader([first], delimiter=delimiter))]
+        else:
+            names = fields
+    n_fields = len(names) if names else len(fields)
+    return _CSVLayout(delimiter, first_no if header else 0, n_fields,
+                      _label_index(path, label_column, names, n_fields))
+
+
+def _sniff_delimiter(lines: list[str]) -> str | None:
+    for d in (",", "\t", ";"):
+        counts = {line.count(d) for line in lines}
+        if len(counts) == 1 and counts.pop() > 0:
+            return d
+    widths = {len(line.split()) for line in lines}
+    if len(widths) == 1 and widths.pop() > 1:
+        return None
+    # inconsistent rows: pick the first line's delimiter and let the width check name the row
+    return max((",", "\t", ";"), key=lines[0].count) if any(
+        d in lines[0] for d in ",\t;") else None
+
+
+def _label_index(path, label_column, names, n_fields: int) -> int:
+    if isinstance(label_column, str):
+        if names is None:
+            raise IngestError(f"label_column={label_column!r} names a column, but the file has "
+                              "no header line", "Pass the label column's number instead, or "
+                              "header=True if the first line is a header.", path=os.fspath(path))
+        if label_column not in names:
+            raise IngestError(f"no column named {label_column!r}; the header has {names[:20]}",
+                              "Pass one of the header's names or a column number.",
+                              path=os.fspath(path))
+        return names.index(label_column)
+    col = int(label_column)
+    if not -n_fields <= col < n_fields:
+        raise IngestError(f"label_column={col} is out of range: the rows have {n_fields} "
+                          "fields", f"Pass a column number in [-{n_fields}, {n_fields - 1}].",
+                          path=os.fspath(path))
+    return col % n_fields
+
+
+def _iter_csv(path, chunk_bytes: int, layout: _CSVLayout, detected: bool) -> Iterator[RawChunk]:
+    d = layout.delimiter
+    parser = _TextParser(path, "csv", detected, K.parse_csv,
+                         (-1 if d is None else ord(d), layout.n_fields, layout.label_col))
+    parser.delim = d
+    n_feat = layout.n_fields - 1
+
+    def capacity(buf, a, b, n_lines):
+        seps = (buf.count(b" ", a, b) + buf.count(b"\t", a, b)) if d is None \
+            else buf.count(d.encode(), a, b)
+        return min(n_lines * n_feat, seps + n_lines)
+
+    yield from _iter_text(path, chunk_bytes, parser, capacity, layout.header_line, n_feat)
+
+
+# ---------------------------------------------------------------------------------------------
+# .npy and .npz
+
+
+def _check_numeric(dtype, shape, path, what: str, ndim: int) -> None:
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise IngestError(f"{what} has dtype {dtype}, not a numeric type",
+                          "Save a numeric array (bool, int or float).", path=path)
+    if len(shape) != ndim and not (ndim == 1 and len(shape) == 2 and shape[1] == 1):
+        raise IngestError(f"{what} has shape {shape}; expected a {ndim}-D array",
+                          "Save X as a 2-D (rows x columns) array and y as a 1-D array.",
+                          path=path)
+
+
+def _finite(a: np.ndarray, path, what: str, row0: int) -> None:
+    bad = ~np.isfinite(a)
+    if bad.any():
+        r, *c = np.argwhere(bad)[0] if a.ndim == 2 else (np.argmax(bad),)
+        col = int(c[0]) + 1 if c else None
+        raise IngestError(f"{what} in row {row0 + int(r) + 1} is NaN or infinite",
+                          "Impute or drop missing values before ingesting; the store holds "
+                          "finite float32 values only.", path=path, column=col)
+
+
+def _dense_chunk(labels, feats, row0: int, bytes_read: int, path) -> RawChunk:
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+    _finite(labels, path, "the label", row0)
+    if feats.dtype != np.float32:
+        feats = np.asarray(feats, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        f32 = np.asarray(feats, dtype=np.float32)
+    _finite(f32, path, "a value", row0)
+    mask = f32 != 0
+    indptr = np.zeros(f32.shape[0] + 1, np.int64)
+    np.cumsum(mask.sum(axis=1), out=indptr[1:])
+    cols = np.nonzero(mask)[1].astype(np.int64)
+    n_cols = f32.shape[1]
+    return RawChunk(labels, indptr, cols, f32[mask], row0 + 1, None,
+                    0 if n_cols else INDEX_SENTINEL, n_cols - 1, n_cols, bytes_read)
+
+
+def _iter_npy(path, chunk_bytes: int, label_column) -> Iterator[RawChunk]:
+    p = os.fspath(path)
+    if isinstance(label_column, str):
+        raise IngestError(f"label_column={label_column!r} is a name, but .npy columns have none",
+                          "Pass the label column's number.", path=p)
+    with open_binary(p) as f:
+        reader = _NpyReader(f, p, "the .npy array", 2)  # checks dtype and shape first
+        n, width = reader.shape
+        lab = _label_index(p, label_column, None, width)
+        keep = [j for j in range(width) if j != lab]
+        step = max(1, chunk_bytes // max(1, width * reader.dtype.itemsize))
+        if f.compression is not None:  # no random access: read the rows in order
+            for a in range(0, n, step):
+                block = reader.read(min(step, n - a))
+                yield _dense_chunk(block[:, lab], block[:, keep], a, f.raw_tell(), p)
+            return
+    arr = np.load(p, mmap_mode="r", allow_pickle=False)
+    size = os.path.getsize(p)
+    for a in range(0, n, step):
+        block = np.asarray(arr[a:a + step])
+        yield _dense_chunk(block[:, lab], block[:, keep], a, int(size * min(n, a + step) / n), p)
+
+
+class _NpyReader:
+    """Sequential reader of a ``.npy`` stream (a zip member or a decompressed file)."""
+
+    def __init__(self, fp, path: str, what: str, ndim: int):
+        self.fp, self.path, self.what = fp, path, what
+        try:
+            version = np.lib.format.read_magic(fp)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                else np.lib.format.read_array_header_2_0
+            self.shape, fortran, self.dtype = read(fp)
+        except (ValueError, OSError, EOFError) as exc:
+            raise IngestError(f"{what} is not a readable .npy array: {exc}",
+                              "Re-create it with numpy.save / numpy.savez.", path=path) from exc
+        _check_numeric(self.dtype, self.shape, path, what, ndim)
+        if fortran and len(self.shape) == 2 and self.shape[1] > 1 and ndim == 2:
+            raise IngestError(f"{what} is stored in Fortran (column) order, which cannot be "
+                              "streamed by rows", "Save np.ascontiguousarray(X) instead.",
+                              path=path)
+        self.row_items = int(np.prod(self.shape[1:], dtype=np.int64))
+
+    def read(self, rows: int) -> np.ndarray:
+        nbytes = rows * self.row_items * self.dtype.itemsize
+        data = _read_full(self.fp, nbytes)
+        if len(data) != nbytes:
+            raise IngestError(f"{self.what} ends early (truncated file)",
+                              "Re-create the file.", path=self.path)
+        return np.frombuffer(data, dtype=self.dtype).reshape((rows, *self.shape[1:]))
+
+
+def _npz_member(zf, names, key, path, ndim, what):
+    if key not in names:
+        raise IngestError(f"the .npz archive has no member {key!r}; it has {sorted(names)}",
+                          "Save X and y (np.savez(f, X=X, y=y)), a sparse CSR matrix with y "
+                          "(data, indices, indptr, shape, format, y), or pass npz_keys=.",
+                          path=path)
+    return _NpyReader(zf.open(names[key]), path, f"the .npz member {key!r}", ndim)
+
+
+def _iter_npz(path, chunk_bytes: int, keys: tuple[str, str]) -> Iterator[RawChunk]:
+    p = os.fspath(path)
+    open_binary(p).close()  # uniform missing/unreadable-file errors
+    try:
+        zf = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise IngestError(f"the .npz archive cannot be read: {exc}",
+                          "Re-create it with numpy.savez.", path=p) from exc
+    with zf:
+        names = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        xk, yk = keys
+        size = os.path.getsize(p)
+        if xk not in names and {"data", "indices", "indptr"} <= names.keys():
+            yield from _iter_npz_csr(zf, names, yk, p, chunk_bytes, size)
+            return
+        X = _npz_member(zf, names, xk, p, 2, "X")
+        y = _npz_member(zf, names, yk, p, 1, "y")
+        n, width = X.shape
+        if y.shape[0] != n:
+            raise IngestError(f"X has {n} rows but y has {y.shape[0]} labels",
+                              "Save one label per row.", path=p)
+        step = max(1, chunk_bytes // max(1, width * X.dtype.itemsize))
+        for a in range(0, n, step):
+            m = min(step, n - a)
+            yield _dense_chunk(y.read(m), X.read(m), a, int(size * (a + m) / max(n, 1)), p)
+
+
+def _iter_npz_csr(zf, names, yk, p: str, chunk_bytes: int, size: int) -> Iterator[RawChunk]:
+    fmt = np.lib.format.read_array(zf.open(names["format"])) if "format" in names else "csr"
+    fmt = str(fmt.item().decode() if isinstance(fmt, np.ndarray) and fmt.dtype.kind == "S"
+              else np.asarray(fmt).item())
+    if fmt != "csr":
+        raise IngestError(f"the sparse matrix in the .npz archive is {fmt.upper()}, not CSR",
+                          "Convert it with X.tocsr() before scipy.sparse.save_npz.", path=p)
+    if "shape" not in names:
+        raise IngestError("the sparse .npz archive has no 'shape' member",
+                          "Save it with scipy.sparse.save_npz.", path=p)
+    n, width = (int(v) for v in np.lib.format.read_array(zf.open(names["shape"])))
+    ptr = _npz_member(zf, names, "indptr", p, 1, "indptr")
+    ind = _npz_member(zf, names, "indices", p, 1, "indices")
+    dat = _npz_member(zf, names, "data", p, 1, "data")
+    y = _npz_member(zf, names, yk, p, 1, "y")
+    if ptr.shape[0] != n + 1 or y.shape[0] != n:
+        raise IngestError(f"indptr has {ptr.shape[0]} entries and y {y.shape[0]} labels for "
+                          f"{n} rows", "Save a consistent CSR matrix and one label per row.",
+                          path=p)
+    start = int(ptr.read(1)[0])
+    if start:
+        ind.read(start), dat.read(start)
+    budget = max(1, chunk_bytes // 12)
+    row = 0
+    while row < n:
+        ends = ptr.read(min(max(1, chunk_bytes // 16), n - row)).astype(np.int64)
+        labels = y.read(ends.shape[0])
+        cut = 0
+        while cut < ends.shape[0]:
+            stop = max(cut + 1, int(np.searchsorted(ends, start + budget, "right")))
+            stop = min(stop, ends.shape[0])
+            indptr = np.concatenate(([start], ends[cut:stop])) - start
+            if np.any(np.diff(indptr) < 0) or ends[stop - 1] > ind.shape[0]:
+                raise IngestError(f"indptr is not a valid CSR row pointer near row {row + cut}",
+                                  "Re-create the matrix with scipy.sparse.", path=p)
+            k = int(indptr[-1])
+            chunk = _csr_chunk(labels[cut:stop], indptr, ind.read(k).astype(np.int64),
+                               dat.read(k), width, row + cut, int(size * (row + stop) / n), p)
+            yield chunk
+            start, cut = int(ends[stop - 1]), stop
+        row += ends.shape[0]
+
+
+def _csr_chunk(labels, indptr, indices, data, width: int, row0: int, bytes_read: int,
+               p: str) -> RawChunk:
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+    _finite(labels, p, "the label", row0)
+    with np.errstate(over="ignore"):
+        values = np.asarray(np.asarray(data, dtype=np.float64) if data.dtype != np.float32
+                            else data, dtype=np.float32).copy()
+    bad = ~np.isfinite(values)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IngestError(f"a value in row {row0 + int(np.searchsorted(indptr, k, 'right'))} is "
+                          "NaN or infinite", "Impute or drop missing values before ingesting.",
+                          path=p, column=int(indices[k]) + 1)
+    code, r, idx = K.sort_check_rows(indptr, indices, values, width)
+    if code:
+        what = {K.E_INDEX_NEG: "is negative", K.E_INDEX_BIG: f"is >= the {width} columns",
+                K.E_DUPLICATE: "appears twice"}[code]
+        raise IngestError(f"column index {idx} in row {row0 + r + 1} {what}",
+                          "Save a canonical CSR matrix (X.sum_duplicates(); X.sort_indices()).",
+                          path=p)
+    nnz = int(K.drop_zeros(indptr, indices, values))
+    return RawChunk(labels, indptr, indices[:nnz], values[:nnz], row0 + 1, None,
+                    0 if width else INDEX_SENTINEL, width - 1, width, bytes_read)
