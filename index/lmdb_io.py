@@ -16,6 +16,10 @@ key                         value
                             vector (CSR); plus the k×k pivot Gram matrix
 ==========================  ==========================================================
 
+Beside ``data.mdb`` the writer leaves ``manifest.json`` with the file's size and CRC-32,
+checked before LMDB maps the file: LMDB trusts its page pointers, so a truncated or
+overwritten file could otherwise fault the reader (SIGBUS) instead of raising an error.
+
 Leaves need no record: their row range sits in the parent's record, and their rows are one
 contiguous slice of ``data.h5`` (rows live there, not here). Row positions in the index are
 store rows (the block's offset added). The writer builds into a temporary sibling directory
@@ -44,11 +48,13 @@ from .tree import FlatTree
 
 __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
            "encode_node", "decode_node", "encode_tree_header", "decode_tree_header",
-           "tree_key", "node_key", "META_KEY", "open_reader", "index_nbytes"]
+           "tree_key", "node_key", "META_KEY", "open_reader", "index_nbytes",
+           "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST"]
 
 INDEX_FORMAT = "ooc-learn-index"
 INDEX_FORMAT_VERSION = 1
 META_KEY = b"meta"
+MANIFEST = "manifest.json"
 _NODE_HEAD = struct.Struct("<4sHHqqqi")   # magic, version, flags, tree, start, stop, k
 _TREE_HEAD = struct.Struct("<4sHHqqqqqi")  # magic, version, flags, tree, offset, rows,
 #                                            nodes, internal, depth
@@ -241,6 +247,7 @@ class ForestWriter:
         self.params = dict(n_blocks=int(n_blocks), n_samples=int(n_samples),
                            n_features=int(n_features), width=int(width),
                            leaf_size=int(leaf_size), seed=int(seed))
+        _remove_stale_builds(self.path)
         self._tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-"
                                         f"{uuid.uuid4().hex[:8]}")
         self._env = lmdb.open(str(self._tmp), map_size=1 << 20, subdir=True, sync=False,
@@ -248,7 +255,8 @@ class ForestWriter:
         self._psize = self._env.stat()["psize"]
         self._trees: dict[int, tuple[int, int, int, int]] = {}
         self.transactions = 0
-        self.map_grows = 0
+        self.map_grows = 0      # map size raised from the computed bound
+        self.map_retries = 0    # transactions redone because the bound fell short
 
     def _ensure_room(self, records) -> None:
         info = self._env.info()
@@ -281,7 +289,7 @@ class ForestWriter:
                 break
             except lmdb.MapFullError:  # the bound above was short: grow and redo the txn
                 self._env.set_mapsize(2 * self._env.info()["map_size"])
-                self.map_grows += 1
+                self.map_retries += 1
         self.transactions += 1
         self._trees[int(block_id)] = (off, tree.n_rows, tree.n_nodes, tree.n_leaves)
 
@@ -314,6 +322,13 @@ class ForestWriter:
         self._env.sync(True)
         self._env.close()
         self._env = None
+        size, crc = _file_crc(self._tmp / "data.mdb")
+        manifest = self._tmp / MANIFEST
+        with open(manifest, "w") as fh:
+            json.dump({"format": INDEX_FORMAT, "format_version": INDEX_FORMAT_VERSION,
+                       "data.mdb": {"size": size, "crc32": crc}}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
         # replace any old index: move it aside first so the swap is two renames
         old = None
         if self.path.exists():
@@ -342,16 +357,76 @@ class ForestWriter:
         return False
 
 
+def _file_crc(path: Path) -> tuple[int, int]:
+    crc = 0
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return size, crc & 0xFFFFFFFF
+
+
+class CorruptIndex(Exception):
+    """The index files fail their manifest check (raised before LMDB touches them)."""
+
+
+class IndexVersionMismatch(CorruptIndex):
+    """The index was written by another format version (``.version``)."""
+
+    def __init__(self, version):
+        self.version = version
+        super().__init__(f"format version {version!r}")
+
+
+def verify_files(path) -> None:
+    """Check ``data.mdb`` against ``manifest.json``; raise :class:`CorruptIndex` if not equal."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        want = manifest["data.mdb"]
+    except FileNotFoundError:
+        raise CorruptIndex("its manifest is missing (the build did not finish)") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CorruptIndex("its manifest is not readable") from None
+    if not isinstance(want, dict):
+        raise CorruptIndex("its manifest is not readable")
+    if manifest.get("format_version") != INDEX_FORMAT_VERSION:
+        raise IndexVersionMismatch(manifest.get("format_version"))
+    size = (path / "data.mdb").stat().st_size
+    if size != want.get("size"):
+        raise CorruptIndex(f"data.mdb has {size} bytes, its manifest says {want.get('size')}")
+    if _file_crc(path / "data.mdb")[1] != want.get("crc32"):
+        raise CorruptIndex("data.mdb fails its checksum")
+
+
+def _remove_stale_builds(path: Path) -> None:
+    """Delete temporary build directories left by killed writers (their pid is gone)."""
+    for tmp in path.parent.glob(f"{path.name}.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
 def open_reader(path) -> lmdb.Environment:
-    """Open an index environment read-only (lock-free when the directory is read-only)."""
+    """Verify the files, then open the environment read-only.
+
+    Raises FileNotFoundError (no index), :class:`CorruptIndex` (files damaged or from
+    another version) or ``lmdb.Error``. Falls back to a lock-free open when the directory
+    is read-only (nobody can be writing it then).
+    """
     path = Path(path)
     if not (path / "data.mdb").is_file():
         raise FileNotFoundError(str(path))
+    verify_files(path)
     try:
         return lmdb.open(str(path), readonly=True, lock=True, subdir=True, max_dbs=0,
                          readahead=False, max_readers=512)
     except (lmdb.ReadonlyError, PermissionError, lmdb.ReadersFullError):
-        # a read-only store cannot hold the lock file; nobody can be writing it either
         return lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=0,
                          readahead=False)
 

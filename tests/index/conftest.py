@@ -15,7 +15,7 @@ from ooc_learn.index.tree import build_block_tree, row_arrays
 class ArrayStore:
     """The slice of the Store API the index uses, over in-memory arrays."""
 
-    def __init__(self, X, y, block_offsets, path, budget="64M"):
+    def __init__(self, X, y, block_offsets, path, budget="64M", row_ids=None):
         self.X, self.y = X, np.asarray(y, np.float32)
         self.block_offsets = np.asarray(block_offsets, np.int64)
         self.n_samples, self.n_features = X.shape
@@ -23,6 +23,7 @@ class ArrayStore:
         self.path = path
         self.budget = budget
         self.reads = 0
+        self.row_ids = np.arange(self.n_samples) if row_ids is None else row_ids
 
     def read_range(self, start, stop):
         self.reads += 1
@@ -39,13 +40,14 @@ def make_indexed(X, y, path, *, n_blocks=3, width=4, leaf_size=16, seed=0, budge
     """Split rows into blocks, build one tree each, permute to leaf order, write the index."""
     n = X.shape[0]
     offsets = np.linspace(0, n, n_blocks + 1).astype(np.int64)
-    parts_X, parts_y, trees = [], [], []
+    parts_X, parts_y, parts_id, trees = [], [], [], []
     for b in range(n_blocks):
         lo, hi = offsets[b], offsets[b + 1]
         Xb = X[lo:hi]
         perm, tree = build_block_tree(Xb, width=width, leaf_size=leaf_size, seed=seed + b)
         parts_X.append(Xb[perm])
         parts_y.append(np.asarray(y[lo:hi])[perm])
+        parts_id.append(lo + perm)
         trees.append(tree)
     Xp = sp.vstack(parts_X, format="csr") if sp.issparse(X) else np.vstack(parts_X)
     yp = np.concatenate(parts_y)
@@ -55,7 +57,8 @@ def make_indexed(X, y, path, *, n_blocks=3, width=4, leaf_size=16, seed=0, budge
                       seed=seed) as writer:
         for b, tree in enumerate(trees):
             writer.add_tree(b, int(offsets[b]), tree)
-    return ArrayStore(Xp, yp, offsets, path, budget=budget), trees
+    store = ArrayStore(Xp, yp, offsets, path, budget=budget, row_ids=np.concatenate(parts_id))
+    return store, trees
 
 
 def brute_force(store, w, w_outer=None, s=1.0, loss="hinge", exclude=None):
