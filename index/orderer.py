@@ -1,38 +1,54 @@
-"""The metric-forest builder that ingest calls for each block (pass 3 of the shuffle).
+"""The ingest hook: build each block's tree as ingest writes it, and the forest beside it.
 
-``storage`` does not import ``index``; ``ooc_learn.ingest`` hands :func:`forest_orderer` to
-``storage.ingest.ingest`` as its ``block_orderer``. For each block it builds the tree, writes it
-to ``STORE/index.lmdb`` and returns the leaf-order permutation the block is written in.
+``ooc_learn.ingest`` passes :func:`forest_orderer` to the storage layer (which does not import
+the index). For every block, pass 3 of the external shuffle calls ``order(b, row_offset, X,
+sqnorm)``: the tree is built in memory, persisted in one LMDB transaction, and the
+leaf-order permutation returned so the block's rows land on disk leaf by leaf.
 """
 
 from __future__ import annotations
 
-from functools import partial
+import functools
+import time
 from pathlib import Path
 
-from ooc_learn.storage.errors import ParameterError
+import numpy as np
+
 from ooc_learn.storage.format import INDEX_DIR
 
 from .lmdb_io import ForestWriter
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, _check_params, build_block_tree
 
-__all__ = ["ForestOrderer", "forest_orderer"]
+__all__ = ["ForestOrderer", "forest_orderer", "block_seed"]
+
+
+def block_seed(seed: int, block: int) -> int:
+    """The tree seed of one block: independent streams per block from one run seed."""
+    return int(np.random.SeedSequence([int(seed), int(block)]).generate_state(1)[0])
 
 
 class ForestOrderer:
-    """Builds one tree per block and persists it; ``order`` returns the leaf order."""
+    """Builds the forest of a store being written into ``directory`` (see module doc)."""
 
     def __init__(self, directory, *, n_blocks: int, n_samples: int, n_features: int,
-                 seed: int, width: int = DEFAULT_WIDTH, leaf_size: int = DEFAULT_LEAF_SIZE):
+                 seed: int = 0, width: int = DEFAULT_WIDTH,
+                 leaf_size: int = DEFAULT_LEAF_SIZE):
         self.width, self.leaf_size, self.seed = width, leaf_size, seed
         self.writer = ForestWriter(Path(directory) / INDEX_DIR, n_blocks=n_blocks,
                                    n_samples=n_samples, n_features=n_features, width=width,
                                    leaf_size=leaf_size, seed=seed)
+        self.build_seconds = 0.0
+        self.write_seconds = 0.0
 
-    def order(self, b: int, row_offset: int, X, sqnorm):
+    def order(self, b: int, row_offset: int, X, sqnorm) -> np.ndarray:
+        """Build block b's tree, write it, and return the leaf-order permutation."""
+        t0 = time.perf_counter()
         perm, tree = build_block_tree(X, sqnorm, width=self.width, leaf_size=self.leaf_size,
-                                      seed=self.seed + b)
+                                      seed=block_seed(self.seed, b))
+        t1 = time.perf_counter()
         self.writer.add_tree(b, row_offset, tree)
+        self.build_seconds += t1 - t0
+        self.write_seconds += time.perf_counter() - t1
         return perm
 
     def close(self) -> None:
@@ -43,12 +59,11 @@ class ForestOrderer:
 
 
 def forest_orderer(*, width: int | None = None, leaf_size: int | None = None):
-    """A ``block_orderer`` for :func:`ooc_learn.storage.ingest.ingest` (checks parameters now)."""
+    """A ``block_orderer`` for :func:`ooc_learn.storage.ingest.ingest` (parameters checked now).
+
+    >>> orderer = forest_orderer(width=10, leaf_size=100)
+    """
     width = DEFAULT_WIDTH if width is None else width
     leaf_size = DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size
-    for name, v, lo in (("width", width, 2), ("leaf_size", leaf_size, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ParameterError(f"The '{name}' parameter of ingest must be an integer >= {lo}. "
-                                 f"Got {v!r} instead.",
-                                 "The paper uses width 10 and leaves of a few hundred rows.")
-    return partial(ForestOrderer, width=width, leaf_size=leaf_size)
+    _check_params(width, leaf_size, 0)
+    return functools.partial(ForestOrderer, width=width, leaf_size=leaf_size)

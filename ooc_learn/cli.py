@@ -119,7 +119,7 @@ def _label_column(text: str):
 
 
 def _ingest_body(args):
-    from ooc_learn.storage.ingest import ingest
+    from ooc_learn.api import ingest
 
     budget = _budget(args)
     store = ingest(args.sources, args.output, format=args.format, layout=args.layout,

@@ -53,8 +53,7 @@ _LAYOUTS = ("auto", "dense", "csr")
 _TASKS = ("auto", "binary", "regression", "multiclass")
 
 
-def _check_params(*, fmt, layout, task, n_blocks, block_rows, width, leaf_size, zero_based,
-                  n_features):
+def _check_params(*, fmt, layout, task, n_blocks, block_rows, zero_based, n_features):
     def bad(name, cond, got):
         raise ParameterError(f"The '{name}' parameter of ingest must be {cond}. "
                              f"Got {got!r} instead.")
@@ -69,7 +68,6 @@ def _check_params(*, fmt, layout, task, n_blocks, block_rows, width, leaf_size, 
         raise ParameterError("Give either 'n_blocks' (--blocks) or 'block_rows' (--block-rows), "
                              "not both.")
     for name, v, lo in (("n_blocks", n_blocks, 1), ("block_rows", block_rows, 1),
-                        ("width", width, 2), ("leaf_size", leaf_size, 1),
                         ("n_features", n_features, 1)):
         if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
                               or v < lo):
@@ -217,9 +215,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
            n_blocks: int | None = None, block_rows: int | None = None,
            n_features: int | None = None, positive_label: float | None = None,
            label_column=0, delimiter: str | None = None, header: bool | None = None,
-           zero_based="auto", build_index: bool = True, width: int = 10,
-           leaf_size: int | None = None, seed: int = 0, memory=None, overwrite: bool = False,
-           progress: bool = False, _chunks=None) -> Store:
+           zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
+           overwrite: bool = False, progress: bool = False, _chunks=None) -> Store:
     """Ingest source files into a new store and return it opened.
 
     Parameters
@@ -238,7 +235,12 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     n_blocks, block_rows : int, optional
         How many random blocks, or how many rows per block (default: blocks of about
         min(64 MiB, cap / 8) in memory).
-    build_index, width, leaf_size : metric-forest index options (see ``ooc_learn.index``).
+    block_orderer : callable, optional
+        ``block_orderer(directory, n_blocks=, n_samples=, n_features=, seed=)`` returning an
+        object with ``order(b, row_offset, X, sqnorm) -> perm``, ``close()`` and ``abort()``;
+        it decides the row order inside each block and may write files (the index) into the
+        new store directory. ``ooc_learn.ingest`` passes the metric-forest builder here
+        (storage does not import the index). Default: a random order.
     seed : int
         Seeds the shuffle and the index.
     memory : None, size or MemoryBudget
@@ -260,8 +262,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     sources = [Path(s) for s in sources]
     out = Path(out)
     _check_params(fmt=format, layout=layout, task=task, n_blocks=n_blocks,
-                  block_rows=block_rows, width=width, leaf_size=leaf_size,
-                  zero_based=zero_based, n_features=n_features)
+                  block_rows=block_rows, zero_based=zero_based, n_features=n_features)
     budget = MemoryBudget.coerce(memory)
     if _chunks is None and not sources:
         raise ParameterError("ingest needs at least one source file.")
@@ -282,9 +283,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                              task=task, n_blocks=n_blocks, block_rows=block_rows,
                              n_features=n_features, positive_label=positive_label,
                              label_column=label_column, delimiter=delimiter, header=header,
-                             zero_based=zero_based, build_index=build_index, width=width,
-                             leaf_size=leaf_size, seed=seed, progress=progress,
-                             chunks=_chunks)
+                             zero_based=zero_based, block_orderer=block_orderer,
+                             seed=seed, progress=progress, chunks=_chunks)
         if out.exists() and not overwrite:  # appeared while we worked
             raise StoreExistsError(f"The output {out} already exists.",
                                    "Pass --overwrite to replace it.")
@@ -302,7 +302,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
 def ingest_arrays(X, y, out, **kwargs) -> Store:
     """Ingest in-memory arrays (dense ndarray or scipy sparse ``X``, vector ``y``).
 
-    Takes the same keyword arguments as :func:`ingest` (``build_index`` defaults to False).
+    Takes the same keyword arguments as :func:`ingest`.
 
     >>> import numpy as np
     >>> X = np.eye(4, dtype=np.float32); y = np.array([1, -1, 1, -1])
@@ -313,7 +313,6 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise ParameterError(f"X must be 2-D with one row per label; got X {X.shape}, "
                              f"y {y.shape}.")
-    kwargs.setdefault("build_index", False)
     chunk_rows = max(1, (4 << 20) // max(1, 4 * X.shape[1]))
     return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
                   **kwargs)
@@ -321,7 +320,7 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
 
 def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, block_rows,
                  n_features, positive_label, label_column, delimiter, header, zero_based,
-                 build_index, width, leaf_size, seed, progress, chunks):
+                 block_orderer, seed, progress, chunks):
     from tqdm.auto import tqdm
 
     spill = Spill(tmp / "spill")
@@ -452,19 +451,14 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         "label_map": label_map, "sources": src_meta, "formats": sorted(formats_seen),
         "zero_based": base == 0, "nnz": int(nnz), "density": density,
         "params": {"n_blocks": int(n_blocks), "seed": int(seed), "layout": lay,
-                   "task": task_, "width": int(width),
-                   "leaf_size": None if leaf_size is None else int(leaf_size),
-                   "positive_label": positive_label, "n_features": n_features},
+                   "task": task_, "positive_label": positive_label,
+                   "n_features": n_features},
     }
     writer = StoreWriter(tmp, n_samples=n, n_features=d, nnz=nnz, layout=lay,
                          block_offsets=offsets, task=task_, metadata=metadata)
     forest = None
-    if build_index:
-        from ooc_learn.index.lmdb_io import ForestWriter
-        from ooc_learn.index.tree import build_block_tree
-
-        forest = ForestWriter(tmp / "index.lmdb", n_blocks=n_blocks, n_samples=n,
-                              n_features=d, width=width, leaf_size=leaf_size, seed=seed)
+    if block_orderer is not None:
+        forest = block_orderer(tmp, n_blocks=n_blocks, n_samples=n, n_features=d, seed=seed)
     try:
         with tqdm(total=n_blocks, unit="block", desc="write", disable=not progress,
                   leave=False) as bar:
@@ -479,9 +473,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                 y = mapper(labels).astype(np.float32)
                 sq = row_sqnorms(X)
                 if forest is not None:
-                    perm, tree = build_block_tree(X, sq, width=width, leaf_size=leaf_size,
-                                                  seed=seed + b)
-                    forest.add_tree(b, int(offsets[b]), tree)
+                    perm = forest.order(b, int(offsets[b]), X, sq)
                 else:
                     perm = rng.permutation(len(labels))
                 writer.write_block(b, X[perm], y[perm], row_ids[perm], sq[perm])

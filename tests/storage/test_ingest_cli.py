@@ -18,7 +18,7 @@ from sklearn.datasets import dump_svmlight_file, load_breast_cancer, load_diabet
 
 from ooc_learn.cli import info_main, ingest_main
 from ooc_learn.storage.errors import IngestError
-from ooc_learn.storage.ingest import ingest
+from ooc_learn.api import ingest
 from ooc_learn.storage.store import open_store
 
 INGEST = [sys.executable, "-c",

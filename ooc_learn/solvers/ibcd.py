@@ -1,0 +1,320 @@
+"""Indexed Block Coordinate Descent with truncated-loss relaxation (Yen et al., KDD 2013).
+
+Objective (2), the truncated SVM::
+
+    min_w  1/2 |w|^2 + C sum_i R_s(y_i w^T x_i),   R_s(z) = min(L(z), L(-s)),
+
+L the hinge (L1) or squared hinge (L2), the bias a regularized constant feature (LIBLINEAR
+``-B 1``). The outer relaxation (eq. 5) fixes the loss of the outliers
+OUT(w_t) = {i : y_i w_t^T x_i < L^-1(1+s)} at the cap and solves the convex problem (7) on
+IN(w_t); it stops when no row changes side. ``s=None`` solves the plain convex SVM (one outer
+iteration).
+
+Each convex problem is solved by Algorithm 1 (§3.1) out of core: an active set S of rows in
+memory (every row with alpha > 0 stays in S); each step asks the metric-forest index for up to
+``n`` fresh rows satisfying eq. 10 (not an outlier at w_t, y w^T x < 1), forms the block
+B = N ∪ the next n_e - |N| rows of S (a cyclic reader), solves the block sub-problem (11) by
+dual CD (or TRON on the primal (16) for the L2 loss), and grows S by N. The inner loop stops
+when |N| < n (every qualifying row not in S was found: the index search is exhaustive when it
+runs out of candidates) or by the sampled rule |N| / n_e < ``sample_eps``. Then problem (13) on
+S is solved to ``eps`` and the index is asked once more without shrinking (§4.3); only when
+it finds nothing is the convex problem solved on all rows.
+
+w_0 is the convex solution on a random sample of ``init_sample`` rows (§3.1), whose support
+vectors and alphas start S.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ooc_learn.losses import get_loss
+from ooc_learn.storage.errors import ParameterError
+
+from .active_set import ActiveSet
+from .dcd import dcd_subproblem, solve_dcd
+
+__all__ = ["solve_ibcd", "IBCDResult"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IBCDResult:
+    """Weights (``w[:d]``, bias weight ``w[d]``), the final active set and the work done."""
+
+    w: np.ndarray
+    sv_rows: np.ndarray
+    sv_alpha: np.ndarray
+    stats: dict = field(default_factory=dict)
+
+
+def _margins(X, y, w, bias):
+    d = X.shape[1]
+    return y * (np.asarray(X @ w[:d]).ravel() + bias * w[d])
+
+
+def _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, solver):
+    def bad(name, cond, got, hint):
+        raise ParameterError(f"The '{name}' parameter of solve_ibcd must be {cond}. "
+                             f"Got {got!r} instead.", hint)
+
+    if not (isinstance(C, (int, float)) and C > 0 and math.isfinite(C)):
+        bad("C", "> 0", C, "C is the SVM cost; try 1.")
+    if not (isinstance(n, (int, np.integer)) and n >= 1):
+        bad("n", "an int >= 1", n, "The paper queries about 1000 rows per step.")
+    if not eps > 0:
+        bad("eps", "> 0", eps, "LIBLINEAR's dual CD default is 0.1.")
+    if not 0 <= sample_eps < 1:
+        bad("sample_eps", "in [0, 1)", sample_eps, "0 disables the sampled stopping rule.")
+    if not (isinstance(max_outer, (int, np.integer)) and max_outer >= 1):
+        bad("max_outer", "an int >= 1", max_outer, "Try 10.")
+    if not (isinstance(init_sample, (int, np.integer)) and init_sample >= 1):
+        bad("init_sample", "an int >= 1", init_sample, "The paper uses 10000.")
+    if s is not None and not s >= 0:
+        bad("s", ">= 0 or None", s, "s = 1 is the usual truncation; None disables it.")
+    if not (isinstance(block_iters, (int, np.integer)) and block_iters >= 1):
+        bad("block_iters", "an int >= 1", block_iters, "Try 10.")
+    if loss not in ("hinge", "sqhinge"):
+        bad("loss", "'hinge' or 'sqhinge'", loss, "")
+    if solver not in ("dual", "primal"):
+        bad("block_solver", "'dual' or 'primal'", solver, "")
+    if solver == "primal" and loss != "sqhinge":
+        raise ParameterError("The primal block solver (TRON, eq. 16) needs the squared hinge.",
+                             "Use --loss sqhinge or the dual block solver.")
+
+
+def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = None,
+               bias: float = 1.0, n: int = 1000, eps: float = 0.1, sample_eps: float = 0.0,
+               max_outer: int = 10, init_sample: int = 10000, block_iters: int = 10,
+               block_solver: str = "dual", shrink_threshold: float = 1.0, seed: int = 0,
+               on_outer: Callable[[dict], None] | None = None) -> IBCDResult:
+    """Train a linear SVM on an indexed store by IBCD (see the module docstring).
+
+    Parameters
+    ----------
+    store : Store
+        An open store with a metric-forest index and labels in {-1, +1}.
+    loss : "hinge" | "sqhinge"
+    C : float
+        The SVM cost.
+    s : float or None
+        The truncation of the loss (None: the convex SVM).
+    n : int
+        Fresh rows asked of the index per step.
+    eps : float
+        Dual CD stopping tolerance on S (LIBLINEAR's projected-gradient spread).
+    sample_eps : float
+        The sampled stopping rule |N| / n_e < sample_eps (0: only |N| < n).
+    block_iters : int
+        Dual CD passes over each block B.
+    block_solver : "dual" | "primal"
+        Dual CD on (11), or TRON on the primal (16) (squared hinge only).
+    shrink_threshold : float
+        Shrinking on the index (§4.3): rows with y w^T x > 1 + T are not visited again until
+        the convergence check.
+
+    Returns
+    -------
+    IBCDResult
+        ``stats``: outer_iterations, inner_iterations, active_set, n_sv, rows_read,
+        bytes_read, rows_examined, objective (of the convex problem on S), seconds.
+    """
+    _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, block_solver)
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    forest = store.index
+    N_all, d = store.n_samples, store.n_features
+    rows_read0, bytes_read0 = store.rows_read, store.bytes_read
+    base_loss = get_loss(loss).base()
+
+    # ---- w_0 from a random sample (§3.1) -------------------------------------------------
+    m0 = min(init_sample, N_all)
+    sample = np.sort(rng.choice(N_all, m0, replace=False))
+    Xs, ys, _ = store.gather(sample)
+    ys = ys.astype(np.float64)
+    res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, seed=int(rng.integers(1 << 31)))
+    w = res0.w.copy()
+    S = ActiveSet(d, store.layout == "csr", store.budget)
+    in_S = np.zeros(N_all, bool)
+    store.budget.reserve(N_all, "IBCD active-set mask")
+    try:
+        sv = np.flatnonzero(res0.alpha > 0)
+        S.add(sample[sv], Xs[sv], ys[sv], _sqn(Xs[sv], store, sample[sv]), res0.alpha[sv])
+        in_S[sample[sv]] = True
+        del Xs, ys, res0
+        return _outer_loop(store, forest, S, in_S, w, loss=loss, base_loss=base_loss, C=C,
+                           s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
+                           max_outer=max_outer, block_iters=block_iters,
+                           block_solver=block_solver, shrink_threshold=shrink_threshold,
+                           rng=rng, on_outer=on_outer, t0=t0, rows_read0=rows_read0,
+                           bytes_read0=bytes_read0)
+    finally:
+        S.release()
+        store.budget.release(N_all)
+        forest.unshrink()
+
+
+def _sqn(X, store, rows):
+    return store.sqnorms_at(rows) if hasattr(store, "sqnorms_at") else _row_sqn(X)
+
+
+def _row_sqn(X):
+    import scipy.sparse as sp
+
+    if sp.issparse(X):
+        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
+    X64 = np.asarray(X, dtype=np.float64)
+    return np.einsum("ij,ij->i", X64, X64)
+
+
+def _outer_loop(store, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n, eps, sample_eps,
+                max_outer, block_iters, block_solver, shrink_threshold, rng, on_outer, t0,
+                rows_read0, bytes_read0):
+    from ooc_learn.index.forest import outlier_margin
+
+    low = outlier_margin(loss, s)
+    stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
+             "queries": 0, "outer_log": []}
+    outer = 0
+    converged_outer = False
+    while outer < max_outer:
+        outer += 1
+        w_t = w.copy()
+        removed = 0
+        if s is not None and S.m:
+            X, y, _, alpha = S.view()
+            keep = _margins(X, y, w_t, bias) >= low
+            removed = int((~keep).sum())
+            if removed:
+                out_rows = np.flatnonzero(~keep)
+                # alpha of an outlier leaves w: w -= alpha y x
+                coef = alpha[out_rows] * y[out_rows]
+                w[: S.d] -= np.asarray(X[out_rows].T @ coef).ravel()
+                w[S.d] -= bias * coef.sum()
+                in_S[S.rows[out_rows]] = False
+                S.keep(keep)
+        added = _inner_loop(store, forest, S, in_S, w, w_t, loss=loss, C=C, s=s, bias=bias,
+                            n=n, eps=eps, sample_eps=sample_eps, block_iters=block_iters,
+                            block_solver=block_solver, shrink_threshold=shrink_threshold,
+                            rng=rng, stats=stats)
+        X, y, sqn, alpha = S.view()
+        obj = _primal_on_S(X, y, w, base_loss, C, bias)
+        entry = {"outer": outer, "objective_S": obj, "active_set": S.m,
+                 "n_sv": int((alpha > 0).sum()), "added": added, "removed": removed,
+                 "rows_read": store.rows_read - rows_read0,
+                 "seconds": time.perf_counter() - t0}
+        stats["outer_log"].append(entry)
+        log.info("ibcd outer %d: objective(S) %.6g, |S| %d, rows read %d", outer, obj, S.m,
+                 entry["rows_read"])
+        if on_outer is not None:
+            on_outer(entry)
+        if s is None:
+            converged_outer = True
+            break
+        # OUT(w_{t+1}) == OUT(w_t) when no S row left and no earlier outlier came back
+        if outer > 1 and removed == 0 and added == 0:
+            converged_outer = True
+            break
+    X, y, sqn, alpha = S.view()
+    nz = alpha > 0
+    stats.update(outer_iterations=outer, converged=converged_outer, active_set=S.m,
+                 n_sv=int(nz.sum()), rows_read=store.rows_read - rows_read0,
+                 bytes_read=store.bytes_read - bytes_read0,
+                 objective=_primal_on_S(X, y, w, base_loss, C, bias),
+                 seconds=time.perf_counter() - t0)
+    if not converged_outer:
+        import warnings
+
+        warnings.warn(f"IBCD stopped after max_outer={outer} outer iterations before the "
+                      f"outlier set settled. Raise max_outer.", RuntimeWarning, stacklevel=3)
+    return IBCDResult(w=w, sv_rows=S.rows[: S.m][nz].copy(), sv_alpha=alpha[nz].copy(),
+                      stats=stats)
+
+
+def _primal_on_S(X, y, w, base_loss, C, bias):
+    """1/2|w|^2 + C sum over S of L(y w^T x): rows outside S have zero loss at a solution."""
+    if X.shape[0] == 0:
+        return 0.5 * float(w @ w)
+    z = _margins(X, y, w, bias)
+    return 0.5 * float(w @ w) + C * float(np.sum(base_loss.value(z)))
+
+
+def _inner_loop(store, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, sample_eps,
+                block_iters, block_solver, shrink_threshold, rng, stats) -> int:
+    """Algorithm 1 on the convex problem at w_t; return how many rows joined S."""
+    added = 0
+    r = 0  # the cyclic reader over S
+    forest.shrink(shrink_threshold, rows=None)
+    while True:
+        rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
+                                   seed=int(rng.integers(1 << 31)), loss=loss)
+        stats["queries"] += 1
+        stats["rows_examined"] += int(n_e)
+        k = len(rows_N)
+        m_old = S.m
+        if k:
+            XN, yN, _ = store.gather(rows_N)
+            S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
+            in_S[rows_N] = True
+            added += k
+        # the block: N and the next n_e - |N| rows of the old S, cyclically
+        extra = min(max(0, int(n_e) - k), m_old)
+        if m_old:
+            cyc = (r + np.arange(extra, dtype=np.int64)) % m_old
+            r = int((r + extra) % m_old) if m_old else 0
+        else:
+            cyc = np.empty(0, np.int64)
+        B = np.concatenate([np.arange(m_old, S.m, dtype=np.int64), cyc])
+        if B.size:
+            _solve_block(S, B, w, loss=loss, C=C, bias=bias, eps=eps, iters=block_iters,
+                         solver=block_solver, rng=rng, stats=stats)
+        stats["inner_iterations"] += 1
+        done = k < n or (sample_eps > 0 and n_e > 0 and k / n_e < sample_eps)
+        if not done:
+            continue
+        # problem (13) on S to eps, then a full check without shrinking (§4.3)
+        X, y, sqn, alpha = S.view()
+        if S.m:
+            dcd_subproblem(X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
+                           max_iter=1000, shrinking=True, rng=int(rng.integers(1 << 31)),
+                           sqnorms=sqn)
+        forest.unshrink()
+        rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
+                                   seed=int(rng.integers(1 << 31)), loss=loss)
+        stats["queries"] += 1
+        stats["rows_examined"] += int(n_e)
+        if len(rows_N) == 0 or _only_tiny_violations(store, rows_N, w, bias, eps):
+            return added
+        XN, yN, _ = store.gather(rows_N)
+        S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
+        in_S[rows_N] = True
+        added += len(rows_N)
+        forest.shrink(shrink_threshold)
+
+
+def _only_tiny_violations(store, rows, w, bias, eps) -> bool:
+    """True when every fresh row violates y w^T x >= 1 by less than the dual CD tolerance
+    (its projected gradient is within eps of 0), so solving again would not move w."""
+    X, y, _ = store.gather(rows)
+    z = _margins(X, y.astype(np.float64), w, bias)
+    return bool(np.all(1.0 - z < eps))
+
+
+def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
+    X, y, sqn, alpha = S.view()
+    if solver == "primal":
+        from .tron import solve_block_primal
+
+        solve_block_primal(X, y, alpha, w, B, C=C, bias=bias, eps=eps)
+    else:
+        st = dcd_subproblem(X, y, alpha, w, rows=B, loss=loss, C=C, bias=bias, eps=eps,
+                            max_iter=iters, shrinking=False, rng=int(rng.integers(1 << 31)),
+                            sqnorms=sqn)
+        stats["block_updates"] += st.updates
