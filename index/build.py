@@ -1,0 +1,82 @@
+"""``ooc-index STORE``: add (or rebuild) the metric forest of an existing store.
+
+The rows of every block must move into leaf order, so the data file is rewritten: the storage
+layer's :func:`~ooc_learn.storage.store.rewrite_block_order` writes a new store directory
+beside the old one, this module builds each block's tree as its permutation is asked for and
+writes the forest into the new directory, and one rename swaps it in. A crash (even SIGKILL)
+leaves the old store as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.errors import IndexStateError
+from ooc_learn.storage.format import INDEX_DIR
+from ooc_learn.storage.store import open_store, rewrite_block_order
+
+from .lmdb_io import ForestWriter
+from .orderer import block_seed
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, _check_params, build_block_tree
+
+__all__ = ["build_index"]
+
+
+def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFAULT_LEAF_SIZE,
+                seed: int = 0, memory=None, overwrite: bool = False) -> dict:
+    """Build the forest of ``store_path`` and rewrite its blocks in leaf order.
+
+    Parameters
+    ----------
+    store_path : path
+        A finished store.
+    width, leaf_size, seed : int
+        As for :func:`~ooc_learn.index.tree.build_block_tree` (per-block seeds derive from
+        ``seed``).
+    memory : None, size or MemoryBudget
+        The cap: one block is in memory at a time.
+    overwrite : bool
+        Rebuild an existing index.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (all of it), ``build_seconds`` (tree building alone), ``n_blocks``.
+    """
+    _check_params(width, leaf_size, seed)
+    store_path = Path(store_path)
+    budget = MemoryBudget.coerce(memory)
+    t0 = time.perf_counter()
+    with open_store(store_path, memory=budget) as st:
+        if (store_path / INDEX_DIR).exists() and not overwrite:
+            raise IndexStateError(f"The store {store_path} already has an index.",
+                                  f"Rebuild it with `ooc-index {store_path} --overwrite`.")
+        shape = dict(n_blocks=st.n_blocks, n_samples=st.n_samples, n_features=st.n_features)
+        offsets = st.block_offsets.copy()
+    trees = {}
+    stats = {"build_seconds": 0.0}
+
+    def perms():
+        with open_store(store_path, memory=budget) as st:
+            for b in range(st.n_blocks):
+                X, _, _ = st.read_range(offsets[b], offsets[b + 1])
+                sq = st.sqnorms(offsets[b], offsets[b + 1])
+                t = time.perf_counter()
+                perm, trees[b] = build_block_tree(X, sq, width=width, leaf_size=leaf_size,
+                                                  seed=block_seed(seed, b))
+                stats["build_seconds"] += time.perf_counter() - t
+                del X
+                yield perm
+
+    def write_index(directory):
+        with ForestWriter(Path(directory) / INDEX_DIR, width=width, leaf_size=leaf_size,
+                          seed=seed, **shape) as writer:
+            for b in range(shape["n_blocks"]):
+                writer.add_tree(b, int(offsets[b]), trees.pop(b))
+
+    rewrite_block_order(store_path, perms(), memory=budget,
+                        extra_files={INDEX_DIR: write_index})
+    stats.update(seconds=time.perf_counter() - t0, n_blocks=shape["n_blocks"])
+    return stats

@@ -1,0 +1,116 @@
+"""The index on a real store: built by ingest, added by build_index, queried via store.index."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.index.build import build_index
+from ooc_learn.index.forest import open_forest
+from ooc_learn.index.orderer import forest_orderer
+from ooc_learn.storage.errors import IndexStateError, ParameterError
+from ooc_learn.storage.store import open_store
+
+
+def _data(rng, n=3000, d=12, csr=False):
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = np.where(X[:, 0] + 0.7 * rng.normal(size=n) > 0, 1.0, -1.0).astype(np.float32)
+    if csr:
+        X[rng.random((n, d)) < 0.6] = 0
+        return sp.csr_matrix(X), y
+    return X, y
+
+
+def _brute(store, w, s=1.0):
+    X, y, _ = store.read_range(0, store.n_samples)
+    m = y * (X @ w)
+    return np.flatnonzero((m < 1) & (m >= -s))
+
+
+@pytest.mark.parametrize("csr", [False, True])
+def test_ingest_builds_the_index_and_queries_are_exact(tmp_path, csr):
+    rng = np.random.default_rng(7)
+    X, y = _data(rng, csr=csr)
+    with ingest_arrays(X, y, tmp_path / "s", build_index=True, n_blocks=3, width=4,
+                       leaf_size=25, seed=1) as store:
+        w = rng.normal(size=12)
+        rows, n_e = store.index.query(w, n=None)
+        assert np.array_equal(np.sort(rows), _brute(store, w)) and n_e == 3000
+        rows, n_e = store.index.query(w, n=100, seed=3)
+        Xr, yr, _ = store.gather(rows)
+        m = yr * (Xr @ w)
+        assert len(rows) == 100 and np.all((m < 1) & (m >= -1)) and n_e >= 100
+        assert store.index.meta["width"] == 4 and store.index.meta["leaf_size"] == 25
+
+
+def test_build_index_adds_an_index_to_a_store(tmp_path):
+    rng = np.random.default_rng(8)
+    X, y = _data(rng)
+    path = tmp_path / "s"
+    ingest_arrays(X, y, path, build_index=False, n_blocks=2).close()
+    with open_store(path) as store:
+        with pytest.raises(IndexStateError, match="has no"):
+            store.index
+        with pytest.raises(IndexStateError, match=f"store {path} has no index.*ooc-index "
+                                                  f"{path} --overwrite"):
+            open_forest(store)
+        before = store.read_range(0, store.n_samples)
+    stats = build_index(path, width=5, leaf_size=40, seed=2)
+    assert stats["n_blocks"] == 2 and stats["build_seconds"] > 0
+    w = rng.normal(size=12)
+    with open_store(path) as store:
+        after = store.read_range(0, store.n_samples)
+        # the same rows, each block permuted into leaf order
+        for b in range(2):
+            lo, hi = store.block_offsets[b], store.block_offsets[b + 1]
+            assert sorted(before[2][lo:hi]) == sorted(after[2][lo:hi])
+        rows, _ = store.index.query(w, n=None)
+        assert np.array_equal(np.sort(rows), _brute(store, w))
+    with pytest.raises(IndexStateError, match="already has an index.*--overwrite"):
+        build_index(path)
+    build_index(path, width=3, leaf_size=20, overwrite=True)
+    with open_store(path) as store:
+        assert store.index.meta["width"] == 3
+        assert np.array_equal(np.sort(store.index.query(w, n=None)[0]), _brute(store, w))
+
+
+def test_bad_index_parameters_are_refused_before_any_work(tmp_path):
+    with pytest.raises(ParameterError, match="'width' parameter of build_block_tree"):
+        forest_orderer(width=0)
+    with pytest.raises(ParameterError, match="'leaf_size' parameter"):
+        build_index(tmp_path / "does-not-exist", leaf_size=0)
+
+
+_KILL_MID_BUILD = textwrap.dedent("""
+    import os, signal, sys
+    import ooc_learn.index.build as b
+    real, calls = b.build_block_tree, []
+    def dying(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **k)
+    b.build_block_tree = dying
+    b.build_index(sys.argv[1], width=4, leaf_size=30)
+""")
+
+
+def test_sigkill_during_build_index_leaves_the_store_usable(tmp_path):
+    rng = np.random.default_rng(9)
+    X, y = _data(rng, n=1500)
+    path = tmp_path / "s"
+    ingest_arrays(X, y, path, build_index=False, n_blocks=3).close()
+    proc = subprocess.run([sys.executable, "-c", _KILL_MID_BUILD, str(path)],
+                          capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    with open_store(path) as store:
+        assert not store.has_index and store.read_range(0, 10)[0].shape == (10, 12)
+    build_index(path, width=4, leaf_size=30)
+    with open_store(path) as store:
+        w = rng.normal(size=12)
+        assert np.array_equal(np.sort(store.index.query(w, n=None)[0]), _brute(store, w))
