@@ -25,8 +25,9 @@ truncated-loss relaxation (rows of OUT(w_t) left out, their alpha at 0) reuse th
 Block minimisation (Yu et al. 2010, ``--solver bm``): the orchestrator keeps ``alpha`` (n)
 and ``w``; for each block b it reads the rows, calls :func:`dcd_subproblem` on the block's
 rows with ``alpha[off_b:off_b1]`` as warm start (a few passes, ``max_iter`` small) and moves
-on; one outer iteration reads every block once. :func:`solve_dcd_streamed` is the
-single-pass-per-block special case that reproduces full dual CD exactly.
+on; one outer iteration reads every block once (:func:`solve_bm_streamed`).
+:func:`solve_dcd_streamed` is the one-pass-per-block case with LIBLINEAR's global shrinking
+and stopping rule, i.e. full dual CD with the rows streamed.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from . import _kernels as K
 from ._common import as_rows, check_labels, check_positive, kernel_args, seed_state
 
 __all__ = ["DCDStats", "DCDResult", "dcd_subproblem", "solve_dcd", "dual_objective",
-           "primal_objective", "solve_dcd_streamed", "solve_dcd_store"]
+           "primal_objective", "solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed"]
 
 log = logging.getLogger(__name__)
 
@@ -329,3 +330,86 @@ def solve_dcd_store(store, *, loss: Loss | str = "hinge", C: float = 1.0, bias: 
                               loss=loss, C=C, bias=bias, eps=eps, max_iter=max_iter,
                               shrinking=shrinking, seed=seed, sqnorms=store.sqnorms,
                               budget=store.budget, on_epoch=on_epoch)
+
+
+def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_features: int, *,
+                      loss: Loss | str = "hinge", C: float = 1.0, bias: float = 1.0,
+                      eps: float = 0.1, max_outer: int = 50, inner_eps: float = 0.1,
+                      inner_max_iter: int = 10, seed=0, sqnorms=None, budget=None,
+                      on_outer=None) -> DCDResult:
+    """Block minimisation (Yu, Hsieh, Chang, Lin, KDD 2010) with dual CD on each block.
+
+    Objective: the dual (7) over all rows. Outer iteration: visit the blocks in a random
+    order; for each, load it and solve its sub-problem (the other blocks' alpha fixed, their
+    contribution already in ``w``) by dual CD warm-started from its alpha, at most
+    ``inner_max_iter`` passes or PG spread ``<= inner_eps``. Stopping rule: the spread of the
+    projected gradient measured in the first pass over each block (before that block moves)
+    is ``<= eps`` over all blocks, or ``max_outer`` outer iterations. ``alpha`` (n float64)
+    and the squared norms (n float64) are reserved from ``budget``. In the returned stats,
+    ``epochs`` counts outer iterations and ``blocks_read`` block loads.
+    """
+    where = "solve_bm_streamed"
+    _check_common(C, eps, inner_max_iter, bias, where)
+    check_positive(max_outer, "max_outer", where, integer=True, hint="Try 50.")
+    check_positive(inner_eps, "inner_eps", where, hint="Use 0.1.")
+    loss = get_loss(loss).base()
+    off = np.asarray(block_offsets, dtype=np.int64)
+    n, R, d = int(off[-1]), off.shape[0] - 1, int(n_features)
+    upper, diag = loss.dual_upper(C), loss.dual_diag(C)
+    need = 16 * n + 8 * (d + 1)
+    if budget is not None:
+        budget.reserve(need, "block-minimisation state (alpha, row norms)")
+    try:
+        alpha, w = np.zeros(n), np.zeros(d + 1)
+        sqn = np.full(n, np.nan)
+        if sqnorms is not None and not callable(sqnorms):
+            sqn[:] = np.asarray(sqnorms, dtype=np.float64)
+        gen = np.random.default_rng(seed)
+        state = seed_state(gen)
+        outer = epochs = upd = vis = rows_read = 0
+        spread = np.inf
+        while outer < max_outer:
+            pgmax, pgmin = -np.inf, np.inf
+            for b in gen.permutation(R):
+                lo, hi = off[b], off[b + 1]
+                if hi == lo:
+                    continue
+                Xb, yb = read_block(int(b))[:2]
+                rows_read += hi - lo
+                args = kernel_args(Xb)
+                sq = sqn[lo:hi]
+                if np.isnan(sq[0]):
+                    sq[:] = (sqnorms(lo, hi) if callable(sqnorms)
+                             else K.row_sqnorms(*args, hi - lo))
+                yf = np.asarray(yb, dtype=np.float64)
+                index = np.arange(hi - lo, dtype=np.int64)
+                # first pass without shrinking measures the block's PG before it moves
+                _, pmax, pmin, u, v = K.dcd_epoch(*args, float(bias), yf, sq, index, hi - lo,
+                                                  alpha[lo:hi], w, upper, diag, np.inf,
+                                                  -np.inf, False, state)
+                pgmax, pgmin = max(pgmax, pmax), min(pgmin, pmin)
+                e = u2 = v2 = 0
+                if inner_max_iter > 1:
+                    e, u2, v2, _, _, _ = K.dcd_solve(
+                        *args, float(bias), yf, sq, index, alpha[lo:hi], w, upper, diag,
+                        float(inner_eps), False, int(inner_max_iter) - 1, True, state)
+                epochs += 1 + e
+                upd += u + u2
+                vis += v + v2
+            outer += 1
+            spread = pgmax - pgmin
+            if on_outer is not None:
+                on_outer(outer, {"objective": dual_objective(w, alpha, diag),
+                                 "pg_spread": spread, "rows_read": rows_read})
+            if spread <= eps:
+                break
+        obj = dual_objective(w, alpha, diag)
+        if not math.isfinite(obj):
+            raise OOCError(f"Block minimisation diverged (objective {obj}).",
+                           "Scale the features (e.g. to [0, 1]) or lower C.")
+        stats = DCDStats(outer, int(upd), int(vis), float(pgmax), float(pgmin),
+                         bool(spread <= eps), obj, int(rows_read), int(outer * R))
+        return DCDResult(w, alpha, stats)
+    finally:
+        if budget is not None:
+            budget.release(need)

@@ -1,6 +1,5 @@
 """Shared data for the solver tests (imported by name: tests have no packages): scikit-learn's bundled data and generated problems."""
 import numpy as np
-import pytest
 import scipy.sparse as sp
 
 
