@@ -222,6 +222,7 @@ def _read_head(path) -> tuple[bytes, bool, SourceFile]:
     with open_binary(path) as f:
         head = _read_full(f, _SNIFF_BYTES)
         at_eof = len(head) < _SNIFF_BYTES
+    head = head.removeprefix(b"\xef\xbb\xbf")
     return head, at_eof, f
 
 
@@ -345,27 +346,49 @@ def _nonempty(gen, path) -> Iterator[RawChunk]:
 # text: chunking, kernel driving, slow tokens, errors
 
 
-def _text_blocks(f: SourceFile, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Yield ``(buf, end)``: ``buf[:end]`` holds whole lines ending in ``\\n``."""
-    carry = b""
-    pending: list[bytes] = []
+def _readinto_full(f: SourceFile, view: memoryview) -> int:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _text_blocks(f: SourceFile, chunk_bytes: int) -> Iterator[tuple[bytearray, int, int]]:
+    """Yield ``(buf, start, end)``: ``buf[start:end]`` holds whole lines ending in ``\n``.
+
+    One buffer is reused: the unfinished last line moves to its front and the next
+    ``chunk_bytes`` are read behind it; it grows only while a single line outgrows it.
+    """
+    buf = bytearray(chunk_bytes + 1)
+    carry = 0
+    start = 0
+    first = True
     while True:
-        data = _read_full(f, chunk_bytes)
-        eof = len(data) < chunk_bytes
-        if not eof and data.rfind(b"\n") < 0:
-            pending.append(data)  # a line longer than a chunk: join once it ends
-            continue
-        buf = b"".join([carry, *pending, data])
-        pending = []
-        if eof:
-            if buf and not buf.endswith(b"\n"):
-                buf += b"\n"
-            if buf:
-                yield buf, len(buf)
+        if len(buf) < carry + chunk_bytes + 1:
+            buf.extend(bytes(carry + chunk_bytes + 1 - len(buf)))
+        with memoryview(buf) as view:
+            got = _readinto_full(f, view[carry:carry + chunk_bytes])
+        n = carry + got
+        if first and buf.startswith(b"\xef\xbb\xbf"):
+            start = 3  # a UTF-8 byte order mark is not data
+        first = False
+        if got < chunk_bytes:
+            if n and buf[n - 1] != 10:
+                buf[n] = 10
+                n += 1
+            if n > start:
+                yield buf, start, n
             return
-        end = buf.rfind(b"\n") + 1
-        yield buf, end
-        carry = buf[end:]
+        end = buf.rfind(b"\n", carry, n) + 1
+        if end == 0:
+            carry = n
+            continue
+        yield buf, start, end
+        buf[:n - end] = buf[end:n]
+        carry, start = n - end, 0
 
 
 class _TextParser:
@@ -567,8 +590,7 @@ def _looks_like(text: str, fmt: str) -> str | None:
 def _iter_text(path, chunk_bytes: int, parser: _TextParser, capacity, skip_lines: int = 0,
                n_columns=None) -> Iterator[RawChunk]:
     with open_binary(path) as f:
-        for buf, end in _text_blocks(f, chunk_bytes):
-            start = 0
+        for buf, start, end in _text_blocks(f, chunk_bytes):
             while skip_lines and start < end:  # the CSV header and the lines before it
                 start = buf.index(b"\n", start) + 1
                 skip_lines -= 1
