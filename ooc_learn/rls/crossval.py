@@ -8,8 +8,9 @@ The three ways of Section 6.4 to treat held-out rows that are basis vectors (E =
 * ``keep_no_loss``: E stays in the basis but every row of H leaves training (Corollary 2);
 * ``skip`` (LOO only, the paper's option ii): basis rows get NaN.
 
-A fold whose U rows do not fit the memory budget is streamed: pass 1 accumulates
-S = U~^T U~ and U~^T y_H chunk by chunk, the n-side weights are solved, pass 2 forms U~ again
+Removing E needs only U_H, y_H and the rows Q_E (see :mod:`.holdout`), so once U is cached a
+fold costs no reads of X at all. A fold whose U rows do not fit the memory budget is streamed:
+pass 1 accumulates S = U_H^T U_H and U_H^T y_H chunk by chunk, the n-side weights are solved, pass 2 forms U_H again
 and predicts (:func:`.holdout.n_side_weights`).
 """
 
@@ -69,12 +70,9 @@ def _check_rows(H, m: int, owner: str) -> np.ndarray:
     return H.astype(np.int64)
 
 
-def _ut_piece(model, rows, QE, Ecols):
-    """U~ rows for ``rows``: U - K~(rows, B_E) Q_E (just U when no basis row is removed)."""
-    U, Xr = model.u_rows(rows, need_x=QE is not None)
-    if QE is None:
-        return U
-    return U - model._kernel_rows(Xr, rows, cols=Ecols) @ QE
+def _ut_piece(model, rows):
+    """U rows of ``rows`` (cached, or formed from the rows on the fly)."""
+    return model.u_rows(rows)[0]
 
 
 def _holdout_one(model, H, lams, mode, stats):
@@ -83,7 +81,7 @@ def _holdout_one(model, H, lams, mode, stats):
     n, v = Q.shape[0], Y.shape[1]
     out = np.empty((c, H.size, v))
     hE, Ecols = model.basis_hits(H)
-    Hp, xrows, QE, Ecols_rm = H, None, None, None
+    Hp, xrows, QE = H, None, None
     if mode == "keep" and hE.size:
         mask = np.ones(H.size, dtype=bool)
         mask[hE] = False
@@ -94,14 +92,14 @@ def _holdout_one(model, H, lams, mode, stats):
             out[:, hE] = np.einsum("hn,cn,nv->chv", UE, lt, z0, optimize=True)
             return out
     elif mode == "remove" and hE.size:
-        QE, Ecols_rm = Q[Ecols], Ecols
-    zbase = z0 if QE is None else z0 - QE.T @ model._Ky[Ecols_rm]
+        QE = Q[Ecols]
+    zbase = z0
     h = Hp.size
     budget = model._budget
     need = 8 * (3 * h * n + 2 * h * h)
     if budget.try_reserve(need):
         try:
-            Ut = _ut_piece(model, Hp, QE, Ecols_rm)
+            Ut = _ut_piece(model, Hp)
             Ux = None if xrows is None else model.u_rows(xrows)[0]
             zt = zbase - Ut.T @ Y[Hp]
             f, fx, strategy = holdout_path(Ut, zt, Lam, lams, QE=QE, Ux=Ux)
@@ -111,7 +109,7 @@ def _holdout_one(model, H, lams, mode, stats):
         step = max(64, int(budget.available // (8 * 3 * n)))
         S, Uty = np.zeros((n, n)), np.zeros((n, v))
         for a in range(0, h, step):
-            Ut = _ut_piece(model, Hp[a:a + step], QE, Ecols_rm)
+            Ut = _ut_piece(model, Hp[a:a + step])
             S += Ut.T @ Ut
             Uty += Ut.T @ Y[Hp[a:a + step]]
         e = 0 if QE is None else QE.shape[0]
@@ -119,7 +117,7 @@ def _holdout_one(model, H, lams, mode, stats):
         W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
         f = np.empty((c, h, v))
         for a in range(0, h, step):
-            Ut = _ut_piece(model, Hp[a:a + step], QE, Ecols_rm)
+            Ut = _ut_piece(model, Hp[a:a + step])
             f[:, a:a + step] = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
         fx = (None if xrows is None else
               np.einsum("hn,cnv->chv", model.u_rows(xrows)[0], W, optimize=True))
@@ -213,10 +211,9 @@ def loo_path_model(model, lams, basis_mode: str) -> np.ndarray:
     for a, b, U in model.iter_u_chunks():
         out[:, a:b] = loo_rows_path(U, Y[a:b], lt, z0)
     if basis_mode in ("remove", "keep"):
-        UB = model.KBB_ @ Q               # U rows of the basis rows: K~_BB Q
+        UB = model._C @ model._V           # U rows of the basis rows: K~_BB Q = C V
         if basis_mode == "remove":
-            out[:, B] = loo_basis_remove_path(UB, np.diag(model.KBB_).copy(), Q, model._Ky,
-                                              Y[B], lt, z0)
+            out[:, B] = loo_basis_remove_path(UB, Q, Y[B], lt, z0)
         else:
             out[:, B] = np.einsum("hn,cn,nv->chv", UB, lt, z0, optimize=True)
     elif basis_mode == "skip":

@@ -11,12 +11,20 @@ Holding out rows H with E = H & B removed from the basis (L = B \\ E), Propositi
     Lam~' = Lam~ - Lam~ Q_E^T (Q_E Lam~ Q_E^T)^-1 Q_E Lam~       (so K_HL W K_LH = U~ Lam~' U~^T)
     J = U~ Lam~' U~^T,  r = U~ Lam~' z~,  f_H = (I - J)^-1 r                (eq. 26)
 
-With E empty (Corollary 2) the correction terms vanish. Both sides of the SMW identity are
-implemented (eq. 36): the |H| side solves an |H| x |H| system per lambda; the n side works with
-the hold-in Gram matrix in Q coordinates, Lam - U~^T U~ (projected on null(Q_E) when E is not
-empty, because a_E = 0 there), either by one Cholesky per lambda or, for long lambda grids, by
-one eigendecomposition per fold after which each lambda costs O(|H| n v). A flop model picks the
-cheapest, so one hold-out costs O(min(|H|^2 n, |H| n^2)) as in the paper.
+Because Lam~' Q_E^T = 0, the corrections K_HE Q_E and Q_E^T (K_B y)_E vanish under Lam~': we use
+U~ -> U_H and z~ -> z0 - U_H^T y_H. The result is the same in exact arithmetic, needs no kernel
+values K_HE (so no reads of X_H once U is cached) and, above all, does not cancel the large
+entries of Q_E, which grow like 1 / sqrt(lambda_min(K_BB)): with the paper's Ũ the error grows
+with cond(K_BB); this way it stays at the level of the keep modes. Lam~' itself is applied as
+Lam~^(1/2) Pi Lam~^(1/2), Pi the orthogonal projector off range(Lam~^(1/2) Q_E^T), for the same
+reason. With E empty (Corollary 2) there is no projector.
+
+Both sides of the SMW identity are implemented (eq. 36): the |H| side solves an |H| x |H|
+system per lambda; the n side works with the hold-in Gram matrix in Q coordinates,
+Lam - U_H^T U_H (projected on null(Q_E) when E is not empty, because a_E = 0 there), either by
+one Cholesky per lambda or, for long lambda grids, by one eigendecomposition per fold after which
+each lambda costs O(n^2 v + |H| n v). A flop model picks the cheapest, so one hold-out costs
+O(min(|H|^2 n, |H| n^2)) as in the paper.
 
 All functions are pure: arrays in, arrays out, float64.
 """
@@ -83,9 +91,9 @@ def holdout_path(Ut: np.ndarray, zt: np.ndarray, Lam: np.ndarray, lams, *, QE=No
     Parameters
     ----------
     Ut : ndarray (h, n)
-        U~ = U_H - K_HE Q_E (just U_H when no basis row is removed).
+        U_H, the U rows of the held-out rows.
     zt : ndarray (n, v)
-        z~ = z0 - Q_E^T (K_B y)_E - U~^T y_H.
+        z0 - U_H^T y_H.
     Lam : ndarray (n,)
         Eigenvalues of C^-1 K_B K_B^T C^-T.
     lams : array (c,)
@@ -120,18 +128,16 @@ def _small_side(Ut, zt, Lam, lams, QE, Ux):
     fx = None if Ux is None else np.empty((c, Ux.shape[0], v))
     eye = np.eye(h)
     for k, lt in enumerate(lam_tilde(Lam, lams)):
-        Us = Ut * lt
-        J = Us @ Ut.T
-        r = Us @ zt
+        s = np.sqrt(lt)
+        A = Ut * s                                        # U Lam~^(1/2)
         if QE is not None:
-            D = lt[:, None] * QE.T                       # Lam~ Q_E^T
-            M = QE @ D                                   # Q_E Lam~ Q_E^T
-            UD = Ut @ D
-            cf = la.cho_factor(M, lower=True, check_finite=False)
-            J -= UD @ la.cho_solve(cf, UD.T, check_finite=False)
-            r -= UD @ la.cho_solve(cf, D.T @ zt, check_finite=False)
-        A = eye - 0.5 * (J + J.T)
-        f[k] = _spd_solve(A, r)
+            # Lam~' = Lam~^(1/2) Pi Lam~^(1/2), Pi the projector off range(Lam~^(1/2) Q_E^T):
+            # the paper's Lam~ - D M^-1 D^T without cancelling Q_E's large entries
+            Y = _orth_basis(QE * s)
+            A = A - (A @ Y) @ Y.T
+        J = A @ A.T
+        r = A @ (s[:, None] * zt)
+        f[k] = _spd_solve(eye - J, r)
         if fx is not None:
             # model weights in Q coordinates: w = Lam~ (z~ + U~^T f_H)  (SMW, left side)
             fx[k] = Ux @ (lt[:, None] * (zt + Ut.T @ f[k]))
@@ -204,31 +210,31 @@ def loo_rows_path(Uc: np.ndarray, yc: np.ndarray, lt: np.ndarray, z0: np.ndarray
     return np.ascontiguousarray(f.transpose(1, 0, 2))
 
 
-def loo_basis_remove_path(UB: np.ndarray, kdiag: np.ndarray, Q: np.ndarray, KyB: np.ndarray,
-                          yB: np.ndarray, lt: np.ndarray, z0: np.ndarray):
+def loo_basis_remove_path(UB: np.ndarray, Q: np.ndarray, yB: np.ndarray, lt: np.ndarray,
+                          z0: np.ndarray):
     """LOO predictions of the basis rows, each removed from the basis (E = H = {i}).
 
-    Proposition 1 with scalars: u~ = u_i - k_ii q_i; with a1 = u~ Lam~ u~^T, a2 = u~ Lam~ q_i^T,
-    a3 = q_i Lam~ q_i^T: J = a1 - a2^2 / a3 and r = t1 - (a2 / a3) t2, where
-    t1 = u~ Lam~ z0 - a2 (K_B y)_i - a1 y_i and t2 = q_i Lam~ z0 - a3 (K_B y)_i - a2 y_i.
+    Proposition 1 with scalars, in the U_H form of this module: with a1 = u Lam~ u^T,
+    a2 = u Lam~ q^T, a3 = q Lam~ q^T (u = u_i, q = q_i its row of Q), J = a1 - a2^2 / a3 and
+    r = t1 - (a2 / a3) t2 with t1 = u Lam~ z0 - a1 y_i, t2 = q Lam~ z0 - a2 y_i; f_i = r / (1 - J).
     O(n^2 c (v + 1)) for all n basis rows.
 
-    Parameters: UB (n, n) U rows of the basis rows in basis order; kdiag (n,) shifted k(x_i, x_i);
-    Q (n, n); KyB (n, v) = K_B y; yB (n, v) labels of the basis rows. Returns (c, n, v).
+    Parameters: UB (n, n) U rows of the basis rows in basis order; Q (n, n); yB (n, v) labels of
+    the basis rows. Returns (c, n, v).
     """
     c = lt.shape[0]
     n, v = yB.shape
-    Ut = UB - kdiag[:, None] * Q
-    a1 = (Ut * Ut) @ lt.T
-    a2 = (Ut * Q) @ lt.T
+    a1 = (UB * UB) @ lt.T
+    a2 = (UB * Q) @ lt.T
     a3 = (Q * Q) @ lt.T
     Z = _stack_lt_z(lt, z0)
-    uz = (Ut @ Z).reshape(n, c, v)
+    uz = (UB @ Z).reshape(n, c, v)
     qz = (Q @ Z).reshape(n, c, v)
     a1, a2, a3 = a1[:, :, None], a2[:, :, None], a3[:, :, None]
-    Ky, yy = KyB[:, None, :], yB[:, None, :]
-    t1 = uz - a2 * Ky - a1 * yy
-    t2 = qz - a3 * Ky - a2 * yy
-    r = t1 - (a2 / a3) * t2
-    J = a1 - a2 * a2 / a3
+    yy = yB[:, None, :]
+    t1 = uz - a1 * yy
+    t2 = qz - a2 * yy
+    ratio = a2 / a3
+    r = t1 - ratio * t2
+    J = a1 - ratio * a2
     return np.ascontiguousarray((r / (1.0 - J)).transpose(1, 0, 2))

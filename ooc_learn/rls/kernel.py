@@ -60,7 +60,7 @@ def _as64(X):
 def row_sqnorms64(X) -> np.ndarray:
     """Squared row norms in float64 (dense or CSR)."""
     if sp.issparse(X):
-        X = sp.csr_matrix(X)
+        X = _as64(X)
         return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
     X = np.asarray(X, dtype=np.float64)
     return np.einsum("ij,ij->i", X, X)

@@ -169,8 +169,10 @@ class SparseRLS:
             diag = np.diag(KBB).copy()
             self.delta_ = self.jitter * (float(diag.mean()) if diag.mean() > 0 else 1.0)
             KBB[np.diag_indices(n)] += self.delta_
-            G, Ky = self._accumulate(src, Y, n, v)
-            self._decompose(KBB, G, Ky)
+            self.KBB_ = KBB
+            self._C = self._cholesky(KBB)
+            A, Ky = self._accumulate(src, Y, n, v)
+            self._decompose(A, Ky)
         self._fitted = True
         self.set_lambda(self.lam)
         self.stats_.update(fit_seconds=time.perf_counter() - t0, n_samples=m, n_basis=n,
@@ -195,9 +197,15 @@ class SparseRLS:
         return b.astype(np.int64)
 
     def _accumulate(self, src, Y, n: int, v: int):
-        """One pass over the rows: G = K_B K_B^T (syrk, upper) and K_B y; caches K_B^T rows."""
+        """One pass over the rows: A = R R^T with R = C^-1 K_B (eq. 15) and K_B y.
+
+        Forming R chunk by chunk (a triangular solve) before the product keeps the rounding
+        error of A at eps * sqrt(cond K_BB) instead of the eps * cond K_BB of C^-1 (K_B K_B^T)
+        C^-T, and makes U = R^T V consistent with Lam (U^T U = Lam to working precision).
+        The R^T rows are cached when the budget allows (they become U after the eigensolve).
+        """
         m = src.n_samples
-        G = np.zeros((n, n), order="F")
+        A = np.zeros((n, n), order="F")
         Ky = np.zeros((n, v))
         self._ucache = None
         if self.cache_u and self._budget.try_reserve(8 * m * n):
@@ -209,28 +217,29 @@ class SparseRLS:
             a, b = int(src.offsets[j]), int(src.offsets[j + 1])
             Kc = self._kernel_rows(src.chunk(j), np.arange(a, b))
             kev += Kc.size
-            G = dsyrk(1.0, Kc, beta=1.0, c=G, trans=1, lower=0, overwrite_c=1)
             Ky += Kc.T @ Y[a:b]
+            Rc = la.solve_triangular(self._C, Kc.T, lower=True, check_finite=False)
+            A = dsyrk(1.0, Rc, beta=1.0, c=A, trans=0, lower=0, overwrite_c=1)
             if self._ucache is not None:
-                self._ucache[a:b] = Kc
-        G = np.triu(G) + np.triu(G, 1).T
+                self._ucache[a:b] = Rc.T
+        A = np.triu(A) + np.triu(A, 1).T
         self.stats_ = {"kernel_evaluations": kev + n * n}
-        return G, Ky
+        return A, Ky
 
-    def _decompose(self, KBB, G, Ky) -> None:
+    def _cholesky(self, KBB):
         try:
-            C = la.cholesky(KBB, lower=True, check_finite=False)
+            return la.cholesky(KBB, lower=True, check_finite=False)
         except la.LinAlgError:
             raise UsageError(
                 f"The basis kernel matrix K_BB is not positive definite even after a diagonal "
                 f"shift of {self.delta_:.3g}.", "Raise SparseRLS(jitter=...) e.g. to 1e-6.") from None
-        A = la.solve_triangular(C, G, lower=True, check_finite=False)
-        A = la.solve_triangular(C, A.T, lower=True, check_finite=False)
-        Lam, V = la.eigh(0.5 * (A + A.T), check_finite=False)
+
+    def _decompose(self, A, Ky) -> None:
+        Lam, V = la.eigh(A, check_finite=False)
         np.maximum(Lam, 0.0, out=Lam)            # a Gram matrix: negatives are rounding
-        self.KBB_ = KBB
         self.eigvals_ = Lam
-        self.Q_ = la.solve_triangular(C.T, V, lower=False, check_finite=False)
+        self._V = V
+        self.Q_ = la.solve_triangular(self._C.T, V, lower=False, check_finite=False)
         self._Ky = Ky
         self._z0 = self.Q_.T @ Ky
 
@@ -293,11 +302,16 @@ class SparseRLS:
             _kernels.add_shift(K, pos.astype(np.int64), bcol.astype(np.int64), self.delta_)
         return K
 
+    def _u_from_x(self, Xr, rows) -> np.ndarray:
+        """U rows (K~_rows,B C^-T V) computed from the rows, the same way as in fit."""
+        K = self._kernel_rows(Xr, rows)
+        return la.solve_triangular(self._C, K.T, lower=True, check_finite=False).T @ self._V
+
     def _ensure_u_cache(self) -> None:
         if self._ucache is not None and not self._ucache_is_u:
             step = max(256, (1 << 22) // self.basis_.size)
             for a in range(0, self._ucache.shape[0], step):
-                self._ucache[a:a + step] = self._ucache[a:a + step] @ self.Q_
+                self._ucache[a:a + step] = self._ucache[a:a + step] @ self._V
             self._ucache_is_u = True
 
     def u_rows(self, rows: np.ndarray, *, need_x: bool = False):
@@ -308,7 +322,7 @@ class SparseRLS:
             Xr = self._source.take(rows) if need_x else None
             return self._ucache[rows], Xr
         Xr = self._source.take(rows)
-        U = self._kernel_rows(Xr, rows) @ self.Q_
+        U = self._u_from_x(Xr, rows)
         self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
         return U, (Xr if need_x else None)
 
@@ -321,7 +335,7 @@ class SparseRLS:
             if self._ucache is not None:
                 yield a, b, self._ucache[a:b]
             else:
-                U = self._kernel_rows(src.chunk(j), np.arange(a, b)) @ self.Q_
+                U = self._u_from_x(src.chunk(j), np.arange(a, b))
                 self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
                 yield a, b, U
 
@@ -335,7 +349,7 @@ class SparseRLS:
     # -- cross-validation (see .crossval) ------------------------------------------------------
     def holdout_predict(self, H, basis_mode: str = "remove") -> np.ndarray:
         """Predictions for rows H from the model trained without them (Proposition 1)."""
-        return self._squeeze(self.holdout_predict_path(H, [self.lam], basis_mode)[0])
+        return self.holdout_predict_path(H, [self.lam], basis_mode)[0]
 
     def holdout_predict_path(self, H, lams, basis_mode: str = "remove") -> np.ndarray:
         """:meth:`holdout_predict` for every lambda: shape (c, |H|[, v])."""
@@ -344,7 +358,7 @@ class SparseRLS:
 
     def kfold_predict(self, folds=10, basis_mode: str = "remove") -> np.ndarray:
         """Per-row predictions of the fold model that held the row out (NaN: in no fold)."""
-        return self._squeeze(self.kfold_predict_path(folds, [self.lam], basis_mode)[0])
+        return self.kfold_predict_path(folds, [self.lam], basis_mode)[0]
 
     def kfold_predict_path(self, folds, lams, basis_mode: str = "remove") -> np.ndarray:
         """:meth:`kfold_predict` for every lambda: shape (c, m[, v])."""
@@ -353,7 +367,7 @@ class SparseRLS:
 
     def loo_predict(self, basis_mode: str = "remove") -> np.ndarray:
         """Leave-one-out predictions of every training row in O(m n)."""
-        return self._squeeze(self.loo_predict_path([self.lam], basis_mode)[0])
+        return self.loo_predict_path([self.lam], basis_mode)[0]
 
     def loo_predict_path(self, lams, basis_mode: str = "remove") -> np.ndarray:
         """:meth:`loo_predict` for every lambda: shape (c, m[, v])."""

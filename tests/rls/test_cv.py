@@ -1,0 +1,228 @@
+"""Hold-out, k-fold and LOO predictions against brute-force refits (rtol 1e-6)."""
+
+import numpy as np
+import pytest
+
+from ooc_learn.rls import SparseRLS, cawley_talbot_loo
+from ooc_learn.rls.holdout import holdout_path
+from ooc_learn.storage.errors import ParameterError
+
+from _rls_reference import brute_predict, make_data
+
+RTOL = 1e-6
+M, NB, LAM = 240, 30, 0.3
+
+
+def reference(model, X, Y, H, mode, lam):
+    """Brute force for the three treatments of held-out basis rows (paper Section 6.4)."""
+    m = X.shape[0]
+    B = model.basis_
+    Hbar = np.setdiff1d(np.arange(m), H)
+    if mode == "remove":            # E leaves basis and training
+        return brute_predict(model, X, Y, Hbar, np.setdiff1d(B, H), lam, H)
+    if mode == "keep_no_loss":      # E stays in the basis, all of H leaves training
+        return brute_predict(model, X, Y, Hbar, B, lam, H)
+    # keep: E stays in the basis and in training
+    return brute_predict(model, X, Y, np.union1d(Hbar, np.intersect1d(H, B)), B, lam, H)
+
+
+def assert_close(actual, desired):
+    scale = np.abs(desired).max()
+    np.testing.assert_allclose(actual, desired, rtol=RTOL, atol=RTOL * 1e-2 * scale)
+
+
+@pytest.fixture(params=[False, True], ids=["dense", "csr"])
+def fitted(request, rng):
+    Xin, X, Y = make_data(rng, m=M, v=2, sparse=request.param)
+    model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1).fit(Xin, Y)
+    return model, X, Y, rng
+
+
+@pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss"])
+@pytest.mark.parametrize("h", [12, 90], ids=["H<n", "H>n"])
+@pytest.mark.parametrize("with_e", [False, True], ids=["E empty", "E nonempty"])
+def test_holdout_equals_refit(fitted, mode, h, with_e):
+    model, X, Y, rng = fitted
+    B = model.basis_
+    nonbasis = np.setdiff1d(np.arange(M), B)
+    H = rng.choice(nonbasis, size=h - (5 if with_e else 0), replace=False)
+    if with_e:
+        H = np.r_[H, rng.choice(B, size=5, replace=False)]
+    rng.shuffle(H)                                   # predictions follow the order of H
+    f = model.holdout_predict(H, basis_mode=mode)
+    assert f.shape == (h, 2)
+    assert_close(f, reference(model, X, Y, H, mode, LAM))
+    # both SMW sides were used across the parametrisation
+    used = next(iter(model.cv_stats_["strategies"]))
+    assert used == ("small" if h < NB else "chol")
+
+
+@pytest.mark.parametrize("strategy", ["small", "chol", "eig"])
+@pytest.mark.parametrize("mode", ["remove", "keep_no_loss"])
+def test_every_strategy_equals_refit(fitted, strategy, mode):
+    model, X, Y, rng = fitted
+    H = np.r_[rng.choice(np.setdiff1d(np.arange(M), model.basis_), 40, replace=False),
+              model.basis_[:4]]
+    lams = np.array([0.01, 1.0])
+    QE = model.Q_[model.basis_hits(H)[1]] if mode == "remove" else None
+    U = model.u_rows(H)[0]
+    f, _, used = holdout_path(U, model._z0 - U.T @ Y[H], model.eigvals_, lams, QE=QE,
+                              strategy=strategy)
+    assert used == strategy
+    for k, lam in enumerate(lams):
+        assert_close(f[k], reference(model, X, Y, H, mode, lam))
+
+
+def test_holdout_path_equals_independent_refits(fitted):
+    model, X, Y, rng = fitted
+    H = np.r_[np.arange(0, 50), model.basis_[:3]]
+    H = np.unique(H)
+    lams = np.logspace(-3, 2, 6)
+    for mode in ["remove", "keep", "keep_no_loss"]:
+        path = model.holdout_predict_path(H, lams, basis_mode=mode)
+        assert path.shape == (6, H.size, 2)
+        for k, lam in enumerate(lams):
+            assert_close(path[k], reference(model, X, Y, H, mode, lam))
+
+
+def test_keep_with_only_basis_rows_held_out(fitted):
+    """Holding out only basis rows in 'keep' mode trains on everything: the full model."""
+    model, X, Y, rng = fitted
+    H = model.basis_[:3]
+    full = brute_predict(model, X, Y, np.arange(M), model.basis_, LAM, H)
+    assert_close(model.holdout_predict(H, "keep"), full)
+
+
+@pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss"])
+def test_kfold_equals_refits(fitted, mode):
+    model, X, Y, rng = fitted
+    lams = [0.05, 2.0]
+    path = model.kfold_predict_path(5, lams, basis_mode=mode)
+    folds = [np.sort(f) for f in np.array_split(np.random.default_rng(1).permutation(M), 5)]
+    for k, lam in enumerate(lams):
+        for H in folds:
+            assert_close(path[k, H], reference(model, X, Y, H, mode, lam))
+    # folds as labels or as a list give the same predictions
+    labels = np.empty(M, dtype=np.int64)
+    for g, H in enumerate(folds):
+        labels[H] = g
+    np.testing.assert_allclose(model.kfold_predict(labels, mode), path[list(lams).index(0.05)]
+                               if model.lam == 0.05 else model.kfold_predict(folds, mode))
+
+
+def test_kfold_rows_outside_folds_are_nan(fitted):
+    model, X, Y, rng = fitted
+    labels = np.full(M, -1)
+    labels[:60], labels[60:120] = 0, 1
+    f = model.kfold_predict(labels)
+    assert np.isnan(f[120:]).all() and np.isfinite(f[:120]).all()
+    assert_close(f[:60], reference(model, X, Y, np.arange(60), "remove", LAM))
+
+
+@pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss", "skip"])
+def test_loo_equals_refits(fitted, mode):
+    model, X, Y, rng = fitted
+    lams = [0.01, 0.3, 5.0]
+    path = model.loo_predict_path(lams, basis_mode=mode)
+    assert path.shape == (3, M, 2)
+    B = model.basis_
+    rows = np.r_[B[:4], np.setdiff1d(np.arange(M), B)[:6]]
+    for k, lam in enumerate(lams):
+        for i in rows:
+            if mode == "skip":
+                if i in B:
+                    assert np.isnan(path[k, i]).all()
+                    continue
+                ref = reference(model, X, Y, np.array([i]), "remove", lam)
+            else:
+                ref = reference(model, X, Y, np.array([i]), mode, lam)
+            assert_close(path[k, i], ref[0])
+
+
+def test_loo_keep_no_loss_equals_cawley_talbot(fitted):
+    model, X, Y, rng = fitted
+    lams = np.logspace(-3, 2, 5)
+    ours = model.loo_predict_path(lams, "keep_no_loss")
+    ct = cawley_talbot_loo(X, Y, lams, basis=model.basis_, gamma=0.4)
+    assert_close(ours, ct)
+
+
+def test_streamed_fold_and_uncached_u_equal_in_memory(rng):
+    """A memory cap too small for U or for a fold's U~ rows: U is recomputed chunk by chunk and
+    folds use the streamed n-side; the predictions do not change."""
+    Xin, X, Y = make_data(rng, m=M, v=2)
+    big = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1).fit(Xin, Y)
+    small = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1, memory="60K").fit(Xin, Y)
+    assert small._ucache is None and big._ucache is not None
+    lams = [0.1, 1.0]
+    f_small = small.kfold_predict_path(2, lams, "remove")
+    assert all(s.endswith("streamed") for s in small.cv_stats_["strategies"])
+    assert_close(f_small, big.kfold_predict_path(2, lams, "remove"))
+    assert_close(small.loo_predict_path(lams, "remove"), big.loo_predict_path(lams, "remove"))
+    H = np.r_[np.arange(150), big.basis_[:2]]
+    H = np.unique(H)
+    for mode in ["remove", "keep", "keep_no_loss"]:
+        assert_close(small.holdout_predict(H, mode), reference(big, X, Y, H, mode, LAM))
+
+
+def test_vector_labels_give_vector_predictions(rng):
+    Xin, X, Y = make_data(rng, m=120)
+    model = SparseRLS(n_basis=15, gamma=0.4).fit(Xin, Y[:, 0])
+    assert model.loo_predict().shape == (120,)
+    assert model.loo_predict_path([0.1, 1.0]).shape == (2, 120)
+    assert model.holdout_predict([1, 2, 3]).shape == (3,)
+    assert model.kfold_predict(4).shape == (120,)
+
+
+def test_multi_output_cv_equals_per_output(rng):
+    Xin, X, Y = make_data(rng, m=150, v=3)
+    model = SparseRLS(n_basis=20, gamma=0.4, seed=2).fit(Xin, Y)
+    lams = [0.1, 3.0]
+    loo = model.loo_predict_path(lams)
+    kf = model.kfold_predict_path(3, lams)
+    for j in range(3):
+        one = SparseRLS(n_basis=20, gamma=0.4, seed=2).fit(Xin, Y[:, j])
+        assert_close(loo[..., j], one.loo_predict_path(lams))
+        assert_close(kf[..., j], one.kfold_predict_path(3, lams))
+
+
+def test_select_lambda_matches_brute_force_curve(rng):
+    Xin, X, Y = make_data(rng, m=160)
+    model = SparseRLS(n_basis=25, gamma=0.4, seed=4).fit(Xin, Y[:, 0])
+    lams = np.logspace(-4, 3, 8)
+    sel = model.select_lambda(lams, cv="loo", metric="mse")
+    B, m = model.basis_, 160
+    curve = []
+    for lam in lams:
+        pred = [brute_predict(model, X, Y, np.setdiff1d(np.arange(m), [i]),
+                              np.setdiff1d(B, [i]), lam, [i])[0, 0] for i in range(m)]
+        curve.append(np.mean((np.array(pred) - Y[:, 0]) ** 2))
+    np.testing.assert_allclose(sel.curve, curve, rtol=1e-6)
+    assert sel.best_lambda == lams[int(np.argmin(curve))]
+    assert sel.model is model and model.lam == sel.best_lambda
+    best, curve5, _, _ = model.select_lambda(lams, cv=5, metric="mae")
+    assert curve5.shape == (8,) and best in lams
+
+
+def test_cv_bad_inputs(fitted):
+    model, X, Y, rng = fitted
+    with pytest.raises(ParameterError, match="covers all 240 training rows"):
+        model.holdout_predict(np.arange(M))
+    with pytest.raises(ParameterError, match="'basis_mode' parameter"):
+        model.holdout_predict([1, 2], basis_mode="skip")
+    with pytest.raises(ParameterError, match="'basis_mode' parameter"):
+        model.loo_predict(basis_mode="drop")
+    with pytest.raises(ParameterError, match="must not repeat a row"):
+        model.holdout_predict([1, 1])
+    with pytest.raises(ParameterError, match="row positions in"):
+        model.holdout_predict([M])
+    with pytest.raises(ParameterError, match="'lams' parameter.*> 0"):
+        model.loo_predict_path([0.1, -1.0])
+    with pytest.raises(ParameterError, match="'folds' parameter.*between 2"):
+        model.kfold_predict(1)
+    with pytest.raises(ParameterError, match="disjoint"):
+        model.kfold_predict([np.arange(10), np.arange(5, 15)])
+    with pytest.raises(ParameterError, match="'metric' parameter"):
+        model.select_lambda([1.0], metric="r2")
+    with pytest.raises(ParameterError, match="'cv' parameter"):
+        model.select_lambda([1.0], cv="gcv")
