@@ -185,3 +185,174 @@ def info_main(argv=None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(ingest_main())
+
+
+# ---- ooc-train ----------------------------------------------------------------------------
+def _train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ooc-train",
+        description="Train a linear SVM on a store (IBCD by default), or cross-validate with "
+                    "--cv.")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("-o", "--output", metavar="MODEL", default=None,
+                   help="model file to write (.npz or .h5); required unless --cv")
+    p.add_argument("--solver", default="ibcd", choices=["ibcd", "dcd", "bm", "pegasos"])
+    p.add_argument("--loss", default="hinge", choices=["hinge", "sqhinge"])
+    p.add_argument("--C", "-C", dest="C", type=float, default=1.0, help="SVM cost (default 1)")
+    tg = p.add_mutually_exclusive_group()
+    tg.add_argument("--truncate", type=float, default=None, metavar="S",
+                    help="truncate the loss at L(-S) (ramp loss; IBCD only)")
+    tg.add_argument("--no-truncate", action="store_true", help="convex loss (the default)")
+    p.add_argument("--bias", type=float, default=1.0,
+                   help="value of the augmented intercept feature (LIBLINEAR -B; 0: none)")
+    p.add_argument("--eps", type=float, default=0.1, help="stopping tolerance (default 0.1)")
+    p.add_argument("--max-outer", type=int, default=10,
+                   help="IBCD relaxation steps / bm passes (dcd: x100 epochs)")
+    p.add_argument("--block-size", type=int, default=1000, metavar="N",
+                   help="IBCD: fresh rows asked of the index per step")
+    p.add_argument("--block-solver", default="dual", choices=["dual", "primal"],
+                   help="IBCD block sub-problem: dual CD or TRON on the primal (sqhinge)")
+    p.add_argument("--epochs", type=int, default=1, help="PEGASOS passes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test", metavar="STORE_OR_FILE", default=None,
+                   help="report accuracy on this store or source file")
+    p.add_argument("--cv", type=str, default=None, metavar="K",
+                   help="cross-validate with K folds ('loo' for leave-one-out) instead of "
+                        "training one model")
+    p.add_argument("--cv-method", default="tree", choices=["tree", "standard"])
+    p.add_argument("--learner", default="pegasos", choices=["pegasos", "lsqsgd", "exact-ls"],
+                   help="incremental learner for --cv")
+    p.add_argument("--lam", type=float, default=None,
+                   help="--cv learner regularization (default 1/(C n))")
+    _add_common(p)
+    return p
+
+
+def _open_eval_data(path, model, budget, stack):
+    """A store for evaluation: an existing store, or a source file ingested to a temp dir."""
+    import tempfile
+    from pathlib import Path
+
+    from ooc_learn.storage.store import is_store, open_store
+
+    if is_store(path):
+        return stack.enter_context(open_store(path, memory=budget))
+    from ooc_learn.api import ingest
+
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ooc-eval-"))
+    pos = model.meta.get("label_map", {}).get("positive")
+    store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
+                   n_features=model.n_features_in_, positive_label=pos, task="binary"
+                   if pos is None else "auto")
+    return stack.enter_context(store)
+
+
+def _train_body(args):
+    import contextlib
+
+    from ooc_learn.storage.resources import peak_rss_bytes
+    from ooc_learn.train import train
+
+    if args.cv is not None:
+        return _cv_body(args)
+    if args.output is None:
+        raise ParameterError("ooc-train needs -o MODEL (or --cv K to cross-validate).",
+                             "Add -o model.npz.")
+    budget = _budget(args)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="train", unit="outer", disable=args.quiet, leave=False)
+
+    def on_outer(entry):
+        bar.update(1)
+        if isinstance(entry, dict):
+            bar.set_postfix({k: entry[k] for k in ("objective_S", "active_set", "rows_read")
+                             if k in entry})
+            if not args.quiet:
+                parts = [f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in entry.items() if k != "outer"]
+                tqdm.write(f"ooc-train: outer {entry.get('outer')}: " + ", ".join(parts),
+                           file=sys.stderr)
+
+    s = None if args.no_truncate else args.truncate
+    model = train(args.store, solver=args.solver, loss=args.loss, C=args.C, s=s,
+                  bias=args.bias, eps=args.eps, max_outer=args.max_outer,
+                  block_size=args.block_size, block_solver=args.block_solver,
+                  epochs=args.epochs, seed=args.seed, memory=budget, on_outer=on_outer)
+    bar.close()
+    model.save(args.output)
+    st = model.meta["stats"]
+    out = {"model": str(args.output), "solver": args.solver, "loss": args.loss, "C": args.C,
+           "truncate": s, "seconds": round(st["seconds"], 4), "objective": st.get("objective"),
+           "n_sv": st.get("n_sv"), "outer_iterations": st.get("outer_iterations"),
+           "rows_read": st.get("rows_read"), "bytes_read": st.get("bytes_read"),
+           "peak_rss_bytes": None, "memory_cap_bytes": budget.limit}
+    if args.test is not None:
+        with contextlib.ExitStack() as stack:
+            test = _open_eval_data(args.test, model, budget, stack)
+            out["test_accuracy"] = model.score(test)
+            out["test_rows"] = test.n_samples
+    out["peak_rss_bytes"] = peak_rss_bytes()
+    text = (f"{args.output}: {args.solver}/{args.loss} C={args.C:g}, {out['seconds']:.2f} s, "
+            f"objective {out['objective'] if out['objective'] is None else round(out['objective'], 6)}, "
+            f"{out['n_sv']} support vectors, {out['rows_read']} rows read")
+    if "test_accuracy" in out:
+        text += f"\ntest accuracy {100 * out['test_accuracy']:.2f}% on {out['test_rows']} rows"
+    return {"json": out, "text": text}
+
+
+def _cv_body(args):  # filled in by the TreeCV integration
+    raise ParameterError("--cv is not available in this build.", "Train without --cv.")
+
+
+def train_main(argv=None) -> int:
+    return run_command("ooc-train", _train_parser(), _train_body, argv)
+
+
+# ---- ooc-predict --------------------------------------------------------------------------
+def _predict_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ooc-predict",
+                                description="Apply a trained model to a store or a source file.")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("data", metavar="STORE_OR_FILE")
+    p.add_argument("-o", "--output", metavar="PREDICTIONS", default=None,
+                   help="write 'row_id,label,decision' lines in source order (CSV)")
+    _add_common(p)
+    return p
+
+
+def _predict_body(args):
+    import contextlib
+
+    import numpy as np
+
+    from ooc_learn.model import load_model
+
+    budget = _budget(args)
+    model = load_model(args.model)
+    with contextlib.ExitStack() as stack:
+        data = _open_eval_data(args.data, model, budget, stack)
+        model._check_features(data.n_features)
+        ids, dec, ys = [], [], []
+        for X, y, row_ids in data.iter_blocks():
+            ids.append(row_ids)
+            dec.append(model.decision_function(X))
+            ys.append(y)
+        ids, dec, ys = np.concatenate(ids), np.concatenate(dec), np.concatenate(ys)
+    order = np.argsort(ids)
+    ids, dec, ys = ids[order], dec[order], ys[order]
+    labels = np.where(dec > 0, model.classes_[1], model.classes_[0])
+    accuracy = float(np.mean(np.where(dec > 0, 1.0, -1.0) == ys))
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write("row_id,label,decision\n")
+            for i, lab, dv in zip(ids, labels, dec):
+                fh.write(f"{i},{lab},{dv:.9g}\n")
+    out = {"model": args.model, "data": args.data, "n_samples": int(ids.size),
+           "accuracy": accuracy, "output": args.output}
+    return {"json": out, "text": f"{ids.size} rows, accuracy {100 * accuracy:.2f}%"
+            + (f", predictions in {args.output}" if args.output else "")}
+
+
+def predict_main(argv=None) -> int:
+    return run_command("ooc-predict", _predict_parser(), _predict_body, argv)
