@@ -1,4 +1,7 @@
-"""Shared data for the solver tests (imported by name: tests have no packages): scikit-learn's bundled data and generated problems."""
+"""Shared data for the solver tests: bundled scikit-learn data and generated problems.
+
+Imported by name (`from solver_data import ...`): the test folders are not packages.
+"""
 import numpy as np
 import scipy.sparse as sp
 
