@@ -175,20 +175,23 @@ def open_binary(path) -> SourceFile:
     return SourceFile(p, raw, stream, compression)
 
 
-def _read_full(f, n: int) -> bytes:
-    """Read ``n`` bytes unless the stream ends first."""
-    data = f.read(n)
-    if len(data) == n or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n:
-        more = f.read(n - got)
-        if not more:
+def _read_full(f, n: int) -> bytearray:
+    """Read ``n`` bytes unless the stream ends first (a writable buffer)."""
+    buf = bytearray(n)
+    with memoryview(buf) as view:
+        got = _readinto_full(f, view)
+    del buf[got:]
+    return buf
+
+
+def _readinto_full(f, view: memoryview) -> int:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
             break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
+        got += n
+    return got
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +206,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _data_lines(head: bytes, at_eof: bool) -> list[tuple[int, str]]:
+def _data_lines(head: bytearray, at_eof: bool) -> list[tuple[int, str]]:
     """The first non-blank, non-comment lines of ``head`` as ``(line number, text)``."""
     lines = head.split(b"\n")
     if not at_eof and len(lines) > 1:
@@ -218,7 +221,7 @@ def _data_lines(head: bytes, at_eof: bool) -> list[tuple[int, str]]:
     return out
 
 
-def _read_head(path) -> tuple[bytes, bool, SourceFile]:
+def _read_head(path) -> tuple[bytearray, bool, SourceFile]:
     with open_binary(path) as f:
         head = _read_full(f, _SNIFF_BYTES)
         at_eof = len(head) < _SNIFF_BYTES
@@ -344,16 +347,6 @@ def _nonempty(gen, path) -> Iterator[RawChunk]:
 
 # ---------------------------------------------------------------------------------------------
 # text: chunking, kernel driving, slow tokens, errors
-
-
-def _readinto_full(f: SourceFile, view: memoryview) -> int:
-    got = 0
-    while got < len(view):
-        n = f.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
 
 
 def _text_blocks(f: SourceFile, chunk_bytes: int) -> Iterator[tuple[bytearray, int, int]]:
@@ -799,7 +792,6 @@ def _npz_member(zf, names, key, path, ndim, what):
 
 def _iter_npz(path, chunk_bytes: int, keys: tuple[str, str]) -> Iterator[RawChunk]:
     p = os.fspath(path)
-    open_binary(p).close()  # uniform missing/unreadable-file errors
     try:
         zf = zipfile.ZipFile(p)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -871,9 +863,9 @@ def _csr_chunk(labels, indptr, indices, data, width: int, row0: int, bytes_read:
                p: str) -> RawChunk:
     labels = np.asarray(labels, dtype=np.float64).reshape(-1)
     _finite(labels, p, "the label", row0)
-    with np.errstate(over="ignore"):
-        values = np.asarray(np.asarray(data, dtype=np.float64) if data.dtype != np.float32
-                            else data, dtype=np.float32).copy()
+    with np.errstate(over="ignore"):  # via float64, as float(token) would
+        values = np.asarray(data if data.dtype == np.float32 else data.astype(np.float64),
+                            dtype=np.float32)
     bad = ~np.isfinite(values)
     if bad.any():
         k = int(np.argmax(bad))

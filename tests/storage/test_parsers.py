@@ -119,6 +119,12 @@ def test_libsvm_matches_sklearn(tmp_path, rng, kind, base, chunk_bytes):
     write_libsvm(path, X, y, base=base, crlf=True, comments=True, qid=True)
     _, ours = assert_same_as_sklearn(path, chunk_bytes=chunk_bytes)
     assert ours.shape[1] == 40 - (X[:, -1] == 0).all() and ours.nnz == np.count_nonzero(X)
+    labels, *_, lines, chunks = collect(path, chunk_bytes=chunk_bytes)
+    text = path.read_text().split("\n")  # every row knows its line in the file
+    assert [float(text[k - 1].split()[0]) for k in lines] == labels.tolist()
+    assert [c.first_line for c in chunks] == [c.line_numbers[0] for c in chunks]
+    sizes = [c.bytes_read for c in chunks]
+    assert sizes == sorted(sizes) and sizes[-1] == os.path.getsize(path)
 
 
 def test_dump_svmlight_file_round_trip(tmp_path, rng):
@@ -309,6 +315,13 @@ def test_csv_header_options(tmp_path):
         iter_chunks(path, label_column=3)
 
 
+def test_byte_order_mark_is_skipped(tmp_path):
+    svm = bad(tmp_path, "\ufeff1 1:0.5\n-1 2:2\n")
+    assert detect_format(svm) == "libsvm" and collect(svm)[0].tolist() == [1, -1]
+    csv = bad(tmp_path, "\ufefflabel,a\n1,2\n", "bom.csv")
+    assert collect(csv, label_column="label")[3].tolist() == [2.0]
+
+
 def test_npy_dense(tmp_path, rng):
     A = random_matrix(rng, 101, 7, 0.5)
     path = tmp_path / "a.npy"
@@ -333,6 +346,9 @@ def test_npz_dense_and_csr(tmp_path, rng, save):
     yd, ip, ind, val, *_ = collect(dense, chunk_bytes=100)
     assert detect_format(dense) == "npz" and np.array_equal(yd, y)
     assert np.array_equal(sp.csr_matrix((val, ind, ip), shape=X.shape).toarray(), X)
+    named = tmp_path / "named.npz"
+    save(named, features=X, target=y[:, None])
+    assert np.array_equal(collect(named, npz_keys=("features", "target"))[0], y)
     S = sp.csr_matrix(X)
     S.data[::5] = 0.0  # explicit zeros are dropped
     shuffled = S.copy()  # unsorted column indices within rows are sorted
