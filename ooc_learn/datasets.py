@@ -52,10 +52,17 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=20000)
     p.add_argument("--features", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test", metavar="TEST_OUTPUT", default=None,
+                   help="also write a test set drawn from the same model")
+    p.add_argument("--test-rows", type=int, default=5000)
     args = p.parse_args(argv)
-    X, y, _ = make_linear_classification(args.rows, args.features, seed=args.seed)
-    write_svmlight(args.output, X, y)
+    n_test = args.test_rows if args.test else 0
+    X, y, _ = make_linear_classification(args.rows + n_test, args.features, seed=args.seed)
+    write_svmlight(args.output, X[: args.rows], y[: args.rows])
     print(f"wrote {args.output}: {args.rows} rows x {args.features} features", file=sys.stderr)
+    if args.test:
+        write_svmlight(args.test, X[args.rows:], y[args.rows:])
+        print(f"wrote {args.test}: {n_test} rows", file=sys.stderr)
     return 0
 
 
