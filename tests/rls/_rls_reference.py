@@ -7,11 +7,11 @@ import scipy.sparse as sp
 from ooc_learn.rls.kernel import kernel_block
 
 
-def brute_predict(model, X, Y, train_rows, basis_rows, lam, pred_rows):
+def brute_predict(model, X, Y, train_rows, basis_rows, lam, pred_rows, K=None):
     """Sparse RLS trained from scratch on ``train_rows`` with basis ``basis_rows`` (eq. 12),
     with the model's kernel and its diagonal shift K~ = K + delta I on training rows."""
-    K = kernel_block(X, X, model.spec, model.gamma_)
-    K[np.diag_indices(X.shape[0])] += model.delta_
+    if K is None:
+        K = shifted_kernel(model, X)
     Y = np.asarray(Y, dtype=np.float64).reshape(X.shape[0], -1)
     # min ||y - K_LT^T a||^2 + lam a^T K_LL a as the augmented least-squares problem in
     # b = C^T a (K_LL = C C^T): [R^T; sqrt(lam) I] b ~ [y; 0] with R = C^-1 K_LT. Solving it by
@@ -24,6 +24,13 @@ def brute_predict(model, X, Y, train_rows, basis_rows, lam, pred_rows):
     b = scipy.linalg.lstsq(A, rhs)[0]
     a = scipy.linalg.solve_triangular(C.T, b, lower=False)
     return K[np.ix_(pred_rows, basis_rows)] @ a
+
+def shifted_kernel(model, X):
+    """The training kernel matrix K~ = K + delta I the model was fitted with."""
+    K = kernel_block(X, X, model.spec, model.gamma_)
+    K[np.diag_indices(X.shape[0])] += model.delta_
+    return K
+
 
 def make_data(rng, m=240, d=4, v=1, sparse=False):
     X = rng.normal(size=(m, d))
