@@ -310,9 +310,19 @@ def _only_tiny_violations(store, rows, w, bias, eps) -> bool:
 def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
     X, y, sqn, alpha = S.view()
     if solver == "primal":
-        from .tron import solve_block_primal
+        from .tron import L2LossPrimal, tron
 
-        solve_block_primal(X, y, alpha, w, B, C=C, bias=bias, eps=eps)
+        # eq. (16): the rows outside B enter through v_B̄ = w - sum_{l in B} alpha_l y_l x_l
+        XB, yB = X[B], y[B]
+        coef = alpha[B] * yB
+        v = w.copy()
+        v[: S.d] -= np.asarray(XB.T @ coef).ravel()
+        v[S.d] -= bias * coef.sum()
+        prob = L2LossPrimal(XB, yB, C=C, loss="sqhinge", bias=bias, v_fixed=v)
+        res = tron(prob, w.copy(), eps=0.01, max_iter=iters)
+        w[:] = res.w
+        alpha[B] = prob.dual(res.w)
+        stats["block_updates"] += len(B)
     else:
         st = dcd_subproblem(X, y, alpha, w, rows=B, loss=loss, C=C, bias=bias, eps=eps,
                             max_iter=iters, shrinking=False, rng=int(rng.integers(1 << 31)),

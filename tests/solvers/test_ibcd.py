@@ -1,0 +1,183 @@
+"""IBCD (Algorithm 1) and ooc-train end to end on indexed stores."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.cli import predict_main, train_main
+from ooc_learn.model import load_model
+from ooc_learn.solvers.dcd import solve_dcd
+from ooc_learn.solvers.ibcd import solve_ibcd
+from ooc_learn.storage.errors import ParameterError
+from ooc_learn.train import train
+
+TRAIN = [sys.executable, "-c",
+         "import sys; from ooc_learn.cli import train_main; sys.exit(train_main())"]
+
+
+def problem(rng, n=3000, d=20, sparse=False, flip=0.05):
+    if sparse:
+        X = sp.random(n, d * 5, density=0.1, random_state=rng.integers(1 << 30), format="csr",
+                      dtype=np.float32)
+        w = rng.normal(size=d * 5)
+    else:
+        X = rng.normal(size=(n, d)).astype(np.float32)
+        w = rng.normal(size=d)
+    y = np.where(X @ w + 0.2 > 0, 1.0, -1.0)
+    y[rng.random(n) < flip] *= -1
+    return X, y
+
+
+def full_kkt_violation(store, w, sv_rows, sv_alpha, C, bias=1.0):
+    """Largest projected-gradient violation of problem (7) over EVERY row of the store."""
+    alpha = np.zeros(store.n_samples)
+    alpha[sv_rows] = sv_alpha
+    worst = 0.0
+    d = store.n_features
+    for b in range(store.n_blocks):
+        lo, hi = store.block_offsets[b], store.block_offsets[b + 1]
+        X, y, _ = store.read_range(lo, hi)
+        g = y * (np.asarray(X @ w[:d]).ravel() + bias * w[d]) - 1.0  # hinge: D_ii = 0
+        a = alpha[lo:hi]
+        pg = np.where(a <= 0, np.minimum(g, 0), np.where(a >= C, np.maximum(g, 0), g))
+        worst = max(worst, float(np.abs(pg).max()))
+    return worst
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse):
+    X, y = problem(rng, sparse=sparse)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True, leaf_size=50,
+                       layout="csr" if sparse else "dense") as store:
+        res = solve_ibcd(store, C=1.0, n=200, eps=0.01, init_sample=500, seed=1)
+        # the KKT conditions hold on every row, so a row the index missed would show here
+        viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=1.0)
+        assert viol < 0.05, viol
+        # and the objective equals in-memory dual CD's to 1e-3 relative
+        Xa, ya, _ = store.read_range(0, store.n_samples)
+        ref = solve_dcd(Xa, ya.astype(float), C=1.0, eps=0.01, max_iter=5000)
+        d = Xa.shape[1]
+
+        def primal(w):
+            m = ya * (np.asarray(Xa @ w[:d]).ravel() + w[d])
+            return 0.5 * w @ w + np.maximum(0, 1 - m).sum()
+
+        assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
+        assert res.stats["rows_read"] > 0 and res.stats["outer_iterations"] == 1
+
+
+def test_ibcd_primal_tron_blocks_match_dual_cd_on_sqhinge(tmp_path, rng):
+    X, y = problem(rng, n=2000, d=10)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=2, build_index=True) as store:
+        primal = solve_ibcd(store, loss="sqhinge", C=0.5, n=200, init_sample=300,
+                            block_solver="primal", eps=0.01)
+        dual = solve_ibcd(store, loss="sqhinge", C=0.5, n=200, init_sample=300, eps=0.01)
+        Xa, ya, _ = store.read_range(0, store.n_samples)
+
+        def primal_obj(w):
+            m = ya * (Xa @ w[:-1] + w[-1])
+            return 0.5 * w @ w + 0.5 * (np.maximum(0, 1 - m) ** 2).sum()
+
+        assert primal_obj(primal.w) == pytest.approx(primal_obj(dual.w), rel=1e-3)
+
+
+def test_ibcd_reads_a_fraction_of_a_separable_store(tmp_path, rng):
+    X, y = problem(rng, n=6000, d=10, flip=0.0)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=6, build_index=True) as store:
+        res = solve_ibcd(store, C=1.0, n=100, init_sample=300, seed=0)
+        # few support vectors: the index lets IBCD skip most rows
+        assert res.stats["n_sv"] < 0.1 * store.n_samples
+        assert res.stats["rows_examined"] < 3 * store.n_samples
+
+
+def truncated_objective(X, y, w, C, s):
+    d = X.shape[1]
+    m = y * (np.asarray(X @ w[:d]).ravel() + w[d])
+    return 0.5 * w @ w + C * np.minimum(np.maximum(0, 1 - m), 1 + s).sum()
+
+
+def test_truncation_lowers_objective_2_on_outliers(tmp_path, rng):
+    X, y = problem(rng, n=3000, d=10, flip=0.0)
+    y[:150] *= -1  # flipped-label outliers
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=3, build_index=True) as store:
+        Xa, ya, _ = store.read_range(0, store.n_samples)
+        objs = []
+        convex = solve_ibcd(store, C=1.0, s=None, n=200, init_sample=500)
+        trunc = solve_ibcd(store, C=1.0, s=1.0, n=200, init_sample=500, max_outer=20,
+                           on_outer=lambda e: objs.append(e))
+        f_convex = truncated_objective(Xa, ya, convex.w, 1.0, 1.0)
+        f_trunc = truncated_objective(Xa, ya, trunc.w, 1.0, 1.0)
+        assert f_trunc < f_convex
+        assert trunc.stats["outer_iterations"] >= 2
+
+
+def test_train_cli_json_predict_and_model_roundtrip(tmp_path, rng, capsys):
+    X, y = problem(rng, n=2000, d=8)
+    Xt, yt = X[1500:], y[1500:]
+    ingest_arrays(X[:1500], y[:1500], tmp_path / "tr", build_index=True).close()
+    ingest_arrays(Xt, yt, tmp_path / "te").close()
+    rc = train_main([str(tmp_path / "tr"), "-o", str(tmp_path / "m.npz"), "--test",
+                     str(tmp_path / "te"), "--json", "--quiet", "--C", "0.5"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("model", "solver", "seconds", "objective", "n_sv", "outer_iterations",
+                "rows_read", "bytes_read", "peak_rss_bytes", "test_accuracy"):
+        assert key in out, key
+    model = load_model(tmp_path / "m.npz")
+    assert model.meta["C"] == 0.5 and model.meta["solver"] == "ibcd"
+    acc = np.mean(model.predict(Xt) == yt)
+    assert out["test_accuracy"] == pytest.approx(acc)
+    assert acc > 0.85
+    assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "te"), "-o",
+                         str(tmp_path / "p.csv"), "--json", "--quiet"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["accuracy"] == pytest.approx(acc)
+    lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert lines[0] == "row_id,label,decision" and len(lines) == 501
+
+
+@pytest.mark.parametrize("solver", ["dcd", "bm", "pegasos"])
+def test_baseline_solvers_from_train(tmp_path, rng, solver):
+    X, y = problem(rng, n=1500, d=8, flip=0.0)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=3) as store:
+        model = train(store, solver=solver, C=1.0, epochs=5)
+        assert model.score(store) > 0.9
+
+
+def test_bad_flags_and_mismatch_exit_2(tmp_path, rng):
+    X, y = problem(rng, n=300, d=5)
+    ingest_arrays(X, y, tmp_path / "s", build_index=True).close()
+    ingest_arrays(X[:, :3], y, tmp_path / "narrow").close()
+    r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--C",
+                                "-1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "'C'" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"),
+                                "--truncate", "1", "--solver", "dcd"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "IBCD" in r.stderr
+    r = subprocess.run(TRAIN + [str(tmp_path / "nostore"), "-o", str(tmp_path / "m.npz")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "No store" in r.stderr
+    assert not (tmp_path / "m.npz").exists()
+    ingest_arrays(X, y, tmp_path / "noidx").close()
+    r = subprocess.run(TRAIN + [str(tmp_path / "noidx"), "-o", str(tmp_path / "m.npz")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "ooc-index" in r.stderr
+    # a model refuses a store with another feature count
+    train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"])
+    r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m2.npz"), "--test",
+                                str(tmp_path / "narrow"), "--quiet"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "features" in r.stderr
+
+
+def test_regression_store_is_refused(tmp_path, rng):
+    X = rng.normal(size=(100, 3)).astype(np.float32)
+    with ingest_arrays(X, rng.normal(size=100), tmp_path / "r") as store:
+        with pytest.raises(ParameterError, match="positive-label"):
+            train(store)
