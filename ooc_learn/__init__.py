@@ -34,6 +34,9 @@ _EXPORTS = {
     "open_store": "ooc_learn.storage.store",
     "Store": "ooc_learn.storage.store",
     "CVResult": "ooc_learn.cv.result",
+    "train": "ooc_learn.train",
+    "LinearModel": "ooc_learn.model",
+    "load_model": "ooc_learn.model",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
