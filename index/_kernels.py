@@ -288,11 +288,9 @@ def child_priorities(wdots, bias, wsq, pv_sqnorm, gram, augment, parent_pri):
         den = psq[j] * psq[q]
         c = g * g / den if den > 0.0 else 0.0
         chord2 = 2.0 - 2.0 * min(c, 1.0)
-        dist = cos2[j] - cos2[q]
+        dist = 0.0  # metrically identical pivots: no boundary between them
         if chord2 > 1e-12:
-            dist = dist / np.sqrt(chord2)
-        else:
-            dist = 0.0  # metrically identical pivots: no boundary between them
+            dist = (cos2[j] - cos2[q]) / np.sqrt(chord2)
         out[j] = max(parent_pri, dist)
     return out
 
@@ -387,3 +385,19 @@ def brute_force_margins(X, indptr, indices, data, is_csr, y, w, b):
     for i in range(n):
         out[i] = np.float64(y[i]) * _margin(X, indptr, indices, data, is_csr, i, w, b)
     return out
+
+
+@njit(cache=True, nogil=True)
+def pivot_grams(pv_indptr, pv_indices, pv_data, first_child, n_children, gram_ptr):
+    """Raw dot products pᵢᵀpⱼ among each internal node's child pivots (k×k, row-major)."""
+    gram = np.zeros(gram_ptr[-1], np.float64)
+    for v in range(first_child.shape[0]):
+        k = n_children[v]
+        c0 = first_child[v]
+        at = gram_ptr[v]
+        for i in range(k):
+            for j in range(i, k):
+                g = _dot_csr(pv_indptr, pv_indices, pv_data, c0 + i, c0 + j)
+                gram[at + i * k + j] = g
+                gram[at + j * k + i] = g
+    return gram

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from ooc_learn.storage.errors import ParameterError
 
-from ._kernels import build_tree_kernel
+from ._kernels import build_tree_kernel, pivot_grams
 
 __all__ = ["FlatTree", "build_block_tree", "row_arrays", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
 
@@ -203,10 +203,6 @@ def _grams(pv: sp.csr_matrix, first_child, n_children):
     sizes = np.where(n_children > 0, n_children.astype(np.int64) ** 2, 0)
     gram_ptr = np.zeros(n_nodes + 1, np.int64)
     np.cumsum(sizes, out=gram_ptr[1:])
-    gram = np.zeros(int(gram_ptr[-1]), np.float64)
-    pv64 = pv.astype(np.float64)
-    for v in np.flatnonzero(n_children > 0):
-        c0 = int(first_child[v])
-        sub = pv64[c0:c0 + int(n_children[v])]
-        gram[gram_ptr[v]:gram_ptr[v + 1]] = (sub @ sub.T).toarray().ravel()
+    gram = pivot_grams(pv.indptr.astype(np.int64), pv.indices.astype(np.int32),
+                       pv.data.astype(np.float32), first_child, n_children, gram_ptr)
     return gram_ptr, gram

@@ -1,0 +1,158 @@
+"""Benchmark the metric-forest index (issue 3).
+
+For each data set: ingest without and with the index (build time relative to ingest), the
+index size relative to ``data.h5``, and the query quality at the weights of a LIBLINEAR model
+(liblinear-official, L1-loss SVM dual, C=1, bias 1): precision |N|/n_e of
+``store.index.query(w, s=1, n=...)`` against the base rate of qualifying rows (eq. 10:
+-1 <= y·wᵀx < 1) in a random scan, for n in {100, 1000}, and queries per second (warm cache).
+Targets: build <= 1x ingest, index <= 0.25x data, precision >= min(5 x base rate, 0.8).
+
+Usage::
+
+    python scripts/bench_index.py [--data ../shared/data] [--sets a9a ijcnn1 fmnist0 ...]
+                                  [--blocks 4] [--width 10] [--leaf-size 100] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import lzma
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from ooc_learn.index.lmdb_io import index_nbytes
+from ooc_learn.index.orderer import forest_orderer
+from ooc_learn.storage.ingest import ingest, ingest_arrays
+from ooc_learn.storage.store import open_store
+
+
+def load_fmnist(root: Path, k: int):
+    with gzip.open(root / "fashion-mnist" / "train-images-idx3-ubyte.gz") as fh:
+        X = np.frombuffer(fh.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(root / "fashion-mnist" / "train-labels-idx1-ubyte.gz") as fh:
+        lab = np.frombuffer(fh.read(), np.uint8, offset=8)
+    return (X.astype(np.float32) / 255.0), np.where(lab == k, 1.0, -1.0).astype(np.float32)
+
+
+def liblinear_weights(X, y) -> np.ndarray:
+    """w (n_features + 1 entries, the bias last) of LIBLINEAR -s 3 -c 1 -B 1."""
+    from liblinear.liblinearutil import parameter, problem, train
+
+    Xs = sp.csr_matrix(X, dtype=np.float64)
+    model = train(problem(y.astype(np.float64), Xs), parameter("-s 3 -c 1 -B 1 -q"))
+    w, b = model.get_decfun()
+    sign = 1.0 if model.get_labels()[0] == 1 else -1.0
+    return sign * np.append(np.asarray(w, np.float64), b)
+
+
+class _Recorder:
+    """Wraps the forest orderer to read its build/write timings after ingest."""
+
+    def __init__(self, width, leaf_size):
+        self.factory = forest_orderer(width=width, leaf_size=leaf_size)
+        self.instance = None
+
+    def __call__(self, *a, **k):
+        self.instance = self.factory(*a, **k)
+        return self.instance
+
+
+def _ingest(src, out, *, blocks, orderer, seed=0):
+    t = time.perf_counter()
+    if isinstance(src, tuple):
+        st = ingest_arrays(*src, out, n_blocks=blocks, block_orderer=orderer, seed=seed,
+                           overwrite=True)
+    else:
+        st = ingest([src], out, n_blocks=blocks, block_orderer=orderer, seed=seed,
+                    overwrite=True)
+    return st, time.perf_counter() - t
+
+
+def bench_one(name, src, tmp: Path, args) -> dict:
+    _, t_plain = _ingest(src, tmp / f"{name}-plain", blocks=args.blocks, orderer=None)
+    shutil.rmtree(tmp / f"{name}-plain")
+    rec = _Recorder(args.width, args.leaf_size)
+    store, t_index = _ingest(src, tmp / f"{name}-idx", blocks=args.blocks, orderer=rec)
+    build = rec.instance.build_seconds + rec.instance.write_seconds
+    data_bytes = (store.path / "data.h5").stat().st_size
+    idx_bytes = index_nbytes(store.path / "index.lmdb")
+    X, y, _ = store.read_range(0, store.n_samples)
+    w = liblinear_weights(X, y)
+    Xd = X if sp.issparse(X) else np.asarray(X, np.float64)
+    m = y * (Xd @ w[:-1] + w[-1])
+    base = float(np.mean((m < 1) & (m >= -1)))
+    row = dict(set=name, n=store.n_samples, d=store.n_features, blocks=store.n_blocks,
+               layout=store.layout, ingest_s=t_plain, ingest_index_s=t_index,
+               build_s=build, build_ratio=build / t_plain,
+               index_ratio=idx_bytes / data_bytes, base_rate=base)
+    f = store.index
+    for n in (100, 1000):
+        prec, qtime = [], []
+        for seed in range(args.queries):
+            f.query(w, s=1.0, n=n, seed=seed)  # warm the cache for this seed's path
+            t = time.perf_counter()
+            rows, n_e = f.query(w, s=1.0, n=n, seed=seed)
+            qtime.append(time.perf_counter() - t)
+            prec.append(len(rows) / max(n_e, 1))
+        row[f"prec{n}"] = float(np.mean(prec))
+        row[f"qps{n}"] = 1.0 / float(np.mean(qtime))
+        row[f"ok{n}"] = row[f"prec{n}"] >= min(5 * base, 0.8)
+    store.close()
+    shutil.rmtree(tmp / f"{name}-idx")
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2]
+                   / "shared" / "data")
+    p.add_argument("--sets", nargs="+",
+                   default=["a9a", "ijcnn1", "fmnist0", "fmnist3", "fmnist6"])
+    p.add_argument("--blocks", type=int, default=4)
+    p.add_argument("--width", type=int, default=10)
+    p.add_argument("--leaf-size", type=int, default=100)
+    p.add_argument("--queries", type=int, default=5, help="seeds per n")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        for name in args.sets:
+            if name.startswith("fmnist"):
+                src = load_fmnist(args.data, int(name[6:]))
+            else:
+                raw = tmp / f"{name}.svm"
+                with lzma.open(args.data / f"{name}.svm.xz") as fi, open(raw, "wb") as fo:
+                    shutil.copyfileobj(fi, fo)
+                src = raw
+            rows.append(bench_one(name, src, tmp, args))
+            print_row(rows[-1], header=len(rows) == 1)
+            sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def print_row(r: dict, header: bool) -> None:
+    if header:
+        print(f"{'set':9} {'n':>6} {'d':>4} {'R':>2} {'layout':6} {'ingest':>7} {'build':>6} "
+              f"{'b/ing':>5} {'idx/dat':>7} {'base':>6} {'P@100':>6} {'P@1000':>6} "
+              f"{'q/s100':>7} {'q/s1000':>7} target")
+    ok = "yes" if r["ok100"] and r["ok1000"] and r["build_ratio"] <= 1 and \
+        r["index_ratio"] <= 0.25 else "no"
+    print(f"{r['set']:9} {r['n']:>6} {r['d']:>4} {r['blocks']:>2} {r['layout']:6} "
+          f"{r['ingest_s']:>6.2f}s {r['build_s']:>5.2f}s {r['build_ratio']:>5.2f} "
+          f"{r['index_ratio']:>7.3f} {r['base_rate']:>6.3f} {r['prec100']:>6.3f} "
+          f"{r['prec1000']:>6.3f} {r['qps100']:>7.1f} {r['qps1000']:>7.1f} {ok}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
