@@ -114,7 +114,7 @@ class SourceFile(io.BufferedIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         with self._errors():
-            return self._stream.read(size)
+            return self._stream.read(-1 if size is None else size)
 
     def read1(self, size: int = -1) -> bytes:
         with self._errors():
@@ -479,14 +479,14 @@ class _TextParser:
             col = buf.count(d, a, pos) + 1
             s = buf.rfind(d, a, pos) + 1 if col > 1 else a
             e = min(x for x in (buf.find(d, pos), buf.find(b"\n", pos), len(buf)) if x >= 0)
-        token = buf[s:e].decode("utf-8", "replace").strip()
+        token = _short(buf[s:e].decode("utf-8", "replace").strip())
         return IngestError(message, hint, path=self.path, line=int(line), column=col, token=token)
 
     def _error(self, status: int, buf: bytes) -> IngestError:
         st = self.st
         line, a, b = int(st[K.ST_ERR_LINE]), int(st[K.ST_ERR_A]), int(st[K.ST_ERR_B])
         col = int(st[K.ST_ERR_COL]) or None
-        token = buf[a:b].decode("utf-8", "replace")
+        token = _short(buf[a:b].decode("utf-8", "replace"))
         line_text = buf[buf.rfind(b"\n", 0, a) + 1:buf.find(b"\n", a)].decode("utf-8", "replace")
         if status in (K.E_TOKEN, K.E_LABEL, K.E_LABEL_MISSING, K.E_FIELD, K.E_WIDTH):
             other = _looks_like(line_text, self.fmt)
@@ -543,6 +543,10 @@ _MESSAGES = {
     K.E_WIDTH: ("", "Every row needs the same number of fields; fix the row, or pass the right "
                 "delimiter= if it was detected wrongly."),
 }
+
+
+def _short(token: str, limit: int = 80) -> str:
+    return token if len(token) <= limit else token[:limit] + "..."
 
 
 def _split(text: str, delim: str | None) -> list[str]:

@@ -24,6 +24,7 @@ from sklearn.datasets import (dump_svmlight_file, load_breast_cancer, load_diabe
                               load_svmlight_file)
 
 from ooc_learn.storage import _parse_kernels as K
+from ooc_learn.storage import parsers
 from ooc_learn.storage.errors import IngestError, ParameterError
 from ooc_learn.storage.parsers import (INDEX_SENTINEL, RawChunk, detect_format, iter_chunks,
                                        open_binary)
@@ -399,6 +400,11 @@ def test_malformed_tokens(tmp_path, token, chunk_bytes):
     assert err.token == token and "line 4" in str(err) and str(path) in str(err)
 
 
+def test_long_bad_token_is_shortened(tmp_path):
+    err = raises_at(bad(tmp_path, GOOD + "1 3:" + "x" * 10_000 + "\n"), "malformed", 4)
+    assert err.token.startswith("3:xxx") and len(err.token) < 100 and len(str(err)) < 600
+
+
 @pytest.mark.parametrize("line,match", [("abc 1:2", "label is not a number"),
                                         ("1:0.5 2:1", "no label"),
                                         ("nan 1:2", "label is NaN or infinite"),
@@ -469,7 +475,7 @@ def test_layout_change_mid_file(tmp_path):
     raises_at(csv, "detected as CSV from its first lines but line 3 looks like LIBSVM", 3)
 
 
-def test_missing_and_unreadable_files(tmp_path):
+def test_missing_and_unreadable_files(tmp_path, monkeypatch):
     with pytest.raises(IngestError, match="does not exist") as info:
         iter_chunks(tmp_path / "nope.svm")
     assert info.value.path == str(tmp_path / "nope.svm") and "path" in info.value.hint
@@ -478,10 +484,13 @@ def test_missing_and_unreadable_files(tmp_path):
     locked = bad(tmp_path, GOOD)
     locked.chmod(0)
     try:
-        if os.access(locked, os.R_OK):
-            pytest.skip("running as root: permission bits are not enforced")
-        with pytest.raises(IngestError, match="permission denied"):
+        if os.access(locked, os.R_OK):  # root ignores permission bits: simulate the refusal
+            def refuse(path, *args, **kw):
+                raise PermissionError(13, "Permission denied", str(path))
+            monkeypatch.setattr(parsers, "open", refuse, raising=False)
+        with pytest.raises(IngestError, match="permission denied") as info:
             iter_chunks(locked)
+        assert info.value.path == str(locked) and "chmod" in info.value.hint
     finally:
         locked.chmod(0o644)
 
