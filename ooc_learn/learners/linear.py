@@ -102,7 +102,10 @@ class Pegasos(_FlatStateLearner):
     lam : float
         Regularisation lambda > 0 (the TreeCV paper uses 1e-6).
     project : bool
-        Apply the projection step.
+        Apply the optional projection step of the Pegasos paper. Off by default: at the
+        TreeCV paper's lam = 1e-6 the ball of radius 1000 is far smaller than the iterates'
+        natural norm, so projecting every step lets the last few rows dominate the model
+        (Fashion-MNIST class 0 vs rest: 43 % test error with it, 4.7 % without).
 
     Examples
     --------
@@ -117,7 +120,7 @@ class Pegasos(_FlatStateLearner):
     default_metric = "error"
     metrics = ("error", "hinge", "squared")
 
-    def __init__(self, lam: float = 1e-6, project: bool = True):
+    def __init__(self, lam: float = 1e-6, project: bool = False):
         if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
             raise ParameterError(
                 f"The 'lam' parameter of Pegasos must be > 0. Got {lam!r} instead.",
