@@ -256,7 +256,8 @@ def pivot_dots(w, pv_indptr, pv_indices, pv_data):
 
 
 @njit(cache=True, nogil=True)
-def child_priorities(wdots, bias, wsq, pv_sqnorm, gram, augment, parent_pri):
+def child_priorities(wdots, bias, wsq, pv_indptr, pv_indices, pv_data, pv_sqnorm, augment,
+                     parent_pri):
     """Best-bin-first priorities of a node's partitions for the query q = −V(ŵ).
 
     With cos²ₖ = (ŵᵀp̂ₖ)², qᵀV(p̂ₖ) = −cos²ₖ, so the query's own partition is the pivot with
@@ -266,6 +267,7 @@ def child_priorities(wdots, bias, wsq, pv_sqnorm, gram, augment, parent_pri):
     ‖V(p̂ₖ)−V(p̂_q)‖² = 2 − 2(p̂ₖᵀp̂_q)². A child's priority is the largest boundary
     distance on its path (a lower bound on its points' distance to q). With ``augment`` the
     vectors carry a constant feature 1 (the bias), so every dot gains +1 (pivots) or +b.
+    Only the k−1 pivot dots pₖᵀp_q are needed, so they are computed here, not stored.
     """
     k = wdots.shape[0]
     cos2 = np.empty(k, np.float64)
@@ -284,7 +286,7 @@ def child_priorities(wdots, bias, wsq, pv_sqnorm, gram, augment, parent_pri):
         if j == q:
             out[j] = parent_pri
             continue
-        g = gram[j * k + q] + (1.0 if augment else 0.0)
+        g = _dot_csr(pv_indptr, pv_indices, pv_data, j, q) + (1.0 if augment else 0.0)
         den = psq[j] * psq[q]
         c = g * g / den if den > 0.0 else 0.0
         chord2 = 2.0 - 2.0 * min(c, 1.0)
@@ -386,18 +388,3 @@ def brute_force_margins(X, indptr, indices, data, is_csr, y, w, b):
         out[i] = np.float64(y[i]) * _margin(X, indptr, indices, data, is_csr, i, w, b)
     return out
 
-
-@njit(cache=True, nogil=True)
-def pivot_grams(pv_indptr, pv_indices, pv_data, first_child, n_children, gram_ptr):
-    """Raw dot products pᵢᵀpⱼ among each internal node's child pivots (k×k, row-major)."""
-    gram = np.zeros(gram_ptr[-1], np.float64)
-    for v in range(first_child.shape[0]):
-        k = n_children[v]
-        c0 = first_child[v]
-        at = gram_ptr[v]
-        for i in range(k):
-            for j in range(i, k):
-                g = _dot_csr(pv_indptr, pv_indices, pv_data, c0 + i, c0 + j)
-                gram[at + i * k + j] = g
-                gram[at + j * k + i] = g
-    return gram

@@ -23,6 +23,7 @@ from typing import Callable
 
 import lmdb
 import numpy as np
+import scipy.sparse as sp
 
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
@@ -31,7 +32,8 @@ from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterErro
 from ._kernels import (child_priorities, fenwick_mark, fenwick_prefix, pivot_dots,
                        scan_leaf)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
-                      IndexVersionMismatch, decode_node, decode_tree_header, node_key, open_reader, tree_key)
+                      IndexVersionMismatch, decode_node, decode_tree_header, node_key,
+                      open_reader, tree_key)
 from .tree import row_arrays
 
 __all__ = ["Forest", "open_forest", "outlier_margin"]
@@ -184,16 +186,11 @@ class Forest:
         node = self.node(0, 0)
         for j, row in enumerate(node.pivot_row):
             X, _, _ = self._read_range(int(row), int(row) + 1)
-            Xd, indptr, indices, data, is_csr = row_arrays(X)
+            got = X.toarray()[0] if sp.issparse(X) else np.asarray(X)[0]
             lo, hi = node.pv_indptr[j], node.pv_indptr[j + 1]
-            if is_csr:
-                keep = data != 0
-                same = (np.array_equal(indices[keep], node.pv_indices[lo:hi])
-                        and np.array_equal(data[keep], node.pv_data[lo:hi]))
-            else:
-                dense = np.zeros(self.n_features, np.float32)
-                dense[node.pv_indices[lo:hi]] = node.pv_data[lo:hi]
-                same = np.array_equal(Xd[0], dense)
+            want = np.zeros(self.n_features, np.float32)
+            want[node.pv_indices[lo:hi]] = node.pv_data[lo:hi]
+            same = np.array_equal(got, want)
             if not same:
                 raise self._error(f"The index of store {self.name} does not match the store: "
                                   f"pivot row {int(row)} differs from the stored row (the "
@@ -417,7 +414,8 @@ class Forest:
             stats["nodes_expanded"] += 1
             pri_c = child_priorities(pivot_dots(wv, node.pv_indptr, node.pv_indices,
                                                 node.pv_data),
-                                     b, wsq, node.pivot_sqnorm, node.gram, aug, pri)
+                                     b, wsq, node.pv_indptr, node.pv_indices, node.pv_data,
+                                     node.pivot_sqnorm, aug, pri)
             for j in range(pri_c.shape[0]):
                 count += 1
                 # ties: the tree's random rank, then the newest first (depth first)

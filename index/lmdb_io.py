@@ -11,9 +11,9 @@ key                         value
                             written last, by :meth:`ForestWriter.close`
 ``b"T" + >u4 tree``         tree header: block row offset, rows, nodes, depth
 ``b"N" + >u4 tree >u4 v``   node v of that tree (the root and every internal node):
-                            its row range and, per child: node id, row range, whether
-                            it is a leaf, pivot store row, pivot squared norm, pivot
-                            vector (CSR); plus the k×k pivot Gram matrix
+                            its row range, first child id and, per child: row range,
+                            whether it is a leaf, pivot row, pivot squared norm, pivot
+                            vector (dense or CSR, whichever is smaller)
 ==========================  ==========================================================
 
 Beside ``data.mdb`` the writer leaves ``manifest.json`` with the file's size and CRC-32,
@@ -55,7 +55,8 @@ INDEX_FORMAT = "ooc-learn-index"
 INDEX_FORMAT_VERSION = 1
 META_KEY = b"meta"
 MANIFEST = "manifest.json"
-_NODE_HEAD = struct.Struct("<4sHHqqqi")   # magic, version, flags, tree, start, stop, k
+_NODE_HEAD = struct.Struct("<4sHHiqqiiii")  # magic, version, flags, tree, start, stop,
+#                                              first child, k, dense d (or 0), nnz
 _TREE_HEAD = struct.Struct("<4sHHqqqqqi")  # magic, version, flags, tree, offset, rows,
 #                                            nodes, internal, depth
 _CRC = struct.Struct("<I")
@@ -77,7 +78,6 @@ class Node(NamedTuple):
     pv_indptr: np.ndarray     # int64 (k + 1,)
     pv_indices: np.ndarray    # int32 (nnz,)
     pv_data: np.ndarray       # float32 (nnz,)
-    gram: np.ndarray          # float64 (k * k,)
 
     @property
     def nbytes(self) -> int:
@@ -132,26 +132,39 @@ def decode_tree_header(value: bytes, tree_id: int) -> TreeHeader:
     return TreeHeader(t, off, rows, nodes, internal, depth)
 
 
-def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int) -> bytes:
-    """Serialise node v (store rows = block rows + ``row_offset``)."""
+def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int, n_features: int) -> bytes:
+    """Serialise node v (store rows = block rows + ``row_offset``).
+
+    Child ranges and pivot rows are int32 offsets from the node's first row; the pivot
+    vectors are written dense when that is smaller than CSR (flag bit 0).
+    """
     k = int(tree.n_children[v])
-    c = np.arange(int(tree.first_child[v]), int(tree.first_child[v]) + k)
-    lo, hi = (int(tree.pv_indptr[c[0]]), int(tree.pv_indptr[c[-1] + 1])) if k else (0, 0)
+    c0 = int(tree.first_child[v])
+    c = np.arange(c0, c0 + k)
+    start = int(tree.start[v])
+    lo, hi = (int(tree.pv_indptr[c0]), int(tree.pv_indptr[c0 + k])) if k else (0, 0)
+    nnz = hi - lo
+    dense = k > 0 and 4 * k * n_features < 4 * (k + 1) + 8 * nnz
+    bounds = np.append(tree.start[c], tree.stop[v]) - start if k else np.zeros(1, np.int64)
     parts = [
-        _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id,
-                        int(tree.start[v]) + row_offset, int(tree.stop[v]) + row_offset, k),
-        struct.pack("<q", hi - lo),
-        c.astype("<i4").tobytes(),
-        (tree.start[c] + row_offset).astype("<i8").tobytes(),
-        (tree.stop[c] + row_offset).astype("<i8").tobytes(),
+        _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, int(dense), tree_id,
+                        start + row_offset, int(tree.stop[v]) + row_offset, c0, k,
+                        n_features if dense else 0, nnz),
+        bounds.astype("<i4").tobytes(),
         (tree.n_children[c] == 0).astype("u1").tobytes(),
-        (tree.pivot_row[c] + row_offset).astype("<i8").tobytes(),
+        (tree.pivot_row[c] - start).astype("<i4").tobytes(),
         tree.pivot_sqnorm[c].astype("<f4").tobytes(),
-        (tree.pv_indptr[c[0]:c[-1] + 2] - lo if k else np.zeros(1)).astype("<i8").tobytes(),
-        tree.gram[tree.gram_ptr[v]:tree.gram_ptr[v + 1]].astype("<f8").tobytes(),
-        tree.pv_indices[lo:hi].astype("<i4").tobytes(),
-        tree.pv_data[lo:hi].astype("<f4").tobytes(),
     ]
+    if dense:
+        P = np.zeros((k, n_features), "<f4")
+        for j in range(k):
+            a, b = tree.pv_indptr[c0 + j], tree.pv_indptr[c0 + j + 1]
+            P[j, tree.pv_indices[a:b]] = tree.pv_data[a:b]
+        parts.append(P.tobytes())
+    else:
+        ptr = tree.pv_indptr[c0:c0 + k + 1] - lo if k else np.zeros(1, np.int64)
+        parts += [ptr.astype("<i4").tobytes(), tree.pv_indices[lo:hi].astype("<i4").tobytes(),
+                  tree.pv_data[lo:hi].astype("<f4").tobytes()]
     return _seal(b"".join(parts))
 
 
@@ -159,17 +172,18 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     """Inverse of :func:`encode_node`; raises ValueError on any inconsistency."""
     what = f"node {node} of tree {tree_id}"
     body = _unseal(value, what)
-    if len(body) < _NODE_HEAD.size + 8:
+    if len(body) < _NODE_HEAD.size:
         raise ValueError(f"{what} is truncated")
-    magic, version, _, t, start, stop, k = _NODE_HEAD.unpack_from(body, 0)
-    if magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0:
+    magic, version, flags, t, start, stop, c0, k, d, nnz = _NODE_HEAD.unpack_from(body, 0)
+    if (magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0
+            or d < 0 or nnz < 0):
         raise ValueError(f"{what} is not a version-{INDEX_FORMAT_VERSION} node record")
-    (nnz,) = struct.unpack_from("<q", body, _NODE_HEAD.size)
-    pos = _NODE_HEAD.size + 8
+    dense = bool(flags & 1)
+    layout = [("<i4", k + 1), ("u1", k), ("<i4", k), ("<f4", k)]
+    layout += [("<f4", k * d)] if dense else [("<i4", k + 1), ("<i4", nnz), ("<f4", nnz)]
+    pos = _NODE_HEAD.size
     out = []
-    for dtype, count in (("<i4", k), ("<i8", k), ("<i8", k), ("u1", k), ("<i8", k),
-                         ("<f4", k), ("<i8", k + 1), ("<f8", k * k), ("<i4", nnz),
-                         ("<f4", nnz)):
+    for dtype, count in layout:
         nb = np.dtype(dtype).itemsize * count
         if pos + nb > len(body):
             raise ValueError(f"{what} is truncated")
@@ -177,11 +191,17 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
         pos += nb
     if pos != len(body):
         raise ValueError(f"{what} has trailing bytes")
-    cid, cs, ce, leaf, prow, psq, ptr, gram, idx, val = out
-    return Node(start, stop, cid.astype(np.int32), cs.astype(np.int64), ce.astype(np.int64),
-                leaf.astype(bool), prow.astype(np.int64), psq.astype(np.float32),
-                ptr.astype(np.int64), idx.astype(np.int32), val.astype(np.float32),
-                gram.astype(np.float64))
+    bounds = out[0].astype(np.int64) + start
+    if dense:
+        ptr = np.arange(k + 1, dtype=np.int64) * d
+        idx = np.tile(np.arange(d, dtype=np.int32), k)
+        val = out[4].astype(np.float32)
+    else:
+        ptr, idx, val = (out[4].astype(np.int64), out[5].astype(np.int32),
+                         out[6].astype(np.float32))
+    return Node(start, stop, np.arange(c0, c0 + k, dtype=np.int32), bounds[:-1], bounds[1:],
+                out[1].astype(bool), out[2].astype(np.int64) + start,
+                out[3].astype(np.float32), ptr, idx, val)
 
 
 def _record_pages(records, psize: int) -> int:
@@ -279,7 +299,8 @@ class ForestWriter:
         records = [(tree_key(block_id), encode_tree_header(block_id, off, tree))]
         for v in range(tree.n_nodes):
             if v == 0 or tree.n_children[v] > 0:
-                records.append((node_key(block_id, v), encode_node(block_id, tree, v, off)))
+                records.append((node_key(block_id, v), encode_node(
+                    block_id, tree, v, off, self.params["n_features"])))
         self._ensure_room(records)
         while True:
             try:

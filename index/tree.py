@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from ooc_learn.storage.errors import ParameterError
 
-from ._kernels import build_tree_kernel, pivot_grams
+from ._kernels import build_tree_kernel
 
 __all__ = ["FlatTree", "build_block_tree", "row_arrays", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
 
@@ -36,9 +36,7 @@ class FlatTree(NamedTuple):
     permutation); its children are ``first_child[v] .. first_child[v] + n_children[v] - 1``
     (none for a leaf). Child c is the Voronoi cell of pivot row ``pivot_row[c]`` (a block
     position in leaf order) whose vector is CSR row c of ``pv_indptr/pv_indices/pv_data``
-    with squared norm ``pivot_sqnorm[c]``. For an internal node v, ``gram[gram_ptr[v]:
-    gram_ptr[v+1]]`` holds the k×k raw dot products pᵢᵀpⱼ of its children's pivots
-    (row-major), which the query turns into the bisector geometry in either embedding.
+    with squared norm ``pivot_sqnorm[c]``.
     """
 
     start: np.ndarray         # int64 (n_nodes,)
@@ -51,8 +49,6 @@ class FlatTree(NamedTuple):
     pv_indptr: np.ndarray     # int64 (n_nodes + 1,)
     pv_indices: np.ndarray    # int32 (nnz,)
     pv_data: np.ndarray       # float32 (nnz,)
-    gram_ptr: np.ndarray      # int64 (n_nodes + 1,)
-    gram: np.ndarray          # float64 (sum of n_children²,)
 
     @property
     def n_nodes(self) -> int:
@@ -163,10 +159,9 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
     pv = _pivot_matrix(X, pivot_orig, has_pivot)
     pivot_sqnorm = np.where(has_pivot, sqnorm[np.maximum(pivot_orig, 0)], 0).astype(np.float32) \
         if n else np.zeros(pivot_orig.shape[0], np.float32)
-    gram_ptr, gram = _grams(pv, first_child, n_children)
     tree = FlatTree(start, stop, first_child, n_children, depth, pivot_row, pivot_sqnorm,
                     pv.indptr.astype(np.int64), pv.indices.astype(np.int32),
-                    pv.data.astype(np.float32), gram_ptr, gram)
+                    pv.data.astype(np.float32))
     return order, tree
 
 
@@ -196,13 +191,3 @@ def _pivot_matrix(X, pivot_orig, has_pivot) -> sp.csr_matrix:
     np.cumsum(counts, out=indptr[1:])
     return sp.csr_matrix((sub.data, sub.indices, indptr), shape=(n_nodes, d))
 
-
-def _grams(pv: sp.csr_matrix, first_child, n_children):
-    """Raw pivot dot products per internal node (k×k, row-major), float64."""
-    n_nodes = first_child.shape[0]
-    sizes = np.where(n_children > 0, n_children.astype(np.int64) ** 2, 0)
-    gram_ptr = np.zeros(n_nodes + 1, np.int64)
-    np.cumsum(sizes, out=gram_ptr[1:])
-    gram = pivot_grams(pv.indptr.astype(np.int64), pv.indices.astype(np.int32),
-                       pv.data.astype(np.float32), first_child, n_children, gram_ptr)
-    return gram_ptr, gram

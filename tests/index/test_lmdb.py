@@ -12,6 +12,7 @@ import zlib
 import lmdb
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from conftest import blobs, make_indexed
 
 from ooc_learn.index.lmdb_io import (MANIFEST, META_KEY, ForestWriter, decode_node, encode_node,
@@ -30,19 +31,24 @@ def _records(path):
     return out
 
 
-def test_node_record_round_trip(data_rng):
-    X, _ = blobs(data_rng, n=400, d=6, csr=True)
+@pytest.mark.parametrize("density", [0.2, 1.0])  # CSR and dense pivot records
+def test_node_record_round_trip(data_rng, density):
+    X, _ = blobs(data_rng, n=400, d=6, csr=True, density=density)
     perm, tree = build_block_tree(X, width=4, leaf_size=10, seed=2)
     for v in np.flatnonzero(tree.n_children > 0):
-        node = decode_node(encode_node(3, tree, int(v), 1000), 3, int(v))
+        node = decode_node(encode_node(3, tree, int(v), 1000, 6), 3, int(v))
         kids = np.arange(tree.first_child[v], tree.first_child[v] + tree.n_children[v])
         assert node.start == tree.start[v] + 1000 and node.stop == tree.stop[v] + 1000
         assert np.array_equal(node.child_id, kids)
         assert np.array_equal(node.child_start, tree.start[kids] + 1000)
         assert np.array_equal(node.child_leaf, tree.n_children[kids] == 0)
         assert np.array_equal(node.pivot_row, tree.pivot_row[kids] + 1000)
-        k = len(kids)
-        assert np.array_equal(node.gram, tree.gram[tree.gram_ptr[v]:tree.gram_ptr[v] + k * k])
+        assert np.array_equal(node.child_stop, tree.stop[kids] + 1000)
+        assert np.array_equal(node.pivot_sqnorm, tree.pivot_sqnorm[kids])
+        P = lambda ptr, idx, val, rows: sp.csr_matrix(  # noqa: E731
+            (val, idx, ptr), shape=(rows, 6)).toarray()
+        want = P(tree.pv_indptr, tree.pv_indices, tree.pv_data, tree.n_nodes)[kids]
+        assert np.array_equal(P(node.pv_indptr, node.pv_indices, node.pv_data, len(kids)), want)
 
 
 def test_build_is_byte_identical_for_a_seed(tmp_path, data_rng):
@@ -254,7 +260,7 @@ def test_two_processes_query_at_once(tmp_path, data_rng):
 def test_damaged_records_fail_their_checksum(data_rng):
     X, _ = blobs(data_rng, n=300, d=4)
     _, tree = build_block_tree(X, width=3, leaf_size=10)
-    raw = bytearray(encode_node(0, tree, 0, 0))
+    raw = bytearray(encode_node(0, tree, 0, 0, 4))
     raw[len(raw) // 2] ^= 0x01
     with pytest.raises(ValueError, match="node 0 of tree 0 fails its checksum"):
         decode_node(bytes(raw), 0, 0)

@@ -67,13 +67,10 @@ def _check_tree(X, perm, tree, width, leaf_size):
         assert tree.start[kids[0]] == tree.start[v] and tree.stop[kids[-1]] == tree.stop[v]
         assert np.array_equal(tree.start[kids[1:]], tree.stop[kids[:-1]])
         piv = Xp[tree.pivot_row[kids]]
-        # the pivot vectors stored in the tree are those rows; the Gram matrix their dots
+        # the pivot vectors stored in the tree are those rows
         pv = sp.csr_matrix((tree.pv_data, tree.pv_indices, tree.pv_indptr),
                            shape=(tree.n_nodes, X.shape[1])).toarray()
         assert np.array_equal(pv[kids], piv)
-        G = tree.gram[tree.gram_ptr[v]:tree.gram_ptr[v + 1]].reshape(k, k)
-        np.testing.assert_allclose(G, piv.astype(np.float64) @ piv.T.astype(np.float64),
-                                   rtol=1e-12, atol=1e-9)
         # Voronoi: each row is (to rounding) nearest to its own cell's pivot
         for j, c in enumerate(kids):
             rows = Xp[tree.start[c]:tree.stop[c]]
