@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import io
 import lzma
 import os
 import time
@@ -26,8 +25,7 @@ from sklearn.datasets import (dump_svmlight_file, load_breast_cancer, load_diabe
 from ooc_learn.storage import _parse_kernels as K
 from ooc_learn.storage import parsers
 from ooc_learn.storage.errors import IngestError, ParameterError
-from ooc_learn.storage.parsers import (INDEX_SENTINEL, RawChunk, detect_format, iter_chunks,
-                                       open_binary)
+from ooc_learn.storage.parsers import RawChunk, detect_format, iter_chunks, open_binary
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -91,7 +89,8 @@ def write_libsvm(path, X, y, *, base=1, crlf=False, comments=False, qid=False, s
             cols = shuffle.permutation(cols)
         lab = {1.0: "+1", -1.0: "-1", 1500.0: "1.5e3"}.get(float(y[i]), repr(float(y[i])))
         toks = [lab] + ([f"qid:{i // 5}"] if qid else [])
-        toks += [f"{c + base}:" + formats[(i + c) % len(formats)].format(float(X[i, c])) for c in cols]
+        toks += [f"{c + base}:" + formats[(i + c) % len(formats)].format(float(X[i, c]))
+                 for c in cols]
         tail = f"  # row {i}" if comments and i % 3 == 0 else ""
         out.append(" ".join(toks) + tail + nl)
         if comments and i % 4 == 0:
@@ -209,6 +208,8 @@ def test_min_and_max_index_include_zeros(tmp_path):
     assert (lo, hi) == (0, 9)
     assert ip.tolist() == [0, 1, 1] and ind.tolist() == [4] and val.tolist() == [1.5]
     assert_same_as_sklearn(path)
+    labels_only = bad(path.parent, "1\n-1 # no features\n", "labels.svm")
+    assert collect(labels_only)[4:6] == (parsers.INDEX_SENTINEL, -1)
 
 
 def test_long_lines_and_tiny_chunks(tmp_path, rng):
