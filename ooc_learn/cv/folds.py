@@ -168,12 +168,16 @@ class StoreSource:
         return self.store.estimated_bytes(1000) / 1000.0
 
     def load(self, start: int, stop: int):
+        """Rows ``start:stop`` of one block, through the store's LRU block cache."""
         b = int(np.searchsorted(self.block_offsets, start, side="right") - 1)
+        lo = int(self.block_offsets[b])
+        if stop > self.block_offsets[b + 1]:
+            raise ValueError(f"rows {start}:{stop} span more than block {b}")
         self.rows_read += stop - start
-        if self.block_offsets[b] == start and self.block_offsets[b + 1] == stop:
-            return self.store.read_block(b)
-        X, y, ids = self.store.read_range(start, stop)
-        return X, y, ids
+        X, y, ids = self.store.read_block(b)
+        if start == lo and stop == self.block_offsets[b + 1]:
+            return X, y, ids
+        return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]
 
     def pieces(self, start: int, stop: int):
         yield from _pieces(self, start, stop)

@@ -83,6 +83,7 @@ class CVRun:
         self.blockwise_phases = 0
         self.t0 = time.perf_counter()
         self._y64 = None
+        self.store_rows0 = getattr(data, "rows_read", 0) if self.source.is_store else 0
 
     # -- models and the budget ---------------------------------------------------------
     def new_model(self):
@@ -212,6 +213,9 @@ class CVRun:
         stats = {"k": self.k, "n": int(self.source.n), "updates": int(self.updates),
                  "models_saved_max": int(self.max_alive), "rows_read": int(self.source.rows_read),
                  "seconds": time.perf_counter() - self.t0}
+        if self.source.is_store:
+            # rows that came from disk (the rest were hits in the store's block cache)
+            stats["store_rows_read"] = int(self.source.store.rows_read - self.store_rows0)
         if self.kernel_subtrees:
             stats["kernel_subtrees"] = self.kernel_subtrees
         if self.blockwise_phases:

@@ -87,3 +87,24 @@ def test_store_pegasos_parallel_equals_sequential(tmp_path, rng):
         r = tree_cv(store, Pegasos(0.01), 5)
         assert 0.0 <= r.estimate < 0.3
         assert r.stats["rows_read"] >= n
+
+
+def test_store_under_a_small_memory_cap(tmp_path, rng):
+    from ooc_learn.storage.store import open_store
+
+    n, d = 4000, 20
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    y = np.where(X[:, 0] + 0.5 * rng.standard_normal(n) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "cap.store", n_blocks=8, seed=0).close()
+    results = {}
+    for cap in ("150K", "64M"):
+        with open_store(tmp_path / "cap.store", memory=cap) as store:
+            r = tree_cv(store, Pegasos(1e-3), 100)
+            assert store.budget.peak <= store.budget.limit
+            results[cap] = r
+    small, big = results["150K"], results["64M"]
+    np.testing.assert_array_equal(small.fold_scores, big.fold_scores)
+    # with room for every block each is read from disk once; under the cap, once per level
+    assert big.stats["store_rows_read"] == n
+    assert small.stats["store_rows_read"] > 2 * n
+    assert small.stats["rows_read"] == big.stats["rows_read"]
