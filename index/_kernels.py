@@ -46,6 +46,16 @@ def _dot_dense(X, a, b):
     return np.float64(acc)
 
 
+@njit(cache=True, nogil=True, fastmath=True)
+def _dots_dense(x, P, k, acc):
+    """acc[j] = xᵀP[j] for the k pivot rows (float32 sums, see _dot_dense)."""
+    for j in range(k):
+        s = np.float32(0.0)
+        for t in range(x.shape[0]):
+            s += x[t] * P[j, t]
+        acc[j] = s
+
+
 @njit(cache=True, nogil=True)
 def _dot_csr(indptr, indices, data, a, b):
     """xₐᵀx_b by merging the ascending column indices of two CSR rows."""
@@ -94,6 +104,12 @@ def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group
     for j in range(k):
         counts[j] = 0
     scatter = is_csr and work.shape[0] > 0
+    if not is_csr:
+        # the k pivot rows side by side: each row is then one pass over contiguous memory
+        d = X.shape[1]
+        P = np.empty((k, d), np.float32)
+        for j in range(k):
+            P[j, :] = X[piv[j], :]
     if scatter:
         for j in range(k):
             for t in range(indptr[piv[j]], indptr[piv[j] + 1]):
@@ -108,9 +124,11 @@ def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group
                 c = indices[t]
                 for j in range(k):
                     acc[j] += v * work[c, j]
-        else:
+        elif is_csr:
             for j in range(k):
-                acc[j] = _dot_rows(X, indptr, indices, data, is_csr, row, piv[j])
+                acc[j] = _dot_csr(indptr, indices, data, row, piv[j])
+        else:
+            _dots_dense(X[row], P, k, acc)
         best = -1.0
         bk = 0
         for j in range(k):

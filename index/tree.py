@@ -20,7 +20,10 @@ from ._kernels import build_tree_kernel
 __all__ = ["FlatTree", "build_block_tree", "row_arrays", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
 
 DEFAULT_WIDTH = 10
-DEFAULT_LEAF_SIZE = 100
+# Leaves hold at most this many rows (on average about a third of it after K-way splits).
+# 50 keeps the index near 0.1-0.2x the data file; smaller leaves raise query precision but
+# add a pivot per few rows (see scripts/bench_index.py).
+DEFAULT_LEAF_SIZE = 50
 
 _SCATTER_MAX = 1 << 23
 _EMPTY_X = np.zeros((0, 0), np.float32)
