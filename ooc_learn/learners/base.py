@@ -102,10 +102,6 @@ def row_losses(y: np.ndarray, f: np.ndarray, metric: Metric) -> np.ndarray:
     return _METRICS[metric](y, f)
 
 
-def n_rows(X) -> int:
-    return X.shape[0]
-
-
 def kernel_arrays(X):
     """``(Xd, indptr, indices, data, is_csr)`` with the dtypes the numba kernels take.
 

@@ -25,9 +25,6 @@ class _FlatStateLearner:
     default_metric = "squared"
     metrics: tuple = ("squared", "absolute")
 
-    def _state_len(self, d: int) -> int:
-        raise NotImplementedError
-
     def n_features_of(self, model: np.ndarray) -> int:
         return self._d_of(model)
 

@@ -82,11 +82,22 @@ def test_store_pegasos_parallel_equals_sequential(tmp_path, rng):
             np.testing.assert_array_equal(par.fold_scores, seq.fold_scores)
             np.testing.assert_array_equal(par.folds, seq.folds)
             assert par.stats["updates"] == seq.stats["updates"]
-        # the same rows as arrays, same fold bounds: the in-memory run matches the store run
+        # the same rows as in-memory arrays in store order, cut at the same fold bounds
         Xs, ys, ids = store.read_range(0, n)
         r = tree_cv(store, Pegasos(0.01), 5)
-        assert 0.0 <= r.estimate < 0.3
-        assert r.stats["rows_read"] >= n
+        bounds = store_fold_bounds(store.block_offsets, 5)
+        lrn = Pegasos(0.01)
+        assert r.estimate < 0.3 and r.stats["rows_read"] >= n
+        # Algorithm 1's training phases (chunk ranges) for each held-out fold, by hand
+        order = {0: [(3, 5), (2, 3), (1, 2)], 1: [(3, 5), (2, 3), (0, 1)],
+                 2: [(3, 5), (0, 2)], 3: [(0, 3), (4, 5)], 4: [(0, 3), (3, 4)]}
+        for i, phases in order.items():
+            m = lrn.init(d, n)
+            for a, b in phases:
+                m = lrn.update(m, Xs[bounds[a]:bounds[b]], ys[bounds[a]:bounds[b]])
+            score = lrn.score(m, Xs[bounds[i]:bounds[i + 1]], ys[bounds[i]:bounds[i + 1]])
+            assert r.fold_scores[i] == pytest.approx(score / (bounds[i + 1] - bounds[i]),
+                                                     abs=1e-12)
 
 
 def test_store_under_a_small_memory_cap(tmp_path, rng):
