@@ -187,14 +187,54 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
     fold_list = make_folds(folds, m, seed=model.seed,
                            block_offsets=src.offsets if src.is_store else None)
     t0, stats = time.perf_counter(), Counter()
+    pre = getattr(model, "_fold_grams", None)
+    if pre is not None and not _same_folds(pre[0], fold_list):
+        pre = None
     with model._budget.reservation(8 * lams.size * m * v, "k-fold predictions"):
         out = np.full((lams.size, m, v), np.nan)
-        for H in fold_list:
+        for g, H in enumerate(fold_list):
             H = _check_rows(H, m, owner)
-            out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
+            if pre is None:
+                out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
+            else:
+                out[:, H] = _holdout_from_gram(model, H, pre[1][g], pre[2][g], lams,
+                                               basis_mode, stats)
     model.cv_stats_ = {"method": f"{len(fold_list)}-fold", "strategies": dict(stats),
                        "seconds": time.perf_counter() - t0}
     return out
+
+
+def _same_folds(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(np.sort(x), np.sort(y)) for x, y in zip(a, b))
+
+
+def _holdout_from_gram(model, H, SR, RY, lams, mode, stats):
+    """One fold from the Gram R_H R_H^T accumulated at fit time (right side of eq. 36):
+    S = U_H^T U_H = V^T (R_H R_H^T) V in O(n^3), no pass over the fold's rows except the final
+    predictions U_H W (O(|H| n c v) when R^T or U rows are cached)."""
+    V, Q, Lam, Y = model._V, model.Q_, model.eigvals_, model._Y
+    n, v, c = Q.shape[0], Y.shape[1], lams.size
+    S = V.T @ SR @ V
+    zt = model._z0 - V.T @ RY
+    hE, Ecols = model.basis_hits(H)
+    QE, keep_rows = None, np.ones(H.size, dtype=bool)
+    UE = None
+    if hE.size and mode == "remove":
+        QE = Q[Ecols]
+    elif hE.size and mode == "keep":       # E stays in training: add its rows back
+        UE = (model._C @ V)[Ecols]
+        S -= UE.T @ UE
+        zt += UE.T @ Y[H[hE]]
+        keep_rows[hE] = False
+    e = 0 if QE is None else QE.shape[0]
+    strategy = "eig" if choose_strategy(H.size, n, e, c, v) == "eig" else "chol"
+    W = n_side_weights(S, zt, Lam, lams, QE=QE, strategy=strategy)
+    stats[strategy + "-gram"] += 1
+    if model._ucache is not None and not model._ucache_is_u:
+        RH = model._ucache[H]                             # rows of R^T
+        return np.einsum("hn,cnv->chv", RH, np.einsum("ij,cjv->civ", V, W), optimize=True)
+    UH = model.u_rows(H)[0]
+    return np.einsum("hn,cnv->chv", UH, W, optimize=True)
 
 
 def loo_path_model(model, lams, basis_mode: str) -> np.ndarray:

@@ -93,6 +93,10 @@ class SparseRLS:
         The memory cap (a Store's own budget is used when fitting a Store and memory is None).
     cache_u : bool
         Keep U = K_B^T Q (m x n float64) in memory when the budget allows.
+    folds : int, labels or list of row arrays, optional
+        Folds known at fit time: the training pass then also accumulates each fold's hold-out
+        Gram matrix R_H R_H^T (k n^2 memory), so ``kfold_predict`` with these folds skips the
+        O(|H| n^2) product per fold and k-fold CV costs little more than one training.
 
     Examples
     --------
@@ -107,7 +111,7 @@ class SparseRLS:
 
     def __init__(self, kernel: str = "rbf", gamma=None, degree: int = 3, coef0: float = 1.0,
                  n_basis: int = 100, basis=None, lam: float = 1.0, jitter: float = 1e-8,
-                 seed=0, memory=None, cache_u: bool = True):
+                 seed=0, memory=None, cache_u: bool = True, folds=None):
         self.spec = KernelSpec(kernel, gamma, degree, coef0)
         if basis is None and (int(n_basis) != n_basis or n_basis < 1):
             raise ParameterError(
@@ -124,6 +128,7 @@ class SparseRLS:
         self.seed = seed
         self.memory = memory
         self.cache_u = bool(cache_u)
+        self.folds = folds
         self.stats_ = {}
         self._fitted = False
         self._ucache = None
@@ -136,6 +141,9 @@ class SparseRLS:
         Store (labels from the store, or ``y`` aligned with the store's row positions)."""
         t0 = time.perf_counter()
         self.release_cache()
+        if getattr(self, "_fold_grams_bytes", 0):
+            self._budget.release(self._fold_grams_bytes)
+            self._fold_grams_bytes = 0
         m0 = getattr(X, "shape", (None,))[0]
         n_chunk = max(256, (1 << 22) // max(self.n_basis, 1))
         src = make_source(X, n_chunk)
@@ -213,18 +221,55 @@ class SparseRLS:
             self._ucache = np.empty((m, n))
         self._ucache_is_u = False
         kev = 0
+        fold_of, grams = self._start_fold_grams(src, n, v)
         for j in range(len(src.offsets) - 1):
             a, b = int(src.offsets[j]), int(src.offsets[j + 1])
             Kc = self._kernel_rows(src.chunk(j), np.arange(a, b))
             kev += Kc.size
             Ky += Kc.T @ Y[a:b]
             Rc = la.solve_triangular(self._C, Kc.T, lower=True, check_finite=False)
-            A = dsyrk(1.0, Rc, beta=1.0, c=A, trans=0, lower=0, overwrite_c=1)
+            if fold_of is None:
+                A = dsyrk(1.0, Rc, beta=1.0, c=A, trans=0, lower=0, overwrite_c=1)
+            else:               # A = sum of the folds' Grams (+ rows in no fold)
+                lab = fold_of[a:b]
+                for g in np.unique(lab):
+                    sel = lab == g
+                    Rg = Rc[:, sel]
+                    if g < 0:
+                        A = dsyrk(1.0, Rg, beta=1.0, c=A, trans=0, lower=0, overwrite_c=1)
+                    else:
+                        grams[0][g] = dsyrk(1.0, Rg, beta=1.0, c=grams[0][g], trans=0,
+                                            lower=0, overwrite_c=1)
+                        grams[1][g] += Rg @ Y[a:b][sel]
             if self._ucache is not None:
                 self._ucache[a:b] = Rc.T
+        if fold_of is not None:
+            for g in range(len(grams[0])):
+                grams[0][g] = np.triu(grams[0][g]) + np.triu(grams[0][g], 1).T
+                A += grams[0][g]
+            self._fold_grams = (self._fold_list, grams[0], grams[1])
         A = np.triu(A) + np.triu(A, 1).T
         self.stats_ = {"kernel_evaluations": kev + n * n}
         return A, Ky
+
+    def _start_fold_grams(self, src, n: int, v: int):
+        """Fold label per row and zeroed per-fold (R_H R_H^T, R_H y_H) when ``folds`` is set."""
+        self._fold_grams = None
+        if self.folds is None:
+            return None, None
+        from .crossval import make_folds
+        m = src.n_samples
+        self._fold_list = make_folds(self.folds, m, seed=self.seed,
+                                     block_offsets=src.offsets if src.is_store else None)
+        k = len(self._fold_list)
+        self._budget.reserve(8 * k * n * (n + v), "per-fold Gram matrices")
+        self._fold_grams_bytes = 8 * k * n * (n + v)
+        fold_of = np.full(m, -1, dtype=np.int64)
+        for g, rows in enumerate(self._fold_list):
+            fold_of[rows] = g
+        grams = ([np.zeros((n, n), order="F") for _ in range(k)],
+                 [np.zeros((n, v)) for _ in range(k)])
+        return fold_of, grams
 
     def _cholesky(self, KBB):
         try:

@@ -227,3 +227,24 @@ def test_cv_bad_inputs(fitted):
         model.select_lambda([1.0], metric="r2")
     with pytest.raises(ParameterError, match="'cv' parameter"):
         model.select_lambda([1.0], cv="gcv")
+
+
+@pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss"])
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
+def test_fit_time_fold_grams_equal_refits(rng, mode, cache):
+    """Folds given at construction: per-fold Grams accumulated in the training pass give the
+    same k-fold predictions as the brute-force refits."""
+    Xin, X, Y = make_data(rng, m=M, v=2)
+    labels = np.random.default_rng(7).integers(0, 4, size=M)
+    model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1, folds=labels,
+                      cache_u=cache).fit(Xin, Y)
+    lams = [0.02, 1.0]
+    path = model.kfold_predict_path(labels, lams, mode)
+    assert set(model.cv_stats_["strategies"]) <= {"eig-gram", "chol-gram"}
+    for k, lam in enumerate(lams):
+        for g in range(4):
+            H = np.flatnonzero(labels == g)
+            assert_close(path[k, H], reference(model, X, Y, H, mode, lam))
+    # other folds fall back to the general path
+    model.kfold_predict(3, mode)
+    assert not any(s.endswith("gram") for s in model.cv_stats_["strategies"])
