@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ooc_learn.learners._kernels import decision_range, update_range, update_rows, weights
+from ooc_learn.learners._kernels import decision_range, update_range, update_rows, weights_into
 
 
 @njit(cache=True, nogil=True)
@@ -43,6 +43,7 @@ def tree_block(kind, d, states, Xd, indptr, indices, data, is_csr, y, bounds, ra
     E = np.empty(depth, dtype=np.int64)
     ST = np.zeros(depth, dtype=np.int64)
     buf = np.empty(bounds[nf] - bounds[0], dtype=np.int64)
+    w = np.empty(d)
     if randomized:
         np.random.seed(seed)
     S[0] = 0
@@ -54,7 +55,7 @@ def tree_block(kind, d, states, Xd, indptr, indices, data, is_csr, y, bounds, ra
         s = S[top]
         e = E[top]
         if s == e:
-            w = weights(kind, states[top], d)
+            weights_into(kind, states[top], d, w)
             decision_range(w, Xd, indptr, indices, data, is_csr, bounds[s], bounds[s + 1],
                            out, bounds[s] - bounds[0])
             top -= 1

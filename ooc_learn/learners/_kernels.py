@@ -212,9 +212,8 @@ def update_range(kind, state, d, Xd, indptr, indices, data, is_csr, y, start, st
 
 
 @njit(cache=True, nogil=True)
-def weights(kind, state, d):
-    """The linear model the state stands for (float64, length d)."""
-    w = np.zeros(d)
+def weights_into(kind, state, d, w):
+    """Write the linear model the state stands for into ``w`` (float64, length d)."""
     if kind == PEGASOS:
         a = state[1]
         for j in range(d):
@@ -239,6 +238,13 @@ def weights(kind, state, d):
             w[:] = np.linalg.solve(G, b)
         else:
             w[:] = np.linalg.lstsq(G, b)[0]
+
+
+@njit(cache=True, nogil=True)
+def weights(kind, state, d):
+    """The linear model the state stands for (float64, length d)."""
+    w = np.zeros(d)
+    weights_into(kind, state, d, w)
     return w
 
 
