@@ -25,7 +25,7 @@ import numpy as np
 from ooc_learn.storage.errors import ParameterError
 
 from .holdout import (choose_strategy, holdout_path, lam_tilde, loo_basis_remove_path,
-                      loo_rows_path, n_side_weights)
+                      loo_rows_path, n_side_weights, strategy_costs)
 from .model import BASIS_MODES_HOLDOUT, BASIS_MODES_LOO, check_lambdas
 
 __all__ = ["LambdaSelection", "holdout_path_model", "kfold_path_model", "loo_path_model",
@@ -194,7 +194,7 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
         out = np.full((lams.size, m, v), np.nan)
         for g, H in enumerate(fold_list):
             H = _check_rows(H, m, owner)
-            if pre is None:
+            if pre is None or not _gram_pays(model, H, lams.size, v):
                 out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
             else:
                 out[:, H] = _holdout_from_gram(model, H, pre[1][g], pre[2][g], lams,
@@ -202,6 +202,19 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
     model.cv_stats_ = {"method": f"{len(fold_list)}-fold", "strategies": dict(stats),
                        "seconds": time.perf_counter() - t0}
     return out
+
+
+def _gram_pays(model, H, c: int, v: int) -> bool:
+    """Whether the fit-time Gram of a fold beats the general path (estimated flops): it saves
+    the |H| n^2 products (and U's formation) but pays 4 n^3 to rotate the Gram into Q
+    coordinates, so it wins when folds are large next to n (m >> n)."""
+    n, h = model.Q_.shape[0], H.size
+    e = model.basis_hits(H)[0].size
+    costs = strategy_costs(h, n, e, c, v)
+    u_ready = model._ucache is not None and model._ucache_is_u
+    general = min(costs.values()) + (0.0 if u_ready else 2.0 * h * n * n)
+    gram = 4.0 * n ** 3 + min(costs["chol"], costs["eig"]) - h * n * n
+    return gram < general
 
 
 def _same_folds(a, b) -> bool:

@@ -45,6 +45,15 @@ def lam_tilde(Lam: np.ndarray, lams: np.ndarray) -> np.ndarray:
     return 1.0 / (Lam[None, :] + np.asarray(lams, dtype=np.float64)[:, None])
 
 
+def strategy_costs(h: int, n: int, e: int, c: int, v: int) -> dict:
+    """Estimated flops of each strategy (see :func:`choose_strategy`)."""
+    small = c * (h * h * n + h ** 3 / 3.0 + h * n * (v + e))
+    proj = 4.0 * n * n * e
+    chol = h * n * n + proj + c * (n ** 3 / 3.0 + n * n * v + h * n * v)
+    eig = h * n * n + proj + 10.0 * n ** 3 + c * (n * n * v + h * n * v)
+    return {"small": small, "chol": chol, "eig": eig}
+
+
 def choose_strategy(h: int, n: int, e: int, c: int, v: int) -> str:
     """The cheapest way (estimated flops) to hold out h rows for c lambdas.
 
@@ -52,11 +61,7 @@ def choose_strategy(h: int, n: int, e: int, c: int, v: int) -> str:
     ``chol``: the n x n hold-in system per lambda (right side of eq. 36);
     ``eig``: one n x n eigendecomposition, then O(|H| n v) per lambda.
     """
-    small = c * (h * h * n + h ** 3 / 3.0 + h * n * (v + e))
-    proj = 4.0 * n * n * e
-    chol = h * n * n + proj + c * (n ** 3 / 3.0 + n * n * v + h * n * v)
-    eig = h * n * n + proj + 10.0 * n ** 3 + c * (n * n * v + h * n * v)
-    costs = {"small": small, "chol": chol, "eig": eig}
+    costs = strategy_costs(h, n, e, c, v)
     return min(costs, key=costs.get)
 
 
