@@ -144,11 +144,9 @@ class SparseRLS:
         if getattr(self, "_fold_grams_bytes", 0):
             self._budget.release(self._fold_grams_bytes)
             self._fold_grams_bytes = 0
-        m0 = getattr(X, "shape", (None,))[0]
         n_chunk = max(256, (1 << 22) // max(self.n_basis, 1))
         src = make_source(X, n_chunk)
         m, d = src.n_samples, src.n_features
-        del m0
         if self.basis is None and self.n_basis > m:
             raise ParameterError(
                 f"The 'n_basis' parameter of SparseRLS must be <= the number of samples ({m}). "
@@ -332,18 +330,11 @@ class SparseRLS:
         hit = self._bsorted[idx] == rows
         return np.flatnonzero(hit), self._bsorted_order[idx[hit]]
 
-    def _kernel_rows(self, Xr, rows: np.ndarray, cols=None) -> np.ndarray:
-        """K~(rows, B[cols]) with the diagonal shift where a row is itself that basis row."""
-        XB = self.X_basis_ if cols is None else self.X_basis_[cols]
-        sqB = self._sqB if cols is None else self._sqB[cols]
-        K = kernel_block(Xr, XB, self.spec, self.gamma_, sqB=sqB)
+    def _kernel_rows(self, Xr, rows: np.ndarray) -> np.ndarray:
+        """K~(rows, B): the kernel plus the shift delta where a row is itself a basis row."""
+        K = kernel_block(Xr, self.X_basis_, self.spec, self.gamma_, sqB=self._sqB)
         pos, bcol = self.basis_hits(rows)
         if pos.size and self.delta_:
-            if cols is not None:
-                where = {int(c): t for t, c in enumerate(np.asarray(cols))}
-                keep = np.array([int(c) in where for c in bcol], dtype=bool)
-                pos = pos[keep]
-                bcol = np.array([where[int(c)] for c in bcol[keep]], dtype=np.int64)
             _kernels.add_shift(K, pos.astype(np.int64), bcol.astype(np.int64), self.delta_)
         return K
 
