@@ -1,0 +1,635 @@
+"""Numba kernels for kernel SVM: kernel columns, an LRU column cache, SMO and LOO solvers.
+
+Everything here is a pure function over arrays and scalars. Two tuples travel together:
+
+``kd`` (kernel data) = ``(Xd, indptr, indices, data, sqn, work, ktype, gamma, coef0, degree)``
+    ``Xd`` is a dense float32 (n, d) matrix, or a (0, 0) array when the rows are CSR
+    (``indptr`` int64, ``indices`` int32, ``data`` float32; empty when dense). ``sqn`` holds the
+    float64 squared row norms, ``work`` a float64 scratch vector of length d.
+``kc`` (kernel cache) = ``(cdata, slot_of, row_of, stamp, cnt)``
+    ``cdata`` (slots, n) float64 holds whole kernel columns K(x_g, x_0..x_{n-1}) keyed by the
+    global row g, so a column computed in one CV round or LOO row serves every later one.
+    ``cnt`` counters: 0 clock, 1 hits, 2 columns computed, 3 kernel values computed,
+    4 columns requested, 5 slots filled.
+
+SMO variables live in global arrays of length n (``alpha``, ``G``, ``y``); a solve works on the
+global row ids listed in ``train``, so no index translation happens between CV rounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+LINEAR, RBF, POLY = 0, 1, 2
+TAU = 1e-12
+
+# ----------------------------------------------------------------------------- kernel values
+
+
+@njit(cache=True, nogil=True)
+def kernel_value(dot, sa, sb, ktype, gamma, coef0, degree):
+    if ktype == LINEAR:
+        return dot
+    if ktype == RBF:
+        d2 = sa + sb - 2.0 * dot
+        if d2 < 0.0:
+            d2 = 0.0
+        return np.exp(-gamma * d2)
+    base = gamma * dot + coef0
+    out = 1.0
+    for _ in range(degree):
+        out *= base
+    return out
+
+
+@njit(cache=True, nogil=True)
+def kernel_column(kd, g, out):
+    """out[j] = K(x_g, x_j) for every row j."""
+    Xd, indptr, indices, data, sqn, work, ktype, gamma, coef0, degree = kd
+    n = sqn.shape[0]
+    sg = sqn[g]
+    if indptr.shape[0] == 0:
+        d = Xd.shape[1]
+        for k in range(d):
+            work[k] = Xd[g, k]
+        for j in range(n):
+            acc = 0.0
+            for k in range(d):
+                acc += work[k] * Xd[j, k]
+            out[j] = kernel_value(acc, sg, sqn[j], ktype, gamma, coef0, degree)
+        for k in range(d):
+            work[k] = 0.0
+    else:
+        for p in range(indptr[g], indptr[g + 1]):
+            work[indices[p]] = data[p]
+        for j in range(n):
+            acc = 0.0
+            for p in range(indptr[j], indptr[j + 1]):
+                acc += data[p] * work[indices[p]]
+            out[j] = kernel_value(acc, sg, sqn[j], ktype, gamma, coef0, degree)
+        for p in range(indptr[g], indptr[g + 1]):
+            work[indices[p]] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def kernel_diag(kd, out):
+    sqn = kd[4]
+    for i in range(sqn.shape[0]):
+        out[i] = kernel_value(sqn[i], sqn[i], sqn[i], kd[6], kd[7], kd[8], kd[9])
+
+
+@njit(cache=True, nogil=True)
+def cross_kernel(Xa, pa, ia, da, sqa, Xb, pb, ib, db, sqb, ktype, gamma, coef0, degree,
+                 work, out):
+    """out[a, b] = K(A_a, B_b) between two row sets (same layout, dense or CSR)."""
+    na = sqa.shape[0]
+    nb = sqb.shape[0]
+    for a in range(na):
+        if pa.shape[0] == 0:
+            d = Xa.shape[1]
+            for b in range(nb):
+                acc = 0.0
+                for k in range(d):
+                    acc += np.float64(Xa[a, k]) * Xb[b, k]
+                out[a, b] = kernel_value(acc, sqa[a], sqb[b], ktype, gamma, coef0, degree)
+        else:
+            for p in range(pa[a], pa[a + 1]):
+                work[ia[p]] = da[p]
+            for b in range(nb):
+                acc = 0.0
+                for p in range(pb[b], pb[b + 1]):
+                    if ib[p] < work.shape[0]:
+                        acc += db[p] * work[ib[p]]
+                out[a, b] = kernel_value(acc, sqa[a], sqb[b], ktype, gamma, coef0, degree)
+            for p in range(pa[a], pa[a + 1]):
+                work[ia[p]] = 0.0
+
+
+# ----------------------------------------------------------------------------- column cache
+
+
+@njit(cache=True, nogil=True)
+def get_col(kd, kc, g):
+    """The kernel column of global row g, from the cache or computed (LRU eviction).
+
+    The returned view stays valid until the next miss evicts its slot; with two or more
+    slots the two most recently used columns are never evicted by one further request.
+    """
+    cdata, slot_of, row_of, stamp, cnt = kc
+    cnt[0] += 1
+    cnt[4] += 1
+    s = slot_of[g]
+    if s >= 0:
+        stamp[s] = cnt[0]
+        cnt[1] += 1
+        return cdata[s]
+    nslots = cdata.shape[0]
+    if cnt[5] < nslots:
+        s = cnt[5]
+        cnt[5] += 1
+    else:
+        s = 0
+        oldest = stamp[0]
+        for t in range(1, nslots):
+            if stamp[t] < oldest:
+                oldest = stamp[t]
+                s = t
+        slot_of[row_of[s]] = -1
+    row_of[s] = g
+    slot_of[g] = s
+    stamp[s] = cnt[0]
+    kernel_column(kd, g, cdata[s])
+    cnt[2] += 1
+    cnt[3] += cdata.shape[1]
+    return cdata[s]
+
+
+@njit(cache=True, nogil=True)
+def add_columns(kd, kc, cols, weights, rows, out):
+    """out[t] += sum_j weights[j] * K(x_cols[j], x_t) for t in rows (one column per j)."""
+    for a in range(cols.shape[0]):
+        w = weights[a]
+        if w == 0.0:
+            continue
+        col = get_col(kd, kc, cols[a])
+        for t in rows:
+            out[t] += w * col[t]
+
+
+@njit(cache=True, nogil=True)
+def gather_block(kd, kc, cols, rows, out):
+    """out[:, a] = K(x_rows, x_cols[a]) (a dense block built from cached columns)."""
+    for a in range(cols.shape[0]):
+        col = get_col(kd, kc, cols[a])
+        for b in range(rows.shape[0]):
+            out[b, a] = col[rows[b]]
+
+
+# ----------------------------------------------------------------------------- SMO pieces
+
+
+@njit(cache=True, nogil=True)
+def _select_i(act, n_act, y, alpha, G, C):
+    """i = argmax_{t in I_up} -y_t G_t (first half of WSS 2 of Fan, Chen & Lin 2005)."""
+    gmax = -np.inf
+    i = -1
+    for k in range(n_act):
+        t = act[k]
+        if y[t] > 0:
+            if alpha[t] < C and -G[t] >= gmax:
+                gmax = -G[t]
+                i = t
+        else:
+            if alpha[t] > 0.0 and G[t] >= gmax:
+                gmax = G[t]
+                i = t
+    return i, gmax
+
+
+@njit(cache=True, nogil=True)
+def _select_j(i, coli, gmax, diag, act, n_act, y, alpha, G, C):
+    """j minimising the second-order decrease -b_it^2 / a_it over I_low; also M(alpha)."""
+    gmax2 = -np.inf
+    j = -1
+    best = np.inf
+    kii = diag[i]
+    for k in range(n_act):
+        t = act[k]
+        if y[t] > 0:
+            if alpha[t] <= 0.0:
+                continue
+            if G[t] >= gmax2:
+                gmax2 = G[t]
+            gd = gmax + G[t]
+        else:
+            if alpha[t] >= C:
+                continue
+            if -G[t] >= gmax2:
+                gmax2 = -G[t]
+            gd = gmax - G[t]
+        if gd > 0.0:
+            quad = kii + diag[t] - 2.0 * coli[t]
+            if quad <= 0.0:
+                quad = TAU
+            obj = -(gd * gd) / quad
+            if obj <= best:
+                best = obj
+                j = t
+    return j, gmax2
+
+
+@njit(cache=True, nogil=True)
+def _pair_step(i, j, kij, diag, y, alpha, G, C):
+    """Solve the two-variable sub-problem analytically and clip to the box (LIBSVM style)."""
+    ai = alpha[i]
+    aj = alpha[j]
+    if y[i] != y[j]:
+        quad = diag[i] + diag[j] - 2.0 * kij
+        if quad <= 0.0:
+            quad = TAU
+        delta = (-G[i] - G[j]) / quad
+        diff = ai - aj
+        ai += delta
+        aj += delta
+        if diff > 0.0:
+            if aj < 0.0:
+                aj = 0.0
+                ai = diff
+        else:
+            if ai < 0.0:
+                ai = 0.0
+                aj = -diff
+        if diff > 0.0:
+            if ai > C:
+                ai = C
+                aj = C - diff
+        else:
+            if aj > C:
+                aj = C
+                ai = C + diff
+    else:
+        quad = diag[i] + diag[j] - 2.0 * kij
+        if quad <= 0.0:
+            quad = TAU
+        delta = (G[i] - G[j]) / quad
+        s = ai + aj
+        ai -= delta
+        aj += delta
+        if s > C:
+            if ai > C:
+                ai = C
+                aj = s - C
+        else:
+            if aj < 0.0:
+                aj = 0.0
+                ai = s
+        if s > C:
+            if aj > C:
+                aj = C
+                ai = s - C
+        else:
+            if ai < 0.0:
+                ai = 0.0
+                aj = s
+    return ai, aj
+
+
+@njit(cache=True, nogil=True)
+def _gbar_update(v, col, new, train, y, alpha, gbar, C):
+    was_up = alpha[v] >= C
+    is_up = new >= C
+    if was_up != is_up:
+        w = C * y[v] if is_up else -C * y[v]
+        for t in train:
+            gbar[t] += w * y[t] * col[t]
+
+
+@njit(cache=True, nogil=True)
+def _apply_pair(i, j, ai, aj, coli, colj, act, n_act, train, y, alpha, G, gbar, gbar_on, C):
+    dai = ai - alpha[i]
+    daj = aj - alpha[j]
+    wi = y[i] * dai
+    wj = y[j] * daj
+    for k in range(n_act):
+        t = act[k]
+        G[t] += y[t] * (wi * coli[t] + wj * colj[t])
+    if gbar_on:
+        _gbar_update(i, coli, ai, train, y, alpha, gbar, C)
+        _gbar_update(j, colj, aj, train, y, alpha, gbar, C)
+    alpha[i] = ai
+    alpha[j] = aj
+
+
+@njit(cache=True, nogil=True)
+def _init_gbar(kd, kc, train, y, alpha, C, gbar):
+    for t in train:
+        gbar[t] = 0.0
+    for v in train:
+        if alpha[v] >= C:
+            col = get_col(kd, kc, v)
+            w = C * y[v]
+            for t in train:
+                gbar[t] += w * y[t] * col[t]
+
+
+@njit(cache=True, nogil=True)
+def _reconstruct(kd, kc, train, is_act, y, alpha, G, gbar, C):
+    """Gradient of shrunk rows from G_bar plus the free support vectors' columns."""
+    n_in = 0
+    for t in train:
+        if not is_act[t]:
+            n_in += 1
+    if n_in == 0:
+        return
+    inact = np.empty(n_in, dtype=np.int64)
+    k = 0
+    for t in train:
+        if not is_act[t]:
+            inact[k] = t
+            G[t] = gbar[t] - 1.0
+            k += 1
+    for v in train:
+        if 0.0 < alpha[v] < C:
+            col = get_col(kd, kc, v)
+            w = alpha[v] * y[v]
+            for t in inact:
+                G[t] += w * y[t] * col[t]
+
+
+@njit(cache=True, nogil=True)
+def _be_shrunk(t, gm1, gm2, y, alpha, G, C):
+    if alpha[t] >= C:
+        if y[t] > 0:
+            return -G[t] > gm1
+        return -G[t] > gm2
+    if alpha[t] <= 0.0:
+        if y[t] > 0:
+            return G[t] > gm2
+        return G[t] > gm1
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _shrink(act, n_act, is_act, y, alpha, G, C, gm1, gm2):
+    k = 0
+    for a in range(n_act):
+        t = act[a]
+        if _be_shrunk(t, gm1, gm2, y, alpha, G, C):
+            is_act[t] = False
+        else:
+            act[k] = t
+            k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def _violations(act, n_act, y, alpha, G, C):
+    gm1 = -np.inf
+    gm2 = -np.inf
+    for a in range(n_act):
+        t = act[a]
+        if y[t] > 0:
+            if alpha[t] < C:
+                gm1 = max(gm1, -G[t])
+            if alpha[t] > 0.0:
+                gm2 = max(gm2, G[t])
+        else:
+            if alpha[t] > 0.0:
+                gm1 = max(gm1, G[t])
+            if alpha[t] < C:
+                gm2 = max(gm2, -G[t])
+    return gm1, gm2
+
+
+@njit(cache=True, nogil=True)
+def compute_rho(train, y, alpha, G, C):
+    """rho = -b: mean of y_t G_t over free rows, else the middle of the feasible interval."""
+    ub = np.inf
+    lb = -np.inf
+    nf = 0
+    sf = 0.0
+    for t in train:
+        yg = y[t] * G[t]
+        if alpha[t] >= C:
+            if y[t] < 0:
+                ub = min(ub, yg)
+            else:
+                lb = max(lb, yg)
+        elif alpha[t] <= 0.0:
+            if y[t] > 0:
+                ub = min(ub, yg)
+            else:
+                lb = max(lb, yg)
+        else:
+            nf += 1
+            sf += yg
+    if nf > 0:
+        return sf / nf
+    return 0.5 * (ub + lb)
+
+
+# ----------------------------------------------------------------------------- SMO driver
+
+
+@njit(cache=True, nogil=True)
+def _select(kd, kc, diag, act, n_act, y, alpha, G, C):
+    """WSS 2 over the active rows: (i, j, m(a) - M(a), column of i)."""
+    i, gmax = _select_i(act, n_act, y, alpha, G, C)
+    if i < 0:
+        return -1, -1, -np.inf, kc[0][0]
+    coli = get_col(kd, kc, i)
+    j, gmax2 = _select_j(i, coli, gmax, diag, act, n_act, y, alpha, G, C)
+    return i, j, gmax + gmax2, coli
+
+
+@njit(cache=True, nogil=True)
+def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter):
+    """C-SVM dual by SMO with WSS 2 and shrinking; see ``ooc_learn.kernel.smo``.
+
+    ``alpha`` must be feasible and ``G`` = Q alpha - 1 on ``train`` on entry. Returns
+    (rho, iterations, converged).
+    """
+    n = y.shape[0]
+    l = train.shape[0]
+    act = train.copy()
+    n_act = l
+    is_act = np.zeros(n, dtype=np.bool_)
+    for t in train:
+        is_act[t] = True
+    gbar = np.zeros(n)
+    gbar_on = False
+    unshrunk = False
+    period = min(l, 1000)
+    counter = period
+    it = 0
+    converged = False
+    while it < max_iter:
+        counter -= 1
+        if shrinking and counter == 0:
+            counter = period
+            gm1, gm2 = _violations(act, n_act, y, alpha, G, C)
+            if not gbar_on:
+                _init_gbar(kd, kc, train, y, alpha, C, gbar)
+                gbar_on = True
+            if (not unshrunk) and gm1 + gm2 <= eps * 10.0:
+                unshrunk = True
+                _reconstruct(kd, kc, train, is_act, y, alpha, G, gbar, C)
+                act[:] = train
+                n_act = l
+                is_act[train] = True
+            n_act = _shrink(act, n_act, is_act, y, alpha, G, C, gm1, gm2)
+        i, j, gap, coli = _select(kd, kc, diag, act, n_act, y, alpha, G, C)
+        if gap < eps or j < 0:
+            if n_act == l:
+                converged = True
+                break
+            # optimal on the shrunk set: restore every row and look again (LIBSVM)
+            _reconstruct(kd, kc, train, is_act, y, alpha, G, gbar, C)
+            act[:] = train
+            n_act = l
+            is_act[train] = True
+            i, j, gap, coli = _select(kd, kc, diag, act, n_act, y, alpha, G, C)
+            if gap < eps or j < 0:
+                converged = True
+                break
+            counter = 1
+        colj = get_col(kd, kc, j)
+        ai, aj = _pair_step(i, j, coli[j], diag, y, alpha, G, C)
+        _apply_pair(i, j, ai, aj, coli, colj, act, n_act, train, y, alpha, G, gbar, gbar_on, C)
+        it += 1
+    if n_act < l:
+        _reconstruct(kd, kc, train, is_act, y, alpha, G, gbar, C)
+    return compute_rho(train, y, alpha, G, C), it, converged
+
+
+# ----------------------------------------------------------------------------- LOO (Franc et al.)
+
+
+@njit(cache=True, nogil=True)
+def primal_value(train, y, alpha, G, C, scratch):
+    """min over b of F(alpha, b, xi) = 1/2 a'Qa + C sum_t max(0, 1 - y_t f(x_t)); returns (F, b).
+
+    The hinge sum is convex piecewise linear in b with kinks at -y_t G_t; its slope is
+    #kinks below b minus #positives, so the P-th smallest kink (P = #positive rows) is a
+    minimiser.
+    """
+    m = train.shape[0]
+    npos = 0
+    quad = 0.0
+    for a in range(m):
+        t = train[a]
+        scratch[a] = -y[t] * G[t]
+        if y[t] > 0:
+            npos += 1
+        quad += alpha[t] * (G[t] + 1.0)
+    kth = npos - 1 if npos > 0 else 0
+    b = np.partition(scratch[:m], kth)[kth]
+    hinge = 0.0
+    for t in train:
+        v = -G[t] - y[t] * b
+        if v > 0.0:
+            hinge += v
+    return 0.5 * quad + C * hinge, b
+
+
+@njit(cache=True, nogil=True)
+def dual_value(train, alpha, G):
+    """G(alpha) = sum alpha - 1/2 a'Qa (the dual objective being maximised)."""
+    s = 0.0
+    for t in train:
+        s += alpha[t] * (1.0 - G[t])
+    return 0.5 * s
+
+
+@njit(cache=True, nogil=True)
+def beta_init(train, r, colr, y, beta, gp, G):
+    """gp = Q' beta for kernel k'(i,j) = k(i,j) - k(r,i) - k(r,j) + k(r,r); returns H(beta).
+
+    Uses u_t = sum_j beta_j y_j k(t, j) = y_t (G_t + 1), valid when beta equals the alpha
+    whose gradient is G (the seeded start), so no extra kernel column is needed.
+    """
+    s = 0.0
+    ur = 0.0
+    for t in train:
+        s += beta[t] * y[t]
+        ur += beta[t] * y[t] * colr[t]
+    krr = colr[r]
+    h = 0.0
+    for t in train:
+        ut = y[t] * (G[t] + 1.0)
+        gp[t] = y[t] * (ut - colr[t] * s - ur + krr * s)
+        h += beta[t] * (1.0 - 0.5 * gp[t])
+    return h
+
+
+@njit(cache=True, nogil=True)
+def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
+    """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint).
+
+    Picks the coordinate with the largest exact gain; returns the gain (0 when optimal).
+    """
+    krr = colr[r]
+    best = 0.0
+    bi = -1
+    bd = 0.0
+    for t in train:
+        grad = 1.0 - gp[t]
+        q = diag[t] - 2.0 * colr[t] + krr
+        if q > 1e-12:
+            d = grad / q
+        elif grad > 0.0:
+            d = C
+        else:
+            d = -C
+        if d > C - beta[t]:
+            d = C - beta[t]
+        if d < -beta[t]:
+            d = -beta[t]
+        gain = d * grad - 0.5 * d * d * max(q, 0.0)
+        if gain > best:
+            best = gain
+            bi = t
+            bd = d
+    if bi < 0:
+        return 0.0
+    col = get_col(kd, kc, bi)
+    w = bd * y[bi]
+    cb = colr[bi]
+    for t in train:
+        gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
+    beta[bi] += bd
+    return best
+
+
+@njit(cache=True, nogil=True)
+def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, eps, max_iter,
+                       scratch):
+    """Algorithm 3 of Franc, Laskov & Mueller (2008): SMO on problem (7) with the F < H stop.
+
+    Returns (stopped_by_F_lt_H, decision value at x_r, iterations). The decision uses the b
+    that minimises F when the new condition fired, else LIBSVM's rho.
+    """
+    h = beta_init(train, r, colr, y, beta, gp, G)
+    n_act = train.shape[0]
+    it = 0
+    while it < max_iter:
+        i, gmax = _select_i(train, n_act, y, alpha, G, C)
+        if i < 0:
+            break
+        coli = get_col(kd, kc, i)
+        j, gmax2 = _select_j(i, coli, gmax, diag, train, n_act, y, alpha, G, C)
+        if gmax + gmax2 < eps or j < 0:
+            break
+        colj = get_col(kd, kc, j)
+        ai, aj = _pair_step(i, j, coli[j], diag, y, alpha, G, C)
+        _apply_pair(i, j, ai, aj, coli, colj, train, n_act, train, y, alpha, G, G, False, C)
+        it += 1
+        h += beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
+        if h > dual_value(train, alpha, G):
+            f, b = primal_value(train, y, alpha, G, C, scratch)
+            if f < h:
+                ur = 0.0
+                for t in train:
+                    ur += alpha[t] * y[t] * colr[t]
+                return True, ur + b, it
+    rho = compute_rho(train, y, alpha, G, C)
+    ur = 0.0
+    for t in train:
+        ur += alpha[t] * y[t] * colr[t]
+    return False, ur - rho, it
+
+
+@njit(cache=True, nogil=True)
+def beta_solve(kd, kc, diag, train, r, colr, y, beta, gp, C, tol, max_iter):
+    """Coordinate ascent on H(beta) from beta = 0 to convergence (checks max H = min F)."""
+    for t in train:
+        beta[t] = 0.0
+        gp[t] = 0.0
+    h = 0.0
+    for _ in range(max_iter):
+        g = beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
+        h += g
+        if g < tol:
+            break
+    return h
