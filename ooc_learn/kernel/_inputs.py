@@ -84,11 +84,12 @@ def gather_store(store, caller):
     Returns (X, y, nbytes reserved). Raises :class:`BudgetExceededError` naming the cap needed.
     """
     n, d = int(store.n_samples), int(store.n_features)
-    if getattr(store, "layout", "dense") == "csr":
-        nnz = int(getattr(store, "nnz", n * d))
-        need = nnz * 8 + (n + 1) * 8 + n * 4
+    if hasattr(store, "estimated_bytes"):
+        need = int(store.estimated_bytes())
+    elif getattr(store, "layout", "dense") == "csr":
+        need = int(getattr(store, "nnz", n * d)) * 8 + (n + 1) * 8 + n * 12
     else:
-        need = n * d * 4 + n * 4
+        need = n * d * 4 + n * 12
     budget: MemoryBudget = store.budget
     if not budget.try_reserve(need):
         raise BudgetExceededError(

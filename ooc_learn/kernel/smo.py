@@ -37,7 +37,9 @@ _EMPTY_2D = np.zeros((0, 0), dtype=np.float32)
 
 def _row_sqnorms(X) -> np.ndarray:
     if sp.issparse(X):
-        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
+        sq = X.data.astype(np.float64) ** 2
+        return np.asarray(sp.csr_matrix((sq, X.indices, X.indptr), shape=X.shape).sum(axis=1)
+                          ).ravel()
     Xd = X.astype(np.float64)
     return np.einsum("ij,ij->i", Xd, Xd)
 

@@ -1,0 +1,133 @@
+"""Exact LOO (Franc et al. 2008) against brute-force retraining, and H(beta) <= min F."""
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+from sklearn.svm import SVC
+
+from ooc_learn.kernel import loo_error
+from ooc_learn.kernel import _kernels as K
+from ooc_learn.kernel.smo import KernelMatrix
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.errors import ParameterError, UsageError
+
+CASES = [("linear", {"C": 1.0}), ("rbf", {"C": 10.0, "gamma": 0.1})]
+
+
+def _brute_force(X, y, kernel, kw):
+    """Retrain without each row (scikit-learn's libsvm, tol 1e-8) and predict it."""
+    n = len(y)
+    out = np.empty(n, dtype=y.dtype)
+    for r in range(n):
+        keep = np.arange(n) != r
+        model = SVC(kernel=kernel, tol=1e-8, **kw).fit(X[keep].astype(np.float64), y[keep])
+        out[r] = model.predict(X[r:r + 1].astype(np.float64))[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def datasets(cancer_small, make_blobs):
+    return {"cancer": cancer_small, "blobs": make_blobs(80, 4, seed=7)}
+
+
+@pytest.fixture(scope="module")
+def brute(datasets):
+    return {(name, kernel): _brute_force(*datasets[name], kernel, kw)
+            for name in datasets for kernel, kw in CASES}
+
+
+@pytest.mark.parametrize("name", ["cancer", "blobs"])
+@pytest.mark.parametrize("kernel,kw", CASES)
+@pytest.mark.parametrize("method", ["standard", "stopping"])
+@pytest.mark.parametrize("seeding", ["avg", "top"])
+def test_loo_equals_brute_force(datasets, brute, name, kernel, kw, method, seeding):
+    X, y = datasets[name]
+    res = loo_error(X, y, kernel=kernel, method=method, seeding=seeding, **kw)
+    ref = brute[name, kernel]
+    # exact: every LOO label equals brute-force retraining's
+    np.testing.assert_array_equal(res.predictions, ref)
+    assert res.error == np.mean(ref != y)
+    s = res.stats
+    assert s["resolved_by_checks"] + s["resolved_by_stopping"] + s["resolved_by_kkt"] == len(y)
+    if method == "standard":
+        assert s["resolved_by_stopping"] == 0
+
+
+def test_stopping_saves_kernel_columns_linear(datasets):
+    X, y = datasets["cancer"]
+    std = loo_error(X, y, kernel="linear", C=1.0, method="standard")
+    stp = loo_error(X, y, kernel="linear", C=1.0, method="stopping")
+    assert stp.stats["prec"] > 0.5
+    assert stp.stats["kernel_columns_requested"] < std.stats["kernel_columns_requested"]
+
+
+def _min_F_over_A0(Km, y, C, r, fix_r=True):
+    """min 1/2 a'Qa + C sum_{i!=r} xi_i  s.t. y_i f(x_i) >= 1 - xi_i, xi >= 0, f(x_r) = 0,
+    and alpha_r = 0 when ``fix_r`` (alpha otherwise free), solved densely with SLSQP."""
+    n = len(y)
+    Q = (y[:, None] * y[None, :]) * Km
+    others = np.arange(n) != r
+
+    def split(z):
+        return z[:n], z[n], z[n + 1:]
+
+    def obj(z):
+        a, _, xi = split(z)
+        return 0.5 * a @ Q @ a + C * xi[others].sum()
+
+    def grad(z):
+        a, _, _ = split(z)
+        return np.concatenate([Q @ a, [0.0], C * others.astype(float)])
+
+    cons = [
+        {"type": "ineq", "fun": lambda z: (y * (Km @ (split(z)[0] * y) + split(z)[1])
+                                           - 1 + split(z)[2])[others]},
+        {"type": "ineq", "fun": lambda z: split(z)[2]},
+        {"type": "eq", "fun": lambda z: np.array([Km[r] @ (split(z)[0] * y) + split(z)[1]]
+                                                 + ([split(z)[0][r]] if fix_r else []))},
+    ]
+    z0 = np.concatenate([np.zeros(n), [0.0], np.ones(n) * 2])
+    sol = minimize(obj, z0, jac=grad, constraints=cons, method="SLSQP",
+                   options={"ftol": 1e-12, "maxiter": 2000})
+    assert sol.success, sol.message
+    return sol.fun
+
+
+@pytest.mark.parametrize("kernel,gamma", [("linear", 1.0), ("rbf", 0.5)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_H_bounded_by_min_F_dense_qp(make_blobs, kernel, gamma, seed):
+    X, y = make_blobs(9, 2, seed=seed, flip=0.2)
+    ypm = np.where(y > 0, 1.0, -1.0)
+    C = 1.0
+    km = KernelMatrix(X, kernel, gamma, 3, 0.0, MemoryBudget("16M"))
+    Km = np.column_stack([km.column(i) for i in range(len(y))])
+    for r in (2, 5):
+        train = np.array([i for i in range(len(y)) if i != r], dtype=np.int64)
+        colr = km.column(r)
+        beta, gp = np.zeros(len(y)), np.zeros(len(y))
+        h = K.beta_solve(km.kd, km.kc, km.diag, train, r, colr, ypm, beta, gp, C, 1e-14, 100000)
+        f = _min_F_over_A0(Km, ypm, C, r)
+        f_free = _min_F_over_A0(Km, ypm, C, r, fix_r=False)
+        # weak duality: every H(beta) <= min F over A_0(r) (up to the QP solver's 1e-6) ...
+        assert h <= f + 1e-6 * max(1.0, abs(f))
+        # ... and max H is the optimum of the same problem with alpha_r left free (strong
+        # duality: w may then use phi(x_r)), within 1e-5 relative
+        assert abs(h - f_free) <= 1e-5 * max(1.0, abs(f_free))
+        assert beta[r] == 0.0 and beta.min() >= 0.0 and beta.max() <= C
+    km.close()
+
+
+def test_bad_inputs(cancer_small):
+    X, y = cancer_small
+    with pytest.raises(ParameterError, match="'method' parameter of loo_error"):
+        loo_error(X, y, method="fast")
+    with pytest.raises(ParameterError, match="'C' parameter of loo_error must be"):
+        loo_error(X, y, C=0.0)
+    with pytest.raises(ParameterError, match="'seeding' parameter of loo_error"):
+        loo_error(X, y, seeding="sir")
+    with pytest.raises(UsageError, match="only one class"):
+        loo_error(X, np.ones(len(y)))
+    Xn = X.copy()
+    Xn[0, 0] = np.nan
+    with pytest.raises(UsageError, match="NaN or infinity"):
+        loo_error(Xn, y)
