@@ -76,7 +76,6 @@ def seed_ato(ctx: SeedContext, max_steps: int | None = None) -> np.ndarray:
     a = ctx.alpha.copy()
     b = -ctx.rho
     U = np.concatenate([S, R, T])
-    pos = {int(g): k for k, g in enumerate(U)}
     m_u = ctx.G[U] + 1.0 + y[U] * b          # margins y_i f(x_i)
     st_u = np.full(U.size, O_SET)
     aU = a[U]
@@ -123,5 +122,4 @@ def seed_ato(ctx: SeedContext, max_steps: int | None = None) -> np.ndarray:
     ctx.info["ato_steps"] = ctx.info.get("ato_steps", 0) + steps
     a[R] = 0.0
     restore_equality(a, y, C, np.concatenate([S, T]), np.concatenate([S, T]))
-    del pos
     return a
