@@ -65,7 +65,9 @@ def main():
     ap.add_argument("--methods", nargs="+", default=["cold", "ato", "mir", "sir"])
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
-    svm_cv(np.eye(4, dtype=np.float32), [0, 1, 0, 1], C=1.0, k=2)   # JIT warm-up
+    Xw, yw = np.eye(4, dtype=np.float32), np.array([-1.0, 1.0, -1.0, 1.0])
+    svm_cv(Xw, yw, C=1.0, k=2)                         # JIT warm-up
+    run_libsvm(Xw, yw, np.array([0, 0, 1, 1]), 1.0, 1.0)   # first-call library load
     hdr = (f"{'data':8} {'n':>5} {'k':>4} {'method':8} {'init s':>8} {'train s':>8} "
            f"{'total s':>8} {'SMO iters':>10} {'iters/cold':>10} {'accuracy':>8}")
     print(hdr)
