@@ -33,7 +33,7 @@ from ._kernels import (child_priorities, fenwick_mark, fenwick_prefix, pivot_dot
                        scan_leaf)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
                       IndexVersionMismatch, decode_node, decode_tree_header, node_key,
-                      open_reader, tree_key)
+                      open_env, open_reader, tree_key)
 from .tree import row_arrays
 
 __all__ = ["Forest", "open_forest", "outlier_margin"]
@@ -95,10 +95,13 @@ class Forest:
         self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
         self.budget = MemoryBudget.coerce(budget)
         self._env = None
+        self._map_window = 0
+        self._mapped = 0
         self._shrunk = _NO_MASK
         self._fen = _NO_FEN
         self._shrink_hi = math.inf
         self.last_query: dict = {}
+        self.remaps = 0
         try:
             self._env = open_reader(self.path)
         except FileNotFoundError:
@@ -114,6 +117,12 @@ class Forest:
         except lmdb.Error as exc:
             raise self._error(f"The index of store {self.name} cannot be opened ({exc}); "
                               f"it is corrupted.") from None
+        # LMDB serves reads from a memory map: every page a query touches stays resident until
+        # the map is dropped. That residency is paid from the budget as a window; when the
+        # bytes read pass it, the environment is reopened, which unmaps the pages.
+        size = (self.path / "data.mdb").stat().st_size
+        want = int(min(size + (1 << 16), max(1 << 18, self.budget.limit // 16)))
+        self._map_window = want if self.budget.try_reserve(want) else 0
         try:
             self.meta = self._check_meta()
             self.headers = [self._header(t) for t in range(self.n_blocks)]
@@ -135,7 +144,15 @@ class Forest:
     def _get(self, key: bytes, what: str):
         try:
             with self._env.begin(buffers=False) as txn:
-                return txn.get(key)
+                raw = txn.get(key)
+            # a record touches its pages and the B-tree path above them (4 KiB pages)
+            self._mapped += (0 if raw is None else len(raw)) + 3 * 4096
+            if self._mapped > self._map_window:
+                self._env.close()
+                self._env = open_env(self.path)
+                self._mapped = 0
+                self.remaps += 1
+            return raw
         except lmdb.Error as exc:
             raise self._error(f"The index of store {self.name} is corrupted: reading {what} "
                               f"failed ({exc}).") from None
@@ -202,6 +219,11 @@ class Forest:
         return len(self.block_offsets) - 1
 
     @property
+    def map_window_bytes(self) -> int:
+        """Budget held for LMDB pages mapped by reads (the map is dropped past it)."""
+        return self._map_window
+
+    @property
     def closed(self) -> bool:
         return self._env is None
 
@@ -218,6 +240,8 @@ class Forest:
         if self._env is not None:
             self._env.close()
             self._env = None
+            self.budget.release(self._map_window)
+            self._map_window = 0
 
     def __enter__(self):
         return self

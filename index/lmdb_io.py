@@ -379,12 +379,15 @@ class ForestWriter:
 
 
 def _file_crc(path: Path) -> tuple[int, int]:
+    # one reused 1 MiB buffer: opening an index must not cost memory outside the cap
     crc = 0
     size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while k := fh.readinto(buf):
+            crc = zlib.crc32(view[:k], crc)
+            size += k
     return size, crc & 0xFFFFFFFF
 
 
@@ -444,6 +447,11 @@ def open_reader(path) -> lmdb.Environment:
     if not (path / "data.mdb").is_file():
         raise FileNotFoundError(str(path))
     verify_files(path)
+    return open_env(path)
+
+
+def open_env(path) -> lmdb.Environment:
+    """Open the (already verified) environment read-only; used again to remap it."""
     try:
         return lmdb.open(str(path), readonly=True, lock=True, subdir=True, max_dbs=0,
                          readahead=False, max_readers=512)

@@ -37,6 +37,9 @@ def _budget(args) -> MemoryBudget:
 def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv=None) -> int:
     """Parse ``argv``, run ``body(args)`` and turn failures into messages and exit codes."""
     args = parser.parse_args(argv)
+    from ooc_learn.storage.resources import limit_allocator_retention
+
+    limit_allocator_retention()
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
     try:

@@ -16,3 +16,26 @@ def children_peak_rss_bytes() -> int:
     """Largest peak RSS among waited-for child processes, in bytes (for benchmarks)."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return int(ru if sys.platform == "darwin" else ru * 1024)
+
+
+def limit_allocator_retention() -> bool:
+    """Ask glibc to return freed large buffers to the OS at once.
+
+    glibc raises its mmap threshold after large frees (up to 32 MiB), so later block-sized
+    arrays come from the heap and stay resident after they are freed; under a memory cap that
+    retention would count against the cap. Pinning the threshold (128 KiB) and the trim
+    threshold keeps RSS close to what is alive. Returns False where this is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        ok = libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 1
+        ok &= libc.mallopt(M_TRIM_THRESHOLD, 1024 * 1024) == 1
+        return bool(ok)
+    except (OSError, AttributeError):
+        return False

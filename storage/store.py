@@ -331,21 +331,31 @@ class Store:
         order = np.argsort(rows, kind="stable")
         srt = rows[order]
         blocks = self.block_of(srt)
+        row_bytes = max(1, self.estimated_bytes(1))
         parts_X, parts_y, parts_id = [], [], []
         bounds = np.flatnonzero(np.diff(blocks)) + 1
         for seg in np.split(np.arange(srt.size), bounds) if srt.size else []:
             b = int(blocks[seg[0]])
             lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
-            r0, r1 = int(srt[seg[0]]), int(srt[seg[-1]]) + 1
-            if ("block", b) in self._cache or (r1 - r0) * 2 > hi - lo:
+            want = srt[seg]
+            # the whole block through the cache when it is cached or fits easily (later
+            # gathers then cost no I/O); else only short runs around the wanted rows
+            if ("block", b) in self._cache or (hi - lo) * row_bytes * 4 <= self.budget.available:
                 X, y, ids = self.read_block(b)
-                local = srt[seg] - lo
-            else:
+                local = want - lo
+                parts_X.append(X[local])
+                parts_y.append(y[local])
+                parts_id.append(ids[local])
+                continue
+            gap = 16  # rows: reading a few unwanted rows beats another read call
+            cuts = np.flatnonzero(np.diff(want) > gap) + 1
+            for run in np.split(want, cuts):
+                r0, r1 = int(run[0]), int(run[-1]) + 1
                 X, y, ids = self.read_range(r0, r1)
-                local = srt[seg] - r0
-            parts_X.append(X[local])
-            parts_y.append(y[local])
-            parts_id.append(ids[local])
+                local = run - r0
+                parts_X.append(X[local])
+                parts_y.append(y[local])
+                parts_id.append(ids[local])
         inv = np.empty_like(order)
         inv[order] = np.arange(order.size)
         if not parts_X:

@@ -55,17 +55,18 @@ class ActiveSet:
         return cap_rows * per_row + (cap_nnz * 8 if self.sparse else 0)
 
     def _grow(self, need_rows: int, need_nnz: int) -> None:
+        # grow by half: the copy holds old + new, so doubling would need 3x the content
         cap_rows = max(self._cap_rows, 1024)
         while cap_rows < need_rows:
-            cap_rows *= 2
+            cap_rows = cap_rows * 3 // 2
         cap_nnz = max(self._cap_nnz, 1 << 14) if self.sparse else 0
         while self.sparse and cap_nnz < need_nnz:
-            cap_nnz *= 2
+            cap_nnz = cap_nnz * 3 // 2
         if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
             return
         new_bytes = self._bytes_for(cap_rows, cap_nnz)
-        self.budget.reserve(new_bytes - self._reserved, "IBCD active set")
-        self._reserved = new_bytes
+        # old and new buffers coexist during the copy: both are paid for until it ends
+        self.budget.reserve(new_bytes, "IBCD active set")
 
         def grown(a, size):
             out = np.empty((size,) + a.shape[1:], a.dtype)
@@ -83,7 +84,21 @@ class ActiveSet:
             self.data = grown(self.data[: self.nnz], cap_nnz)
         else:
             self.Xbuf = grown(self.Xbuf[:m], cap_rows)
+        self.budget.release(self._reserved)
+        self._reserved = new_bytes
         self._cap_rows, self._cap_nnz = cap_rows, cap_nnz
+
+    def fits(self, k: int, nnz: int = 0) -> bool:
+        """Whether ``k`` more rows (``nnz`` stored values) fit without exceeding the budget."""
+        if self.m + k <= self._cap_rows and (not self.sparse or self.nnz + nnz <= self._cap_nnz):
+            return True
+        cap_rows = max(self._cap_rows, 1024)
+        while cap_rows < self.m + k:
+            cap_rows = cap_rows * 3 // 2
+        cap_nnz = max(self._cap_nnz, 1 << 14) if self.sparse else 0
+        while self.sparse and cap_nnz < self.nnz + nnz:
+            cap_nnz = cap_nnz * 3 // 2
+        return self._bytes_for(cap_rows, cap_nnz) <= self.budget.available
 
     # ---- content -----------------------------------------------------------------------
     def add(self, rows, X, y, sqn, alpha=None) -> np.ndarray:

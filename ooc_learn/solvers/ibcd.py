@@ -56,8 +56,15 @@ class IBCDResult:
 
 
 def _margins(X, y, w, bias):
-    d = X.shape[1]
-    return y * (np.asarray(X @ w[:d]).ravel() + bias * w[d])
+    """y_i [x_i, bias]^T w in float64, without the float64 copy of X that X @ w would make."""
+    from . import _kernels as K
+    from ._common import kernel_args
+
+    Xd, ip, ix, dt, sparse = kernel_args(X)
+    out = np.empty(X.shape[0])
+    K.rows_dot(Xd, ip, ix, dt, sparse, float(bias), np.arange(X.shape[0], dtype=np.int64),
+               np.ascontiguousarray(w, dtype=np.float64), out)
+    return y * out
 
 
 def _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, solver):
@@ -135,11 +142,16 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     base_loss = get_loss(loss).base()
 
     # ---- w_0 from a random sample (§3.1) -------------------------------------------------
-    m0 = min(init_sample, N_all)
+    # the sample, its dual CD state and a copy must fit the cap: shrink it if they do not
+    row_bytes = max(1, store.estimated_bytes(1)) + 40
+    m0 = int(min(init_sample, N_all, max(100, store.budget.available // (4 * row_bytes))))
     sample = np.sort(rng.choice(N_all, m0, replace=False))
-    Xs, ys, _ = store.gather(sample)
-    ys = ys.astype(np.float64)
-    res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, seed=int(rng.integers(1 << 31)))
+    sample_res = store.budget.reservation(m0 * row_bytes * 2, "IBCD initial sample")
+    with sample_res:
+        Xs, ys, _ = store.gather(sample)
+        ys = ys.astype(np.float64)
+        res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps,
+                         seed=int(rng.integers(1 << 31)))
     w = res0.w.copy()
     S = ActiveSet(d, store.layout == "csr", store.budget)
     in_S = np.zeros(N_all, bool)
@@ -195,9 +207,14 @@ def _outer_loop(store, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n, ep
             if removed:
                 out_rows = np.flatnonzero(~keep)
                 # alpha of an outlier leaves w: w -= alpha y x
-                coef = alpha[out_rows] * y[out_rows]
-                w[: S.d] -= np.asarray(X[out_rows].T @ coef).ravel()
-                w[S.d] -= bias * coef.sum()
+                from . import _kernels as K
+                from ._common import kernel_args
+
+                # w -= sum over leaving rows of alpha y [x, bias], without a float64 copy of X
+                delta = np.zeros_like(w)
+                K.rows_tdot(*kernel_args(X), float(bias), out_rows,
+                            -(alpha[out_rows] * y[out_rows]), delta)
+                w += delta
                 in_S[S.rows[out_rows]] = False
                 S.keep(keep)
         added = _inner_loop(store, forest, S, in_S, w, w_t, loss=loss, C=C, s=s, bias=bias,
@@ -258,9 +275,15 @@ def _inner_loop(store, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, sam
         stats["queries"] += 1
         stats["rows_examined"] += int(n_e)
         k = len(rows_N)
-        m_old = S.m
         if k:
             XN, yN, _ = store.gather(rows_N)
+            nnz = int(XN.indptr[-1]) if S.sparse else 0
+            if not S.fits(k, nnz):
+                # §4.2 under a tight cap: rows with alpha = 0 leave S (the index brings them
+                # back if they violate again; the final unshrunk query checks every row)
+                r = _prune_zero_alpha(S, in_S, stats)
+        m_old = S.m
+        if k:
             S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
             in_S[rows_N] = True
             added += k
@@ -297,6 +320,18 @@ def _inner_loop(store, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, sam
         in_S[rows_N] = True
         added += len(rows_N)
         forest.shrink(shrink_threshold)
+
+
+def _prune_zero_alpha(S, in_S, stats) -> int:
+    """Drop the rows of S whose alpha is 0; return the new cyclic-reader position (0)."""
+    alpha = S.alpha[: S.m]
+    keep = alpha > 0
+    if keep.all():
+        return 0
+    in_S[S.rows[: S.m][~keep]] = False
+    stats["pruned"] = stats.get("pruned", 0) + int((~keep).sum())
+    S.keep(keep)
+    return 0
 
 
 def _only_tiny_violations(store, rows, w, bias, eps) -> bool:

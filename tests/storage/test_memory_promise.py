@@ -45,3 +45,36 @@ def test_ingest_of_a_source_10x_the_cap_stays_within_tiny_run_plus_cap(tmp_path,
     peak = child_peak_rss(INGEST + [big, "-o", tmp_path / "big.store"] + common)
     # a few % of slack for allocator and page-cache noise, as the promise states
     assert peak <= base * 1.03 + cap, (peak - base) / 2**20
+
+
+TRAIN = [sys.executable, "-c",
+         "import sys; from ooc_learn.cli import train_main; sys.exit(train_main())"]
+
+
+def test_ibcd_training_on_a_store_10x_the_cap_stays_within_tiny_run_plus_cap(tmp_path, rng):
+    from ooc_learn.api import ingest_arrays
+
+    cap = 4 << 20
+    n, d = 120_000, 100  # 48 MB of dense float32 rows, 12x the cap
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    m = X[:, :5].sum(1) / np.sqrt(5)
+    X = X[np.abs(m) > 0.3][:100_000]  # a margin gap: few support vectors, as IBCD expects
+    y = np.where(X[:, :5].sum(1) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "big", block_rows=5000, build_index=True).close()
+    ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=True).close()
+    del X
+    common = ["--quiet", "--memory", str(cap), "--block-size", "500"]
+    base = child_peak_rss(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz"] + common)
+    peak = child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz"] + common)
+    assert peak <= base * 1.03 + cap, (peak - base) / 2**20
+
+
+def test_a_cap_below_the_solver_minimum_names_memory(tmp_path, rng):
+    from ooc_learn.api import ingest_arrays
+
+    X = rng.normal(size=(20000, 50)).astype(np.float32)
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "s", build_index=True).close()
+    r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"),
+                                "--memory", "50K", "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--memory" in r.stderr, r.stderr
