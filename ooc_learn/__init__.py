@@ -37,6 +37,16 @@ _EXPORTS = {
     "train": "ooc_learn.train",
     "LinearModel": "ooc_learn.model",
     "load_model": "ooc_learn.model",
+    "tree_cv": "ooc_learn.cv.treecv",
+    "kfold_cv": "ooc_learn.cv.kfold",
+    "Pegasos": "ooc_learn.learners",
+    "LeastSquaresSGD": "ooc_learn.learners",
+    "ExactLeastSquares": "ooc_learn.learners",
+    "SklearnPartialFit": "ooc_learn.learners",
+    "svm_cv": "ooc_learn.kernel.cv",
+    "loo_error": "ooc_learn.kernel.loo",
+    "LOOResult": "ooc_learn.kernel.loo",
+    "SparseRLS": "ooc_learn.rls.model",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -304,8 +304,36 @@ def _train_body(args):
     return {"json": out, "text": text}
 
 
-def _cv_body(args):  # filled in by the TreeCV integration
-    raise ParameterError("--cv is not available in this build.", "Train without --cv.")
+def _cv_body(args):
+    """``ooc-train STORE --cv K``: TreeCV (or standard k-fold) of an incremental learner."""
+    from ooc_learn.cv import kfold_cv, tree_cv
+    from ooc_learn.learners import ExactLeastSquares, LeastSquaresSGD, Pegasos
+    from ooc_learn.storage.resources import peak_rss_bytes
+    from ooc_learn.storage.store import open_store
+
+    k = args.cv.strip().lower()
+    if k != "loo":
+        try:
+            k = int(k)
+        except ValueError:
+            raise ParameterError(f"--cv must be a number of folds or 'loo'. Got {args.cv!r}.",
+                                 "Use e.g. --cv 10 or --cv loo.") from None
+    if args.lam is not None and not args.lam > 0:
+        raise ParameterError(f"--lam must be > 0. Got {args.lam!r}.", "Try 1e-6.")
+    budget = _budget(args)
+    with open_store(args.store, memory=budget) as store:
+        if args.learner == "pegasos":
+            learner = Pegasos(lam=1e-6 if args.lam is None else args.lam)
+        elif args.learner == "lsqsgd":
+            learner = LeastSquaresSGD()
+        else:
+            learner = ExactLeastSquares(ridge=1e-6 if args.lam is None else args.lam)
+        run = tree_cv if args.cv_method == "tree" else kfold_cv
+        res = run(store, learner, k, seed=args.seed, memory=budget)
+    out = res.to_dict()
+    out.update(store=str(args.store), learner=args.learner, cv_method=args.cv_method,
+               peak_rss_bytes=peak_rss_bytes())
+    return {"json": out, "text": res.summary()}
 
 
 def train_main(argv=None) -> int:
@@ -359,3 +387,34 @@ def _predict_body(args):
 
 def predict_main(argv=None) -> int:
     return run_command("ooc-predict", _predict_parser(), _predict_body, argv)
+
+
+# ---- ooc-index ----------------------------------------------------------------------------
+def _index_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ooc-index",
+        description="Build the metric-forest index of an existing store (rewrites every block "
+                    "in leaf order; the old store stays intact until the new one is complete).")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--width", type=int, default=10, metavar="K")
+    p.add_argument("--leaf-size", type=int, default=None, metavar="L")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index")
+    _add_common(p)
+    return p
+
+
+def _index_body(args):
+    from ooc_learn.index.build import build_index
+    from ooc_learn.index.tree import DEFAULT_LEAF_SIZE
+
+    out = build_index(args.store, width=args.width,
+                      leaf_size=DEFAULT_LEAF_SIZE if args.leaf_size is None else args.leaf_size,
+                      seed=args.seed, memory=_budget(args), overwrite=args.overwrite)
+    out = dict(out, store=str(args.store))
+    return {"json": out, "text": f"{args.store}: index built over {out.get('n_blocks')} blocks "
+                                 f"in {out.get('seconds', 0):.2f} s"}
+
+
+def index_main(argv=None) -> int:
+    return run_command("ooc-index", _index_parser(), _index_body, argv)

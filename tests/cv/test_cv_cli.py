@@ -1,0 +1,58 @@
+"""ooc-train --cv and ooc-index from the command line."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.cli import index_main, train_main
+from ooc_learn.cv import kfold_cv
+from ooc_learn.learners import ExactLeastSquares
+from ooc_learn.storage.store import open_store
+
+TRAIN = [sys.executable, "-c",
+         "import sys; from ooc_learn.cli import train_main; sys.exit(train_main())"]
+
+
+def test_cv_flag_gives_the_library_estimate(tmp_path, rng, capsys):
+    X = rng.normal(size=(400, 5)).astype(np.float32)
+    y = np.where(X @ rng.normal(size=5) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4).close()
+    for method in ("tree", "standard"):
+        assert train_main([str(tmp_path / "s"), "--cv", "4", "--cv-method", method,
+                           "--learner", "exact-ls", "--json", "--quiet"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        with open_store(tmp_path / "s") as store:
+            ref = kfold_cv(store, ExactLeastSquares(ridge=1e-6), 4)
+        # ExactLeastSquares is order independent: TreeCV equals standard CV
+        assert out["estimate"] == pytest.approx(ref.estimate, rel=1e-9)
+        assert out["k"] == 4 and out["cv_method"] == method
+
+
+def test_bad_cv_value_exits_2(tmp_path, rng):
+    X = rng.normal(size=(50, 3)).astype(np.float32)
+    ingest_arrays(X, np.sign(X[:, 0]) + (X[:, 0] == 0), tmp_path / "s").close()
+    for bad in ("ten", "1", "51"):
+        r = subprocess.run(TRAIN + [str(tmp_path / "s"), "--cv", bad], capture_output=True,
+                           text=True)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_ooc_index_adds_an_index_and_refuses_twice(tmp_path, rng, capsys):
+    X = rng.normal(size=(600, 6)).astype(np.float32)
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=3).close()
+    with open_store(tmp_path / "s") as s:
+        before = dict(zip(s.row_ids(), s.labels()))
+    assert index_main([str(tmp_path / "s"), "--quiet", "--json"]) == 0
+    with open_store(tmp_path / "s") as s:
+        assert s.has_index and s.index.query(np.ones(7), n=None)[0].size >= 0
+        # rows were reordered within blocks, none lost or changed
+        assert dict(zip(s.row_ids(), s.labels())) == before
+    capsys.readouterr()
+    assert index_main([str(tmp_path / "s"), "--quiet"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert index_main([str(tmp_path / "s"), "--quiet", "--overwrite"]) == 0
