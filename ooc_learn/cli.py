@@ -186,10 +186,6 @@ def info_main(argv=None) -> int:
     return run_command("ooc-info", _info_parser(), _info_body, argv)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(ingest_main())
-
-
 # ---- ooc-train ----------------------------------------------------------------------------
 def _train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -418,3 +414,13 @@ def _index_body(args):
 
 def index_main(argv=None) -> int:
     return run_command("ooc-index", _index_parser(), _index_body, argv)
+
+
+_MAINS = {"ingest": ingest_main, "info": info_main, "train": train_main,
+          "predict": predict_main, "index": index_main}
+
+if __name__ == "__main__":  # python -m ooc_learn.cli COMMAND ARGS...
+    if len(sys.argv) < 2 or sys.argv[1] not in _MAINS:
+        print(f"usage: python -m ooc_learn.cli {{{','.join(_MAINS)}}} ...", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_MAINS[sys.argv.pop(1)]())
