@@ -1,0 +1,54 @@
+"""MemoryBudget, size parsing, OOC_MEMORY and LRU eviction across caches."""
+
+import pytest
+
+from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes, parse_size
+from ooc_learn.storage.cache import LRUCache
+from ooc_learn.storage.errors import BudgetExceededError, ParameterError
+
+
+@pytest.mark.parametrize("text,expected", [("512M", 512 << 20), ("2G", 2 << 30),
+                                           ("1.5GiB", 3 << 29), ("64k", 64 << 10),
+                                           ("1048576", 1 << 20), (4096, 4096)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5M", "0", "1X", ""])
+def test_bad_sizes_name_the_flag(bad):
+    with pytest.raises(ParameterError, match="--memory"):
+        parse_size(bad)
+
+
+def test_oocmemory_environment_sets_the_default(monkeypatch):
+    monkeypatch.setenv("OOC_MEMORY", "300M")
+    assert default_memory_bytes() == 300 << 20 and MemoryBudget().limit == 300 << 20
+    monkeypatch.setenv("OOC_MEMORY", "nonsense")
+    with pytest.raises(ParameterError, match="OOC_MEMORY"):
+        MemoryBudget()
+    monkeypatch.delenv("OOC_MEMORY")
+    assert default_memory_bytes() >= 64 << 20
+
+
+def test_a_reservation_evicts_other_caches_before_failing():
+    budget = MemoryBudget(1000)
+    a, b = LRUCache(budget, name="a"), LRUCache(budget, name="b")
+    assert a.put("x", "X", 400) and b.put("y", "Y", 400)
+    budget.reserve(500, "solver buffer")  # evicts the least recently used entries first
+    assert budget.used <= budget.limit and len(a) + len(b) == 1
+    with pytest.raises(BudgetExceededError, match="solver buffer"):
+        budget.reserve(900, "solver buffer")
+    budget.release(500)
+    with budget.reservation(600, "scratch"):
+        assert budget.used >= 600
+    a.close(), b.close()
+    assert budget.used == 0 and budget.peak <= budget.limit
+
+
+def test_cache_hits_and_entries_larger_than_the_cache():
+    cache = LRUCache(MemoryBudget(1000), max_bytes=300)
+    loads = []
+    for key in ("p", "q", "p"):
+        cache.get_or_load(key, lambda k=key: (loads.append(k) or k, 100))
+    assert loads == ["p", "q"] and cache.hits == 1
+    assert cache.put("big", "B", 301) is False and "big" not in cache
