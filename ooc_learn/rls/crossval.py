@@ -75,6 +75,13 @@ def _ut_piece(model, rows):
     return model.u_rows(rows)[0]
 
 
+def _n_side_strategy(h, n, e, c, v) -> str:
+    """The cheapest of the n-side strategies (chol / eig / tri) by the flop model."""
+    costs = strategy_costs(h, n, e, c, v)
+    costs.pop("small")
+    return min(costs, key=costs.get)
+
+
 def _holdout_one(model, H, lams, mode, stats):
     """Predictions (c, |H|, v) for one hold-out set."""
     c, Y, Q, Lam, z0 = lams.size, model._Y, model.Q_, model.eigvals_, model._z0
@@ -113,7 +120,7 @@ def _holdout_one(model, H, lams, mode, stats):
             S += Ut.T @ Ut
             Uty += Ut.T @ Y[Hp[a:a + step]]
         e = 0 if QE is None else QE.shape[0]
-        strategy = "eig" if choose_strategy(h, n, e, c, v) == "eig" else "chol"
+        strategy = _n_side_strategy(h, n, e, c, v)
         W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
         f = np.empty((c, h, v))
         for a in range(0, h, step):
@@ -240,7 +247,7 @@ def _holdout_from_gram(model, H, SR, RY, lams, mode, stats):
         zt += UE.T @ Y[H[hE]]
         keep_rows[hE] = False
     e = 0 if QE is None else QE.shape[0]
-    strategy = "eig" if choose_strategy(H.size, n, e, c, v) == "eig" else "chol"
+    strategy = _n_side_strategy(H.size, n, e, c, v)
     W = n_side_weights(S, zt, Lam, lams, QE=QE, strategy=strategy)
     stats[strategy + "-gram"] += 1
     if model._ucache is not None and not model._ucache_is_u:
