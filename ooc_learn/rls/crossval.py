@@ -24,7 +24,7 @@ import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
 
-from .holdout import (choose_strategy, holdout_path, lam_tilde, loo_basis_remove_path,
+from .holdout import (choose_strategy, gram_weights, holdout_path, lam_tilde, loo_basis_remove_path,
                       loo_rows_path, n_side_weights, strategy_costs)
 from .model import BASIS_MODES_HOLDOUT, BASIS_MODES_LOO, check_lambdas
 
@@ -202,6 +202,11 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
         for g, H in enumerate(fold_list):
             H = _check_rows(H, m, owner)
             if pre is None or not _gram_pays(model, H, lams.size, v):
+                if _rcoords_pay(model, H, lams.size, v):
+                    RH = model._ucache[H]
+                    out[:, H] = _holdout_from_gram(model, H, RH.T @ RH, RH.T @ model._Y[H],
+                                                   lams, basis_mode, stats, tag="-r")
+                    continue
                 out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
             else:
                 out[:, H] = _holdout_from_gram(model, H, pre[1][g], pre[2][g], lams,
@@ -211,16 +216,25 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
     return out
 
 
+def _rcoords_pay(model, H, c: int, v: int) -> bool:
+    """Whether a fold is best done on the n side in R coordinates from the cached R^T rows
+    (saves converting the cache to U = R^T V, an m n^2 GEMM): the n side must be cheapest."""
+    if model._ucache is None or model._ucache_is_u:
+        return False
+    n, h = model.Q_.shape[0], H.size
+    costs = strategy_costs(h, n, model.basis_hits(H)[0].size, c, v)
+    return min(costs, key=costs.get) != "small"
+
+
 def _gram_pays(model, H, c: int, v: int) -> bool:
     """Whether the fit-time Gram of a fold beats the general path (estimated flops): it saves
-    the |H| n^2 products (and U's formation) but pays 4 n^3 to rotate the Gram into Q
-    coordinates, so it wins when folds are large next to n (m >> n)."""
+    the |H| n^2 product (and U's formation when no R^T / U rows are cached); the n side it
+    uses works in R coordinates with no rotation, so it wins unless the |H| side is cheaper."""
     n, h = model.Q_.shape[0], H.size
     e = model.basis_hits(H)[0].size
     costs = strategy_costs(h, n, e, c, v)
-    u_ready = model._ucache is not None and model._ucache_is_u
-    general = min(costs.values()) + (0.0 if u_ready else 2.0 * h * n * n)
-    gram = 4.0 * n ** 3 + min(costs["chol"], costs["eig"]) - h * n * n
+    general = min(costs.values()) + (0.0 if model._ucache is not None else 2.0 * h * n * n)
+    gram = min(costs["chol"], costs["eig"], costs["tri"]) - h * n * n
     return gram < general
 
 
@@ -228,33 +242,34 @@ def _same_folds(a, b) -> bool:
     return len(a) == len(b) and all(np.array_equal(np.sort(x), np.sort(y)) for x, y in zip(a, b))
 
 
-def _holdout_from_gram(model, H, SR, RY, lams, mode, stats):
-    """One fold from the Gram R_H R_H^T accumulated at fit time (right side of eq. 36):
-    S = U_H^T U_H = V^T (R_H R_H^T) V in O(n^3), no pass over the fold's rows except the final
-    predictions U_H W (O(|H| n c v) when R^T or U rows are cached)."""
-    V, Q, Lam, Y = model._V, model.Q_, model.eigvals_, model._Y
+def _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-gram"):
+    """One fold from its hold-out Gram SR = R_H R_H^T and RY = R_H y_H, R = C^-1 K~_B (right
+    side of eq. 36 in R coordinates, where the training Gram is A = R R^T = V Lam V^T):
+    the hold-in Gram is A - SR and z~ becomes C^-1 K_B y - RY, so no rotation into Q
+    coordinates (no V^T SR V, no U = R^T V) is needed; a_E = 0 reads (C^-T)_E w = 0.
+    Predictions are R_H^T W (O(|H| n c v)) when R^T rows are cached.
+    SR comes from the training pass (fit-time folds) or from the cached R^T rows."""
+    V, Q, Y = model._V, model.Q_, model._Y
     n, v, c = Q.shape[0], Y.shape[1], lams.size
-    S = V.T @ SR @ V
-    zt = model._z0 - V.T @ RY
+    M = model._AR - SR
+    b = model._KyR - RY
     hE, Ecols = model.basis_hits(H)
-    QE, keep_rows = None, np.ones(H.size, dtype=bool)
-    UE = None
+    GE = None
     if hE.size and mode == "remove":
-        QE = Q[Ecols]
+        GE = Q[Ecols] @ V.T                                 # rows E of C^-T
     elif hE.size and mode == "keep":       # E stays in training: add its rows back
-        UE = (model._C @ V)[Ecols]
-        S -= UE.T @ UE
-        zt += UE.T @ Y[H[hE]]
-        keep_rows[hE] = False
-    e = 0 if QE is None else QE.shape[0]
+        RE = model._C[Ecols]                               # R^T rows of E: C^-1 C C^T e_j
+        M += RE.T @ RE
+        b += RE.T @ Y[H[hE]]
+    e = 0 if GE is None else GE.shape[0]
     strategy = _n_side_strategy(H.size, n, e, c, v)
-    W = n_side_weights(S, zt, Lam, lams, QE=QE, strategy=strategy)
-    stats[strategy + "-gram"] += 1
+    W = gram_weights(M, b, lams, QE=GE, strategy=strategy)
+    stats[strategy + tag] += 1
     if model._ucache is not None and not model._ucache_is_u:
         RH = model._ucache[H]                             # rows of R^T
-        return np.einsum("hn,cnv->chv", RH, np.einsum("ij,cjv->civ", V, W), optimize=True)
+        return np.einsum("hn,cnv->chv", RH, W, optimize=True)
     UH = model.u_rows(H)[0]
-    return np.einsum("hn,cnv->chv", UH, W, optimize=True)
+    return np.einsum("hn,cnv->chv", UH, np.einsum("ji,cjv->civ", V, W), optimize=True)
 
 
 def loo_path_model(model, lams, basis_mode: str) -> np.ndarray:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as la
 from scipy.linalg import lapack
+from scipy.linalg.blas import dsyr2k as syr2k
 
 __all__ = ["lam_tilde", "holdout_path", "n_side_weights", "gram_weights", "loo_rows_path",
            "loo_basis_remove_path", "choose_strategy"]
@@ -76,11 +77,16 @@ def _orth_basis(QE: np.ndarray) -> np.ndarray:
 
 
 def _project(M: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """``Pi M Pi`` for the projector Pi = I - Y Y^T onto null(Q_E) (M symmetric)."""
+    """``Pi M Pi`` for the projector Pi = I - Y Y^T onto null(Q_E) (M symmetric).
+
+    Pi M Pi = M - Y G^T - G Y^T with G = M Y - Y (Y^T M Y) / 2: one GEMM and one rank-2e
+    symmetric update (dsyr2k, upper triangle, mirrored)."""
     MY = M @ Y
-    YMY = Y.T @ MY
-    out = M - Y @ MY.T - MY @ Y.T + Y @ YMY @ Y.T
-    return 0.5 * (out + out.T)
+    G = MY - 0.5 * (Y @ (Y.T @ MY))
+    out = syr2k(-1.0, Y, G, beta=1.0, c=np.asfortranarray(M), trans=0, lower=0)
+    iu = np.triu_indices_from(out, 1)
+    out.T[iu] = out[iu]
+    return out
 
 
 def _spd_solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:

@@ -285,6 +285,8 @@ class SparseRLS:
         self.Q_ = la.solve_triangular(self._C.T, V, lower=False, check_finite=False)
         self._Ky = Ky
         self._z0 = self.Q_.T @ Ky
+        self._AR = A            # R R^T (eigh leaves it intact): the hold-in Gram of k-fold CV
+        self._KyR = V @ self._z0  # C^-1 K_B y                     in R coordinates
 
     # -- model ---------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
