@@ -128,8 +128,12 @@ class ArraySource:
             self.ids = np.arange(X.shape[0], dtype=np.int64)
         self.X, self.y = X, y
         self.n, self.d = X.shape
-        step = self.n if block_rows is None else max(1, int(block_rows))
-        self.block_offsets = np.unique(np.r_[np.arange(0, self.n, step), self.n]).astype(np.int64)
+        if block_rows is None:
+            self.block_offsets = np.array([0, self.n], dtype=np.int64)
+        else:
+            step = max(1, int(block_rows))
+            self.block_offsets = np.unique(np.r_[np.arange(0, self.n, step), self.n]
+                                           ).astype(np.int64)
         self.rows_read = 0
 
     def fold_bounds(self, k: int) -> np.ndarray:

@@ -23,11 +23,13 @@ Running time (Corollary 4): about (1 + c) log2(2k) single training passes.
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 
 import numpy as np
 
-from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes
 from ooc_learn.storage.errors import ParameterError
 
 from ..learners.base import check_metric, kernel_arrays
@@ -40,6 +42,18 @@ __all__ = ["tree_cv"]
 
 def _is_flat(learner) -> bool:
     return getattr(learner, "kernel_kind", -1) >= 0
+
+
+@functools.lru_cache(maxsize=8)
+def _default_cap(env: str | None) -> int:
+    # default_memory_bytes() asks psutil for the RAM size (~0.1 ms): once per OOC_MEMORY value
+    return default_memory_bytes()
+
+
+def _budget(memory) -> MemoryBudget:
+    if memory is None:
+        return MemoryBudget(_default_cap(os.environ.get("OOC_MEMORY")))
+    return MemoryBudget.coerce(memory)
 
 
 def _metric_name(metric) -> str:
@@ -67,7 +81,7 @@ class CVRun:
         if memory is None and self.source.is_store:
             self.budget = data.budget
         else:
-            self.budget = MemoryBudget.coerce(memory)
+            self.budget = _budget(memory)
         self.learner = learner
         self.randomized = bool(randomized)
         self.bounds = self.source.fold_bounds(self.k)
