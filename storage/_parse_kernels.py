@@ -219,6 +219,18 @@ def scan_number(buf, i, end, want_f32):
 
 
 @njit(cache=True, nogil=True)
+def count_two(buf, a, b, c1, c2):
+    """Occurrences of the bytes ``c1`` and ``c2`` in ``buf[a:b]``, in one (vectorised) pass."""
+    n1 = 0
+    n2 = 0
+    for i in range(a, b):
+        c = buf[i]
+        n1 += c == c1
+        n2 += c == c2
+    return n1, n2
+
+
+@njit(cache=True, nogil=True)
 def _skip_to_eol(buf, i, end):
     while i < end and buf[i] != _NL:
         i += 1

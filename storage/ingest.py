@@ -250,7 +250,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     -------
     Store
         The new store, opened with the same budget; ``store.ingest_stats`` holds ``seconds``,
-        ``bytes_in`` and ``peak_rss_bytes``.
+        ``bytes_in``, ``peak_rss_bytes`` and ``pass_seconds`` (parse, shuffle, write).
 
     Examples
     --------
@@ -334,6 +334,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     chunk_bytes = int(min(16 << 20, max(64 << 10, budget.limit // 32)))
 
     # ---- pass 1: parse and spill ------------------------------------------------------
+    t_pass = time.perf_counter()
     if chunks is None:
         from .parsers import detect_format, iter_chunks
 
@@ -430,6 +431,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     np.cumsum(sizes, out=offsets[1:])
 
     # ---- pass 2: deal rows into balanced random buckets ---------------------------------
+    t_parse = time.perf_counter() - t_pass
+    t_pass = time.perf_counter()
     rng = np.random.default_rng(seed)
     buckets = BucketWriter(tmp / "buckets", n_blocks, buffer_bytes=budget.limit // 4)
     remaining = sizes.copy()
@@ -447,6 +450,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     spill.remove()
 
     # ---- pass 3: one bucket -> one block -----------------------------------------------
+    t_shuffle = time.perf_counter() - t_pass
+    t_pass = time.perf_counter()
     metadata = {
         "label_map": label_map, "sources": src_meta, "formats": sorted(formats_seen),
         "zero_based": base == 0, "nnz": int(nnz), "density": density,
@@ -489,5 +494,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         raise
     shutil.rmtree(tmp / "buckets", ignore_errors=True)
     shutil.rmtree(tmp / "spill", ignore_errors=True)
+    pass_seconds = {"parse": t_parse, "shuffle": t_shuffle, "write": time.perf_counter() - t_pass}
+    log.debug("ingest passes (s): %s", pass_seconds)
     return {"n_samples": n, "n_features": d, "n_blocks": n_blocks, "layout": lay,
-            "task": task_, "nnz": int(nnz), "bytes_in": bytes_in}
+            "task": task_, "nnz": int(nnz), "bytes_in": bytes_in, "pass_seconds": pass_seconds}

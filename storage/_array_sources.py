@@ -1,0 +1,214 @@
+"""Streaming readers of binary array sources for ingest: ``.npy`` and ``.npz``.
+
+Split out of :mod:`parsers` (which dispatches here from ``iter_chunks``). A ``.npy`` file is
+memory-mapped and read a row range at a time (or read sequentially when compressed); an
+``.npz`` archive is read member by member with :class:`_NpyReader`, either a dense ``X`` with
+``y``, or a CSR matrix saved by ``scipy.sparse.save_npz`` plus ``y``. Every chunk is checked
+for finite values and canonical CSR structure and returned as a :class:`RawChunk`.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from typing import Iterator
+
+import numpy as np
+
+from . import _parse_kernels as K
+from .errors import IngestError
+from .parsers import INDEX_SENTINEL, RawChunk, _label_index, _read_full, open_binary
+
+__all__ = ["iter_npy", "iter_npz"]
+
+
+def _check_numeric(dtype, shape, path, what: str, ndim: int) -> None:
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise IngestError(f"{what} has dtype {dtype}, not a numeric type",
+                          "Save a numeric array (bool, int or float).", path=path)
+    if len(shape) != ndim and not (ndim == 1 and len(shape) == 2 and shape[1] == 1):
+        raise IngestError(f"{what} has shape {shape}; expected a {ndim}-D array",
+                          "Save X as a 2-D (rows x columns) array and y as a 1-D array.",
+                          path=path)
+
+
+def _finite(a: np.ndarray, path, what: str, row0: int) -> None:
+    bad = ~np.isfinite(a)
+    if bad.any():
+        r, *c = np.argwhere(bad)[0] if a.ndim == 2 else (np.argmax(bad),)
+        col = int(c[0]) + 1 if c else None
+        raise IngestError(f"{what} in row {row0 + int(r) + 1} is NaN or infinite",
+                          "Impute or drop missing values before ingesting; the store holds "
+                          "finite float32 values only.", path=path, column=col)
+
+
+def _dense_chunk(labels, feats, row0: int, bytes_read: int, path) -> RawChunk:
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+    _finite(labels, path, "the label", row0)
+    if feats.dtype != np.float32:
+        feats = np.asarray(feats, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        f32 = np.asarray(feats, dtype=np.float32)
+    _finite(f32, path, "a value", row0)
+    mask = f32 != 0
+    indptr = np.zeros(f32.shape[0] + 1, np.int64)
+    np.cumsum(mask.sum(axis=1), out=indptr[1:])
+    cols = np.nonzero(mask)[1].astype(np.int64)
+    n_cols = f32.shape[1]
+    return RawChunk(labels, indptr, cols, f32[mask], row0 + 1, None,
+                    0 if n_cols else INDEX_SENTINEL, n_cols - 1, n_cols, bytes_read)
+
+
+def iter_npy(path, chunk_bytes: int, label_column) -> Iterator[RawChunk]:
+    p = os.fspath(path)
+    if isinstance(label_column, str):
+        raise IngestError(f"label_column={label_column!r} is a name, but .npy columns have none",
+                          "Pass the label column's number.", path=p)
+    with open_binary(p) as f:
+        reader = _NpyReader(f, p, "the .npy array", 2)  # checks dtype and shape first
+        n, width = reader.shape
+        lab = _label_index(p, label_column, None, width)
+        keep = [j for j in range(width) if j != lab]
+        step = max(1, chunk_bytes // max(1, width * reader.dtype.itemsize))
+        if f.compression is not None:  # no random access: read the rows in order
+            for a in range(0, n, step):
+                block = reader.read(min(step, n - a))
+                yield _dense_chunk(block[:, lab], block[:, keep], a, f.raw_tell(), p)
+            return
+    arr = np.load(p, mmap_mode="r", allow_pickle=False)
+    size = os.path.getsize(p)
+    for a in range(0, n, step):
+        block = np.asarray(arr[a:a + step])
+        yield _dense_chunk(block[:, lab], block[:, keep], a, int(size * min(n, a + step) / n), p)
+
+
+class _NpyReader:
+    """Sequential reader of a ``.npy`` stream (a zip member or a decompressed file)."""
+
+    def __init__(self, fp, path: str, what: str, ndim: int):
+        self.fp, self.path, self.what = fp, path, what
+        try:
+            version = np.lib.format.read_magic(fp)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                else np.lib.format.read_array_header_2_0
+            self.shape, fortran, self.dtype = read(fp)
+        except (ValueError, OSError, EOFError) as exc:
+            raise IngestError(f"{what} is not a readable .npy array: {exc}",
+                              "Re-create it with numpy.save / numpy.savez.", path=path) from exc
+        _check_numeric(self.dtype, self.shape, path, what, ndim)
+        if fortran and len(self.shape) == 2 and self.shape[1] > 1 and ndim == 2:
+            raise IngestError(f"{what} is stored in Fortran (column) order, which cannot be "
+                              "streamed by rows", "Save np.ascontiguousarray(X) instead.",
+                              path=path)
+        self.row_items = int(np.prod(self.shape[1:], dtype=np.int64))
+
+    def read(self, rows: int) -> np.ndarray:
+        nbytes = rows * self.row_items * self.dtype.itemsize
+        data = _read_full(self.fp, nbytes)
+        if len(data) != nbytes:
+            raise IngestError(f"{self.what} ends early (truncated file)",
+                              "Re-create the file.", path=self.path)
+        return np.frombuffer(data, dtype=self.dtype).reshape((rows, *self.shape[1:]))
+
+
+def _npz_member(zf, names, key, path, ndim, what):
+    if key not in names:
+        raise IngestError(f"the .npz archive has no member {key!r}; it has {sorted(names)}",
+                          "Save X and y (np.savez(f, X=X, y=y)), a sparse CSR matrix with y "
+                          "(data, indices, indptr, shape, format, y), or pass npz_keys=.",
+                          path=path)
+    return _NpyReader(zf.open(names[key]), path, f"the .npz member {key!r}", ndim)
+
+
+def iter_npz(path, chunk_bytes: int, keys: tuple[str, str]) -> Iterator[RawChunk]:
+    p = os.fspath(path)
+    try:
+        zf = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise IngestError(f"the .npz archive cannot be read: {exc}",
+                          "Re-create it with numpy.savez.", path=p) from exc
+    with zf:
+        names = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        xk, yk = keys
+        size = os.path.getsize(p)
+        if xk not in names and {"data", "indices", "indptr"} <= names.keys():
+            yield from _iter_npz_csr(zf, names, yk, p, chunk_bytes, size)
+            return
+        X = _npz_member(zf, names, xk, p, 2, "X")
+        y = _npz_member(zf, names, yk, p, 1, "y")
+        n, width = X.shape
+        if y.shape[0] != n:
+            raise IngestError(f"X has {n} rows but y has {y.shape[0]} labels",
+                              "Save one label per row.", path=p)
+        step = max(1, chunk_bytes // max(1, width * X.dtype.itemsize))
+        for a in range(0, n, step):
+            m = min(step, n - a)
+            yield _dense_chunk(y.read(m), X.read(m), a, int(size * (a + m) / max(n, 1)), p)
+
+
+def _iter_npz_csr(zf, names, yk, p: str, chunk_bytes: int, size: int) -> Iterator[RawChunk]:
+    fmt = np.lib.format.read_array(zf.open(names["format"])) if "format" in names else "csr"
+    fmt = str(fmt.item().decode() if isinstance(fmt, np.ndarray) and fmt.dtype.kind == "S"
+              else np.asarray(fmt).item())
+    if fmt != "csr":
+        raise IngestError(f"the sparse matrix in the .npz archive is {fmt.upper()}, not CSR",
+                          "Convert it with X.tocsr() before scipy.sparse.save_npz.", path=p)
+    if "shape" not in names:
+        raise IngestError("the sparse .npz archive has no 'shape' member",
+                          "Save it with scipy.sparse.save_npz.", path=p)
+    n, width = (int(v) for v in np.lib.format.read_array(zf.open(names["shape"])))
+    ptr = _npz_member(zf, names, "indptr", p, 1, "indptr")
+    ind = _npz_member(zf, names, "indices", p, 1, "indices")
+    dat = _npz_member(zf, names, "data", p, 1, "data")
+    y = _npz_member(zf, names, yk, p, 1, "y")
+    if ptr.shape[0] != n + 1 or y.shape[0] != n:
+        raise IngestError(f"indptr has {ptr.shape[0]} entries and y {y.shape[0]} labels for "
+                          f"{n} rows", "Save a consistent CSR matrix and one label per row.",
+                          path=p)
+    start = int(ptr.read(1)[0])
+    if start:
+        ind.read(start), dat.read(start)
+    budget = max(1, chunk_bytes // 12)
+    row = 0
+    while row < n:
+        ends = ptr.read(min(max(1, chunk_bytes // 16), n - row)).astype(np.int64)
+        labels = y.read(ends.shape[0])
+        cut = 0
+        while cut < ends.shape[0]:
+            stop = max(cut + 1, int(np.searchsorted(ends, start + budget, "right")))
+            stop = min(stop, ends.shape[0])
+            indptr = np.concatenate(([start], ends[cut:stop])) - start
+            if np.any(np.diff(indptr) < 0) or ends[stop - 1] > ind.shape[0]:
+                raise IngestError(f"indptr is not a valid CSR row pointer near row {row + cut}",
+                                  "Re-create the matrix with scipy.sparse.", path=p)
+            k = int(indptr[-1])
+            chunk = _csr_chunk(labels[cut:stop], indptr, ind.read(k).astype(np.int64),
+                               dat.read(k), width, row + cut, int(size * (row + stop) / n), p)
+            yield chunk
+            start, cut = int(ends[stop - 1]), stop
+        row += ends.shape[0]
+
+
+def _csr_chunk(labels, indptr, indices, data, width: int, row0: int, bytes_read: int,
+               p: str) -> RawChunk:
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+    _finite(labels, p, "the label", row0)
+    with np.errstate(over="ignore"):  # via float64, as float(token) would
+        values = np.asarray(data if data.dtype == np.float32 else data.astype(np.float64),
+                            dtype=np.float32)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IngestError(f"a value in row {row0 + int(np.searchsorted(indptr, k, 'right'))} is "
+                          "NaN or infinite", "Impute or drop missing values before ingesting.",
+                          path=p, column=int(indices[k]) + 1)
+    code, r, idx = K.sort_check_rows(indptr, indices, values, width)
+    if code:
+        what = {K.E_INDEX_NEG: "is negative", K.E_INDEX_BIG: f"is >= the {width} columns",
+                K.E_DUPLICATE: "appears twice"}[code]
+        raise IngestError(f"column index {idx} in row {row0 + r + 1} {what}",
+                          "Save a canonical CSR matrix (X.sum_duplicates(); X.sort_indices()).",
+                          path=p)
+    nnz = int(K.drop_zeros(indptr, indices, values))
+    return RawChunk(labels, indptr, indices[:nnz], values[:nnz], row0 + 1, None,
+                    0 if width else INDEX_SENTINEL, width - 1, width, bytes_read)
