@@ -12,7 +12,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ooc_learn.learners._kernels import decision_range, update_range, update_rows, weights_into
+from ooc_learn.learners._kernels import (LSQ_HEAD, LSQSGD, PEG_HEAD, PEGASOS, decision_range,
+                                         row_dot, update_range, update_rows, weights_into)
+
+
+@njit(cache=True, nogil=True)
+def _decision_one(kind, state, d, Xd, indptr, indices, data, is_csr, i):
+    # x_i . w straight from the state, without writing w (a LOO leaf scores one row)
+    if kind == PEGASOS:
+        return state[1] * row_dot(state, PEG_HEAD, Xd, indptr, indices, data, is_csr, i)
+    # LSQSGD with N > 0: w = (P + beta v) / N
+    return (row_dot(state, LSQ_HEAD + d, Xd, indptr, indices, data, is_csr, i)
+            + state[2] * row_dot(state, LSQ_HEAD, Xd, indptr, indices, data, is_csr, i)
+            ) / state[0]
 
 
 @njit(cache=True, nogil=True)
@@ -55,9 +67,14 @@ def tree_block(kind, d, states, Xd, indptr, indices, data, is_csr, y, bounds, ra
         s = S[top]
         e = E[top]
         if s == e:
-            weights_into(kind, states[top], d, w)
-            decision_range(w, Xd, indptr, indices, data, is_csr, bounds[s], bounds[s + 1],
-                           out, bounds[s] - bounds[0])
+            if bounds[s + 1] - bounds[s] == 1 and (
+                    kind == PEGASOS or (kind == LSQSGD and states[top, 0] > 0.0)):
+                out[bounds[s] - bounds[0]] = _decision_one(kind, states[top], d, Xd, indptr,
+                                                           indices, data, is_csr, bounds[s])
+            else:
+                weights_into(kind, states[top], d, w)
+                decision_range(w, Xd, indptr, indices, data, is_csr, bounds[s], bounds[s + 1],
+                               out, bounds[s] - bounds[0])
             top -= 1
             continue
         m = (s + e) // 2
