@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 __all__ = ["Spill", "BucketWriter", "read_bucket", "balanced_sizes", "deal_chunk"]
 
@@ -33,10 +34,10 @@ class Spill:
 
     def append(self, labels, indptr, indices, values) -> None:
         rownnz = np.diff(indptr).astype("<i4")
-        self._fh["labels"].write(np.ascontiguousarray(labels, "<f8").tobytes())
-        self._fh["rownnz"].write(rownnz.tobytes())
-        self._fh["indices"].write(np.ascontiguousarray(indices, "<i4").tobytes())
-        self._fh["values"].write(np.ascontiguousarray(values, "<f4").tobytes())
+        self._fh["labels"].write(np.ascontiguousarray(labels, "<f8"))
+        self._fh["rownnz"].write(rownnz)
+        self._fh["indices"].write(np.ascontiguousarray(indices, "<i4"))
+        self._fh["values"].write(np.ascontiguousarray(values, "<f4"))
         self.n_rows += len(labels)
         self.nnz += int(indptr[-1])
 
@@ -105,49 +106,59 @@ class BucketWriter:
         return self.directory / f"bucket{b:06d}.bin"
 
     def add(self, bucket_of_row, labels, row_ids, indptr, indices, values) -> None:
-        """Scatter one chunk of rows to their buckets (``bucket_of_row``: one label per row)."""
+        """Scatter one chunk of rows to their buckets (``bucket_of_row``: one label per row).
+
+        One vectorised gather puts the chunk's rows in bucket order (rows of one bucket keep
+        their source order); each bucket then takes a slice of it, so the work per chunk is
+        O(rows + entries + R) with no per-bucket fancy indexing.
+        """
         order = np.argsort(bucket_of_row, kind="stable")
         bounds = np.searchsorted(bucket_of_row[order], np.arange(self.n_buckets + 1))
-        rownnz = np.diff(indptr)
-        for b in range(self.n_buckets):
-            rows = order[bounds[b]:bounds[b + 1]]
-            if rows.size == 0:
-                continue
-            # rows of one bucket keep their source order; the gather below is vectorised
-            starts, lens = indptr[rows], rownnz[rows]
-            take = _ranges(starts, lens)
-            rec = (labels[rows], row_ids[rows], lens.astype("<i4"),
-                   indices[take].astype("<i4", copy=False), values[take])
-            self._pending[b].append(rec)
-            self._pending_bytes += sum(a.nbytes for a in rec)
+        lens = np.diff(indptr)[order]
+        ebounds = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(lens, out=ebounds[1:])
+        ind = np.empty(int(ebounds[-1]), "<i4")
+        val = np.empty(int(ebounds[-1]), "<f4")
+        _gather_rows(indptr, order, ebounds, indices, values, ind, val)
+        lab = np.ascontiguousarray(labels[order], "<f8")
+        rid = np.ascontiguousarray(row_ids[order], "<i8")
+        nz = lens.astype("<i4")
+        for b in np.flatnonzero(np.diff(bounds)).tolist():
+            r0, r1 = int(bounds[b]), int(bounds[b + 1])
+            e0, e1 = int(ebounds[r0]), int(ebounds[r1])
+            self._pending[b].append((lab[r0:r1], rid[r0:r1], nz[r0:r1], ind[e0:e1],
+                                     val[e0:e1]))
+        # the slices together cover the gathered chunk
+        self._pending_bytes += lab.nbytes + rid.nbytes + nz.nbytes + ind.nbytes + val.nbytes
         if self._pending_bytes > self.buffer_bytes:
             self.flush()
 
     def flush(self) -> None:
+        """Append each bucket's pending rows as one record (header, then field by field)."""
         for b, recs in enumerate(self._pending):
             if not recs:
                 continue
+            m = sum(len(r[0]) for r in recs)
+            nnz = sum(len(r[3]) for r in recs)
             with open(self.path(b), "ab") as fh:
-                for lab, rid, nz, ind, val in recs:
-                    fh.write(np.array([len(lab), len(ind)], dtype=_REC_HEADER).tobytes())
-                    fh.write(np.ascontiguousarray(lab, "<f8").tobytes())
-                    fh.write(np.ascontiguousarray(rid, "<i8").tobytes())
-                    fh.write(nz.tobytes())
-                    fh.write(np.ascontiguousarray(ind, "<i4").tobytes())
-                    fh.write(np.ascontiguousarray(val, "<f4").tobytes())
+                fh.write(np.array([m, nnz], dtype=_REC_HEADER))
+                for field in range(5):
+                    for rec in recs:
+                        fh.write(rec[field])
             recs.clear()
         self._pending_bytes = 0
 
 
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + l)`` for each pair, without a Python loop."""
-    total = int(lens.sum())
-    if total == 0:
-        return np.empty(0, np.int64)
-    offs = np.zeros(len(lens), np.int64)
-    np.cumsum(lens[:-1], out=offs[1:])
-    idx = np.arange(total, dtype=np.int64)
-    return idx - np.repeat(offs - starts, lens)
+@njit(cache=True, nogil=True)
+def _gather_rows(indptr, order, out_ptr, indices, values, out_ind, out_val):
+    """Copy the entries of rows ``order`` (in that order) into ``out_*`` at ``out_ptr``."""
+    for k in range(order.shape[0]):
+        r = order[k]
+        a = indptr[r]
+        o = out_ptr[k]
+        for j in range(indptr[r + 1] - a):
+            out_ind[o + j] = indices[a + j]
+            out_val[o + j] = values[a + j]
 
 
 def read_bucket(path):

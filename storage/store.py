@@ -123,7 +123,13 @@ class StoreWriter:
 def row_sqnorms(X) -> np.ndarray:
     """Squared Euclidean norm of every row, computed in float64, returned as float32."""
     if sp.issparse(X):
-        sq = np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
+        X = X.tocsr()
+        d = X.data.astype(np.float64)
+        d *= d
+        sq = np.zeros(X.shape[0], np.float64)
+        rows = np.flatnonzero(np.diff(X.indptr))
+        if rows.size:  # consecutive non-empty rows: each segment is one row's entries
+            sq[rows] = np.add.reduceat(d, X.indptr[rows])
     else:
         X64 = np.asarray(X, dtype=np.float64)
         sq = np.einsum("ij,ij->i", X64, X64)
