@@ -95,8 +95,11 @@ def cos2_rows(X, indptr, indices, data, is_csr, sqnorm, a, b):
 
 @njit(cache=True, nogil=True)
 def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group, counts,
-            work, acc):
+            work, acc, c2row, c2aug):
     """Send each row of order[s:e] to its nearest pivot (largest cos², ties to the lowest).
+
+    ``c2row[i - s]`` / ``c2aug[i - s]`` receive the row's cos² to that pivot, plain and in the
+    bias-augmented space [x, 1] (the query's covering-radius bounds use both).
 
     For CSR rows with a workspace ``work`` (d, width), the pivots are scattered into it
     once so each row costs one pass over its non-zeros instead of k index merges.
@@ -138,6 +141,10 @@ def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group
                 best = c2
                 bk = j
         group[i - s] = bk
+        c2row[i - s] = min(best, 1.0)
+        ga = acc[bk] + 1.0
+        c2aug[i - s] = min(ga * ga / ((np.float64(sqnorm[row]) + 1.0)
+                                      * (np.float64(sqnorm[piv[bk]]) + 1.0)), 1.0)
         counts[bk] += 1
     if scatter:
         for j in range(k):
@@ -149,12 +156,63 @@ def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group
     return top
 
 
+SEED_POOL = 8
+
+
+@njit(cache=True, nogil=True)
+def _spread_pivots(X, indptr, indices, data, is_csr, sqnorm, order, s, nc, k, state, piv,
+                   near):
+    """Pick k pivots among the nc candidates order[s:s+nc] by D² sampling in d.
+
+    The first candidate is the first pivot; each next one is drawn with probability
+    proportional to 1 − (its largest cos² to a pivot so far), as k-means++ does, so the
+    pivots spread over the node instead of crowding in its dense parts. ``near`` (≥ nc
+    entries) is scratch.
+    """
+    for i in range(nc):
+        near[i] = 0.0
+    chosen = 0
+    c = 0
+    for j in range(k):
+        piv[j] = order[s + c]
+        near[c] = 1.0
+        chosen += 1
+        if j == k - 1:
+            break
+        tot = 0.0
+        for i in range(nc):
+            if near[i] < 1.0:
+                c2 = cos2_rows(X, indptr, indices, data, is_csr, sqnorm, order[s + i],
+                               piv[j])
+                if c2 > near[i]:
+                    near[i] = c2
+                tot += 1.0 - near[i]
+        if tot <= 0.0:  # every candidate coincides with a pivot: take the next ones
+            c = j + 1
+            continue
+        u = (np.float64(_next_u64(state) >> np.uint64(11)) / 9007199254740992.0) * tot
+        c = -1
+        for i in range(nc):
+            if near[i] < 1.0:
+                u -= 1.0 - near[i]
+                c = i
+                if u <= 0.0:
+                    break
+        if c < 0:
+            c = j + 1
+    return chosen
+
+
 @njit(cache=True, nogil=True)
 def _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, state,
-                piv, group, counts, tmp, work, acc):
+                piv, group, counts, tmp, work, acc, c2row, c2aug, rad, rad_aug):
     """K-way split of order[s:e] in place; returns the number of pivots used.
 
-    Pivots are drawn without replacement from the node's rows (partial Fisher-Yates). If
+    ``rad[j]`` / ``rad_aug[j]`` receive the covering radius of cell j as the smallest cos²
+    between the pivot and a row of the cell (plain and bias-augmented; 1 for an empty cell).
+
+    Pivots are chosen by D² sampling (:func:`_spread_pivots`) among ``SEED_POOL``·K
+    candidates drawn without replacement from the node's rows (partial Fisher-Yates). If
     every row lands with one pivot (all pivots metrically identical: duplicates or zero
     rows), the draw is repeated; after three failures the rows are equidistant from every
     pivot, so any split is a valid Voronoi split and the node is cut into K equal runs.
@@ -163,15 +221,16 @@ def _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, st
     k = min(width, m)
     top = m
     for _ in range(3):
-        for j in range(k):
+        nc = min(m, SEED_POOL * k)
+        for j in range(nc):
             r = s + j + _randbelow(state, m - j)
             t = order[s + j]
             order[s + j] = order[r]
             order[r] = t
-        for j in range(k):
-            piv[j] = order[s + j]
+        _spread_pivots(X, indptr, indices, data, is_csr, sqnorm, order, s, nc, k, state,
+                       piv, c2row)
         top = _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k,
-                      group, counts, work, acc)
+                      group, counts, work, acc, c2row, c2aug)
         if top < m:
             break
     if top == m:
@@ -181,6 +240,18 @@ def _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, st
             g = (i * k) // m
             group[i] = g
             counts[g] += 1
+            row, p = order[s + i], piv[g]
+            c2row[i] = cos2_rows(X, indptr, indices, data, is_csr, sqnorm, row, p)
+            ga = _dot_rows(X, indptr, indices, data, is_csr, row, p) + 1.0
+            c2aug[i] = min(ga * ga / ((np.float64(sqnorm[row]) + 1.0)
+                                      * (np.float64(sqnorm[p]) + 1.0)), 1.0)
+    for j in range(k):
+        rad[j] = 1.0
+        rad_aug[j] = 1.0
+    for i in range(m):
+        g = group[i]
+        rad[g] = min(rad[g], c2row[i])
+        rad_aug[g] = min(rad_aug[g], c2aug[i])
     # stable counting sort of the node's rows by group: every child is one contiguous run
     pos = 0
     for j in range(k):
@@ -201,11 +272,14 @@ def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size
                       work):
     """Build one metric tree over the rows of a block.
 
-    Returns ``(order, start, stop, first_child, n_children, pivot_row, depth)``: ``order`` is
+    Returns ``(order, start, stop, first_child, n_children, pivot_row, depth, radius,
+    radius_aug)``: ``order`` is
     the leaf order (a permutation of 0..n-1, every node one contiguous run of it); node 0 is
     the root; node v covers ``order[start[v]:stop[v]]``; its children are ``first_child[v]
     .. first_child[v] + n_children[v] - 1`` (``n_children == 0`` for a leaf); ``pivot_row[c]``
-    is the (original) row whose Voronoi cell child c is in its parent (-1 for the root).
+    is the (original) row whose Voronoi cell child c is in its parent (-1 for the root);
+    ``radius[c]`` is the smallest cos² between that pivot and a row of child c (its covering
+    radius in the metric d), ``radius_aug[c]`` the same for rows augmented by a constant 1.
     ``work`` is a zeroed (d, width) float32 scatter workspace for CSR rows, or (0, 0) to
     merge index lists instead (when d·width would be too large to hold).
     """
@@ -218,6 +292,12 @@ def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size
     n_children = np.zeros(cap, np.int32)
     pivot_row = np.full(cap, -1, np.int64)
     depth = np.zeros(cap, np.int32)
+    radius = np.ones(cap, np.float32)
+    radius_aug = np.ones(cap, np.float32)
+    c2row = np.empty(n, np.float64)
+    c2aug = np.empty(n, np.float64)
+    rad = np.ones(width, np.float64)
+    rad_aug = np.ones(width, np.float64)
     stack = np.empty(cap, np.int64)
     group = np.empty(n, np.int32)
     tmp = np.empty(n, np.int64)
@@ -238,7 +318,7 @@ def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size
         if e - s <= leaf_size:
             continue
         k = _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, state,
-                        piv, group, counts, tmp, work, acc)
+                        piv, group, counts, tmp, work, acc, c2row, c2aug, rad, rad_aug)
         lo = s
         first_child[v] = n_nodes
         for j in range(k):
@@ -250,6 +330,8 @@ def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size
             start[c] = lo
             stop[c] = hi
             pivot_row[c] = piv[j]
+            radius[c] = rad[j]
+            radius_aug[c] = rad_aug[j]
             depth[c] = depth[v] + 1
             n_children[v] += 1
             stack[sp] = c
@@ -257,61 +339,42 @@ def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size
             lo = hi
     return (order, start[:n_nodes].copy(), stop[:n_nodes].copy(),
             first_child[:n_nodes].copy(), n_children[:n_nodes].copy(),
-            pivot_row[:n_nodes].copy(), depth[:n_nodes].copy())
+            pivot_row[:n_nodes].copy(), depth[:n_nodes].copy(), radius[:n_nodes].copy(),
+            radius_aug[:n_nodes].copy())
 
 
 @njit(cache=True, nogil=True)
-def pivot_dots(w, pv_indptr, pv_indices, pv_data):
-    """wᵀp for every pivot p stored as a CSR row (w may be longer: extra entries ignored)."""
-    k = pv_indptr.shape[0] - 1
-    out = np.zeros(k, np.float64)
-    for j in range(k):
-        acc = 0.0
-        for t in range(pv_indptr[j], pv_indptr[j + 1]):
-            acc += w[pv_indices[t]] * np.float64(pv_data[t])
-        out[j] = acc
+def pivot_margins(X, indptr, indices, data, is_csr, rows, w, b):
+    """wᵀx + b for the rows ``rows`` of the given arrays (the pivots of a node)."""
+    out = np.empty(rows.shape[0], np.float64)
+    for j in range(rows.shape[0]):
+        out[j] = _margin(X, indptr, indices, data, is_csr, rows[j], w, b)
     return out
 
 
 @njit(cache=True, nogil=True)
-def child_priorities(wdots, bias, wsq, pv_indptr, pv_indices, pv_data, pv_sqnorm, augment,
-                     parent_pri):
+def child_priorities(margins, wsq, pv_sqnorm, radius, is_leaf, augment, parent_pri, mu, lam):
     """Best-bin-first priorities of a node's partitions for the query q = −V(ŵ).
 
-    With cos²ₖ = (ŵᵀp̂ₖ)², qᵀV(p̂ₖ) = −cos²ₖ, so the query's own partition is the pivot with
-    the smallest cos². The nearest boundary of partition k is the bisector hyperplane
-    through (V(p̂ₖ)+V(p̂_q))/2 with normal V(p̂ₖ)−V(p̂_q) (IBCD §4.1); as both are unit
-    vectors its distance to q is (cos²ₖ − cos²_q) / ‖V(p̂ₖ)−V(p̂_q)‖ with
-    ‖V(p̂ₖ)−V(p̂_q)‖² = 2 − 2(p̂ₖᵀp̂_q)². A child's priority is the largest boundary
-    distance on its path (a lower bound on its points' distance to q). With ``augment`` the
-    vectors carry a constant feature 1 (the bias), so every dot gains +1 (pivots) or +b.
-    Only the k−1 pivot dots pₖᵀp_q are needed, so they are computed here, not stored.
+    With ``margins[j]`` = wᵀpⱼ (+ b), pivot j lies at angle αⱼ = arcsin|ŵᵀp̂ⱼ| from the
+    hyperplane (cos² = (ŵᵀp̂ⱼ)² is V(ŵ)ᵀV(p̂ⱼ), −cos² the inner product with q), and every
+    row of child j lies within angle rⱼ = arccos √radiusⱼ of ±p̂ⱼ (the stored covering
+    radius in d = arccos cos²), so at least αⱼ − rⱼ from the hyperplane. An internal child
+    gets max(parent, αⱼ − ``mu``·rⱼ) (a lower bound at ``mu`` = 1), a leaf αⱼ + ``lam``·rⱼ.
+    With ``augment`` the rows carry a constant feature 1 (the bias).
     """
-    k = wdots.shape[0]
-    cos2 = np.empty(k, np.float64)
-    psq = np.empty(k, np.float64)
-    for j in range(k):
-        psq[j] = np.float64(pv_sqnorm[j]) + (1.0 if augment else 0.0)
-        dot = wdots[j] + (bias if augment else 0.0)
-        den = wsq * psq[j]
-        cos2[j] = dot * dot / den if den > 0.0 else 0.0
-    q = 0
-    for j in range(1, k):
-        if cos2[j] < cos2[q]:
-            q = j
+    k = margins.shape[0]
     out = np.empty(k, np.float64)
     for j in range(k):
-        if j == q:
-            out[j] = parent_pri
-            continue
-        g = _dot_csr(pv_indptr, pv_indices, pv_data, j, q) + (1.0 if augment else 0.0)
-        den = psq[j] * psq[q]
-        c = g * g / den if den > 0.0 else 0.0
-        chord2 = 2.0 - 2.0 * min(c, 1.0)
-        dist = 0.0  # metrically identical pivots: no boundary between them
-        if chord2 > 1e-12:
-            dist = (cos2[j] - cos2[q]) / np.sqrt(chord2)
-        out[j] = max(parent_pri, dist)
+        psq = np.float64(pv_sqnorm[j]) + (1.0 if augment else 0.0)
+        den = wsq * psq
+        c = abs(margins[j]) / np.sqrt(den) if den > 0.0 else 0.0
+        alpha = np.arcsin(min(c, 1.0))
+        r = np.arccos(np.sqrt(min(max(np.float64(radius[j]), 0.0), 1.0)))
+        if is_leaf[j]:
+            out[j] = alpha + lam * r
+        else:
+            out[j] = max(parent_pri, alpha - mu * r)
     return out
 
 

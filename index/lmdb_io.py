@@ -1,4 +1,4 @@
-"""The metric forest on disk: ``STORE/index.lmdb`` (format version 1).
+"""The metric forest on disk: ``STORE/index.lmdb`` (format version 2).
 
 Records (one LMDB database, little-endian payloads, each ending in a CRC-32 of the bytes
 before it so a damaged record is detected instead of decoded):
@@ -9,12 +9,18 @@ key                         value
 ``b"meta"``                 JSON: format name and version, n_blocks, n_samples,
                             n_features, block_offsets, width, leaf_size, seed, counts;
                             written last, by :meth:`ForestWriter.close`
-``b"T" + >u4 tree``         tree header: block row offset, rows, nodes, depth
+``b"T" + >u4 tree``         tree header: block row offset, rows, nodes, depth, CRC-32 of
+                            the root's pivot rows (detects rows rewritten after the build)
 ``b"N" + >u4 tree >u4 v``   node v of that tree (the root and every internal node):
                             its row range, first child id and, per child: row range,
-                            whether it is a leaf, pivot row, pivot squared norm, pivot
-                            vector (dense or CSR, whichever is smaller)
+                            whether it is a leaf, pivot row, pivot squared norm and the
+                            covering radius of the child (smallest cos² between its
+                            pivot and its rows, plain and with the bias feature 1)
 ==========================  ==========================================================
+
+Pivot vectors are not stored: a pivot is a row of its node, and rows live in ``data.h5``
+(format 1 stored them and cost 0.4-1x the data file at leaves small enough for the
+precision target; see ``scripts/bench_index.py``). The query reads them from the store.
 
 Beside ``data.mdb`` the writer leaves ``manifest.json`` with the file's size and CRC-32,
 checked before LMDB maps the file: LMDB trusts its page pointers, so a truncated or
@@ -41,6 +47,7 @@ from typing import NamedTuple
 
 import lmdb
 import numpy as np
+import scipy.sparse as sp
 
 from ooc_learn.storage.errors import IndexStateError, ParameterError
 
@@ -49,16 +56,16 @@ from .tree import FlatTree
 __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
            "encode_node", "decode_node", "encode_tree_header", "decode_tree_header",
            "tree_key", "node_key", "META_KEY", "open_reader", "index_nbytes",
-           "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST"]
+           "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST", "rows_crc"]
 
 INDEX_FORMAT = "ooc-learn-index"
-INDEX_FORMAT_VERSION = 1
+INDEX_FORMAT_VERSION = 2
 META_KEY = b"meta"
 MANIFEST = "manifest.json"
-_NODE_HEAD = struct.Struct("<4sHHiqqiiii")  # magic, version, flags, tree, start, stop,
-#                                              first child, k, dense d (or 0), nnz
-_TREE_HEAD = struct.Struct("<4sHHqqqqqi")  # magic, version, flags, tree, offset, rows,
-#                                            nodes, internal, depth
+_NODE_HEAD = struct.Struct("<4sHHiqqii")  # magic, version, flags, tree, start, stop,
+#                                            first child, k
+_TREE_HEAD = struct.Struct("<4sHHqqqqqiI")  # magic, version, flags, tree, offset, rows,
+#                                             nodes, internal, depth, root pivot CRC
 _CRC = struct.Struct("<I")
 _NODE_MAGIC = b"OOCN"
 _TREE_MAGIC = b"OOCT"
@@ -75,9 +82,8 @@ class Node(NamedTuple):
     child_leaf: np.ndarray    # bool (k,)
     pivot_row: np.ndarray     # int64 (k,)
     pivot_sqnorm: np.ndarray  # float32 (k,)
-    pv_indptr: np.ndarray     # int64 (k + 1,)
-    pv_indices: np.ndarray    # int32 (nnz,)
-    pv_data: np.ndarray       # float32 (nnz,)
+    radius: np.ndarray        # float32 (k,): min cos² pivot-row in the child
+    radius_aug: np.ndarray    # float32 (k,): the same with the bias feature 1 appended
 
     @property
     def nbytes(self) -> int:
@@ -91,6 +97,7 @@ class TreeHeader(NamedTuple):
     n_nodes: int
     n_internal: int
     depth: int
+    pivot_crc: int
 
 
 def tree_key(tree: int) -> bytes:
@@ -115,56 +122,66 @@ def _unseal(value: bytes, what: str) -> memoryview:
     return body
 
 
-def encode_tree_header(tree_id: int, row_offset: int, tree: FlatTree) -> bytes:
+def rows_crc(X) -> int:
+    """CRC-32 of rows in a layout-free form (per row: non-zero columns, then values)."""
+    M = sp.csr_matrix(X, dtype=np.float32, copy=True)
+    M.sum_duplicates()
+    M.eliminate_zeros()
+    return zlib.crc32(np.diff(M.indptr).astype("<i4").tobytes() + M.indices.astype(
+        "<i4").tobytes() + M.data.astype("<f4").tobytes()) & 0xFFFFFFFF
+
+
+def root_pivot_crc(tree: FlatTree, n_features: int) -> int:
+    """:func:`rows_crc` of the root's pivot rows (0 when the root is a leaf)."""
+    if tree.n_nodes == 0 or tree.n_children[0] == 0:
+        return 0
+    c0, k = int(tree.first_child[0]), int(tree.n_children[0])
+    lo, hi = int(tree.pv_indptr[c0]), int(tree.pv_indptr[c0 + k])
+    P = sp.csr_matrix((tree.pv_data[lo:hi], tree.pv_indices[lo:hi],
+                       tree.pv_indptr[c0:c0 + k + 1] - lo), shape=(k, n_features))
+    return rows_crc(P)
+
+
+def encode_tree_header(tree_id: int, row_offset: int, tree: FlatTree,
+                       n_features: int) -> bytes:
     n_internal = int(np.count_nonzero(tree.n_children > 0))
     return _seal(_TREE_HEAD.pack(_TREE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id, row_offset,
-                                 tree.n_rows, tree.n_nodes, n_internal, tree.max_depth))
+                                 tree.n_rows, tree.n_nodes, n_internal, tree.max_depth,
+                                 root_pivot_crc(tree, n_features)))
 
 
 def decode_tree_header(value: bytes, tree_id: int) -> TreeHeader:
     body = _unseal(value, f"the header of tree {tree_id}")
     if len(body) != _TREE_HEAD.size:
         raise ValueError(f"the header of tree {tree_id} has the wrong size")
-    magic, version, _, t, off, rows, nodes, internal, depth = _TREE_HEAD.unpack(body)
+    magic, version, _, t, off, rows, nodes, internal, depth, crc = _TREE_HEAD.unpack(body)
     if magic != _TREE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id:
         raise ValueError(f"the header of tree {tree_id} is not a version-"
                          f"{INDEX_FORMAT_VERSION} tree header")
-    return TreeHeader(t, off, rows, nodes, internal, depth)
+    return TreeHeader(t, off, rows, nodes, internal, depth, crc)
 
 
-def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int, n_features: int) -> bytes:
+def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int) -> bytes:
     """Serialise node v (store rows = block rows + ``row_offset``).
 
-    Child ranges and pivot rows are int32 offsets from the node's first row; the pivot
-    vectors are written dense when that is smaller than CSR (flag bit 0).
+    Child ranges and pivot rows are int32 offsets from the node's first row. No pivot
+    vectors: the pivots are rows of the node, read from the store when the node is expanded.
     """
     k = int(tree.n_children[v])
     c0 = int(tree.first_child[v])
     c = np.arange(c0, c0 + k)
     start = int(tree.start[v])
-    lo, hi = (int(tree.pv_indptr[c0]), int(tree.pv_indptr[c0 + k])) if k else (0, 0)
-    nnz = hi - lo
-    dense = k > 0 and 4 * k * n_features < 4 * (k + 1) + 8 * nnz
     bounds = np.append(tree.start[c], tree.stop[v]) - start if k else np.zeros(1, np.int64)
     parts = [
-        _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, int(dense), tree_id,
-                        start + row_offset, int(tree.stop[v]) + row_offset, c0, k,
-                        n_features if dense else 0, nnz),
+        _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id, start + row_offset,
+                        int(tree.stop[v]) + row_offset, c0, k),
         bounds.astype("<i4").tobytes(),
         (tree.n_children[c] == 0).astype("u1").tobytes(),
         (tree.pivot_row[c] - start).astype("<i4").tobytes(),
         tree.pivot_sqnorm[c].astype("<f4").tobytes(),
+        tree.radius[c].astype("<f4").tobytes(),
+        tree.radius_aug[c].astype("<f4").tobytes(),
     ]
-    if dense:
-        P = np.zeros((k, n_features), "<f4")
-        for j in range(k):
-            a, b = tree.pv_indptr[c0 + j], tree.pv_indptr[c0 + j + 1]
-            P[j, tree.pv_indices[a:b]] = tree.pv_data[a:b]
-        parts.append(P.tobytes())
-    else:
-        ptr = tree.pv_indptr[c0:c0 + k + 1] - lo if k else np.zeros(1, np.int64)
-        parts += [ptr.astype("<i4").tobytes(), tree.pv_indices[lo:hi].astype("<i4").tobytes(),
-                  tree.pv_data[lo:hi].astype("<f4").tobytes()]
     return _seal(b"".join(parts))
 
 
@@ -174,13 +191,10 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     body = _unseal(value, what)
     if len(body) < _NODE_HEAD.size:
         raise ValueError(f"{what} is truncated")
-    magic, version, flags, t, start, stop, c0, k, d, nnz = _NODE_HEAD.unpack_from(body, 0)
-    if (magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0
-            or d < 0 or nnz < 0):
+    magic, version, _, t, start, stop, c0, k = _NODE_HEAD.unpack_from(body, 0)
+    if magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0:
         raise ValueError(f"{what} is not a version-{INDEX_FORMAT_VERSION} node record")
-    dense = bool(flags & 1)
-    layout = [("<i4", k + 1), ("u1", k), ("<i4", k), ("<f4", k)]
-    layout += [("<f4", k * d)] if dense else [("<i4", k + 1), ("<i4", nnz), ("<f4", nnz)]
+    layout = [("<i4", k + 1), ("u1", k), ("<i4", k), ("<f4", k), ("<f4", k), ("<f4", k)]
     pos = _NODE_HEAD.size
     out = []
     for dtype, count in layout:
@@ -192,16 +206,13 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     if pos != len(body):
         raise ValueError(f"{what} has trailing bytes")
     bounds = out[0].astype(np.int64) + start
-    if dense:
-        ptr = np.arange(k + 1, dtype=np.int64) * d
-        idx = np.tile(np.arange(d, dtype=np.int32), k)
-        val = out[4].astype(np.float32)
-    else:
-        ptr, idx, val = (out[4].astype(np.int64), out[5].astype(np.int32),
-                         out[6].astype(np.float32))
+    if k and (np.any(np.diff(bounds) < 0) or bounds[0] != start or bounds[-1] != stop
+              or np.any(out[2] < 0) or np.any(out[2] >= stop - start)):
+        raise ValueError(f"{what} has inconsistent row ranges")
     return Node(start, stop, np.arange(c0, c0 + k, dtype=np.int32), bounds[:-1], bounds[1:],
                 out[1].astype(bool), out[2].astype(np.int64) + start,
-                out[3].astype(np.float32), ptr, idx, val)
+                out[3].astype(np.float32), out[4].astype(np.float32),
+                out[5].astype(np.float32))
 
 
 def _record_pages(records, psize: int) -> int:
@@ -270,7 +281,7 @@ class ForestWriter:
         _remove_stale_builds(self.path)
         self._tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-"
                                         f"{uuid.uuid4().hex[:8]}")
-        self._env = lmdb.open(str(self._tmp), map_size=1 << 20, subdir=True, sync=False,
+        self._env = lmdb.open(str(self._tmp), map_size=1 << 16, subdir=True, sync=False,
                               metasync=False, max_dbs=0, readahead=False)
         self._psize = self._env.stat()["psize"]
         self._trees: dict[int, tuple[int, int, int, int]] = {}
@@ -296,11 +307,11 @@ class ForestWriter:
                 f"[0, {self.params['n_blocks']}). Got {block_id!r} instead.",
                 "Add each block's tree exactly once.")
         off = int(block_row_offset)
-        records = [(tree_key(block_id), encode_tree_header(block_id, off, tree))]
+        records = [(tree_key(block_id), encode_tree_header(block_id, off, tree,
+                                                           self.params["n_features"]))]
         for v in range(tree.n_nodes):
             if v == 0 or tree.n_children[v] > 0:
-                records.append((node_key(block_id, v), encode_node(
-                    block_id, tree, v, off, self.params["n_features"])))
+                records.append((node_key(block_id, v), encode_node(block_id, tree, v, off)))
         self._ensure_room(records)
         while True:
             try:

@@ -20,10 +20,10 @@ from ._kernels import build_tree_kernel
 __all__ = ["FlatTree", "build_block_tree", "row_arrays", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
 
 DEFAULT_WIDTH = 10
-# Leaves hold at most this many rows (on average about a third of it after K-way splits).
-# 50 keeps the index near 0.1-0.2x the data file; smaller leaves raise query precision but
-# add a pivot per few rows (see scripts/bench_index.py).
-DEFAULT_LEAF_SIZE = 50
+# Leaves hold at most this many rows (on average a few after K-way splits). Query precision
+# is limited by leaf size; the index stores no pivot vectors (format 2), so even leaves this
+# small keep it at 0.2-0.25x the data file for short rows (see scripts/bench_index.py).
+DEFAULT_LEAF_SIZE = 8
 
 _SCATTER_MAX = 1 << 23
 _EMPTY_X = np.zeros((0, 0), np.float32)
@@ -39,7 +39,10 @@ class FlatTree(NamedTuple):
     permutation); its children are ``first_child[v] .. first_child[v] + n_children[v] - 1``
     (none for a leaf). Child c is the Voronoi cell of pivot row ``pivot_row[c]`` (a block
     position in leaf order) whose vector is CSR row c of ``pv_indptr/pv_indices/pv_data``
-    with squared norm ``pivot_sqnorm[c]``.
+    with squared norm ``pivot_sqnorm[c]``; ``radius[c]`` is the smallest cos² between that
+    pivot and a row of child c (the covering radius in d), ``radius_aug[c]`` the same with
+    a constant feature 1 appended to every row (the query's bias space). Only the pivot
+    rows and radii are persisted; the vectors are rows of the store.
     """
 
     start: np.ndarray         # int64 (n_nodes,)
@@ -52,6 +55,8 @@ class FlatTree(NamedTuple):
     pv_indptr: np.ndarray     # int64 (n_nodes + 1,)
     pv_indices: np.ndarray    # int32 (nnz,)
     pv_data: np.ndarray       # float32 (nnz,)
+    radius: np.ndarray        # float32 (n_nodes,), 1 for the root
+    radius_aug: np.ndarray    # float32 (n_nodes,)
 
     @property
     def n_nodes(self) -> int:
@@ -153,7 +158,8 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
     # CSR rows scatter the pivots into a (d, K) workspace unless it would exceed 32 MiB
     work = (np.zeros((d, width), np.float32) if is_csr and d * width <= _SCATTER_MAX
             else np.zeros((0, 0), np.float32))
-    order, start, stop, first_child, n_children, pivot_orig, depth = build_tree_kernel(
+    (order, start, stop, first_child, n_children, pivot_orig, depth, radius,
+     radius_aug) = build_tree_kernel(
         Xd, indptr, indices, data, is_csr, sqnorm, int(width), int(leaf_size), int(seed), work)
     inv = np.empty(n, np.int64)
     inv[order] = np.arange(n)
@@ -164,7 +170,7 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
         if n else np.zeros(pivot_orig.shape[0], np.float32)
     tree = FlatTree(start, stop, first_child, n_children, depth, pivot_row, pivot_sqnorm,
                     pv.indptr.astype(np.int64), pv.indices.astype(np.int32),
-                    pv.data.astype(np.float32))
+                    pv.data.astype(np.float32), radius, radius_aug)
     return order, tree
 
 

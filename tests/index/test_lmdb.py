@@ -15,8 +15,8 @@ import pytest
 import scipy.sparse as sp
 from conftest import blobs, make_indexed
 
-from ooc_learn.index.lmdb_io import (MANIFEST, META_KEY, ForestWriter, decode_node, encode_node,
-                                     index_nbytes)
+from ooc_learn.index.lmdb_io import (INDEX_FORMAT_VERSION, MANIFEST, META_KEY, ForestWriter,
+                                     decode_node, encode_node, index_nbytes)
 from ooc_learn.index.tree import build_block_tree
 from ooc_learn.storage.errors import IndexStateError, ParameterError
 
@@ -31,12 +31,12 @@ def _records(path):
     return out
 
 
-@pytest.mark.parametrize("density", [0.2, 1.0])  # CSR and dense pivot records
+@pytest.mark.parametrize("density", [0.2, 1.0])  # CSR and dense rows
 def test_node_record_round_trip(data_rng, density):
     X, _ = blobs(data_rng, n=400, d=6, csr=True, density=density)
     perm, tree = build_block_tree(X, width=4, leaf_size=10, seed=2)
     for v in np.flatnonzero(tree.n_children > 0):
-        node = decode_node(encode_node(3, tree, int(v), 1000, 6), 3, int(v))
+        node = decode_node(encode_node(3, tree, int(v), 1000), 3, int(v))
         kids = np.arange(tree.first_child[v], tree.first_child[v] + tree.n_children[v])
         assert node.start == tree.start[v] + 1000 and node.stop == tree.stop[v] + 1000
         assert np.array_equal(node.child_id, kids)
@@ -45,10 +45,9 @@ def test_node_record_round_trip(data_rng, density):
         assert np.array_equal(node.pivot_row, tree.pivot_row[kids] + 1000)
         assert np.array_equal(node.child_stop, tree.stop[kids] + 1000)
         assert np.array_equal(node.pivot_sqnorm, tree.pivot_sqnorm[kids])
-        P = lambda ptr, idx, val, rows: sp.csr_matrix(  # noqa: E731
-            (val, idx, ptr), shape=(rows, 6)).toarray()
-        want = P(tree.pv_indptr, tree.pv_indices, tree.pv_data, tree.n_nodes)[kids]
-        assert np.array_equal(P(node.pv_indptr, node.pv_indices, node.pv_data, len(kids)), want)
+        # format 2: no pivot vectors (rows live in data.h5), the covering radii instead
+        assert np.array_equal(node.radius, tree.radius[kids])
+        assert np.array_equal(node.radius_aug, tree.radius_aug[kids])
 
 
 def test_build_is_byte_identical_for_a_seed(tmp_path, data_rng):
@@ -103,7 +102,7 @@ def test_store_without_index(tmp_path, data_rng):
         store.forest()
 
 
-def _rewrite(path, manifest_version=1, **changes):
+def _rewrite(path, manifest_version=INDEX_FORMAT_VERSION, **changes):
     """Edit the meta record and reseal the files as a writer of that version would."""
     env = lmdb.open(str(path), map_size=1 << 24)
     with env.begin(write=True) as txn:
@@ -125,8 +124,8 @@ def test_index_of_another_format_version(tmp_path, data_rng, where):
         _rewrite(tmp_path / "index.lmdb", manifest_version=99)
     else:
         _rewrite(tmp_path / "index.lmdb", format_version=99)
-    with pytest.raises(IndexStateError, match=f"written by index format 99; this is format 1"
-                                              f".*{FIX}"):
+    with pytest.raises(IndexStateError, match=f"written by index format 99; this is format "
+                                              f"{INDEX_FORMAT_VERSION}.*{FIX}"):
         store.forest()
 
 
@@ -260,7 +259,7 @@ def test_two_processes_query_at_once(tmp_path, data_rng):
 def test_damaged_records_fail_their_checksum(data_rng):
     X, _ = blobs(data_rng, n=300, d=4)
     _, tree = build_block_tree(X, width=3, leaf_size=10)
-    raw = bytearray(encode_node(0, tree, 0, 0, 4))
+    raw = bytearray(encode_node(0, tree, 0, 0))
     raw[len(raw) // 2] ^= 0x01
     with pytest.raises(ValueError, match="node 0 of tree 0 fails its checksum"):
         decode_node(bytes(raw), 0, 0)

@@ -145,3 +145,40 @@ def test_bad_shapes():
         build_block_tree(np.ones(10, np.float32))
     with pytest.raises(ParameterError, match="'sqnorm' parameter .* one entry per row"):
         build_block_tree(np.ones((10, 2), np.float32), np.ones(9, np.float32))
+
+
+@pytest.mark.parametrize("csr", [False, True])
+def test_covering_radii_are_the_smallest_cos2_to_the_pivot(data_rng, csr):
+    X, _ = blobs(data_rng, n=600, d=5, csr=csr)
+    X = sp.vstack([X, sp.csr_matrix((2, 5))]).tocsr() if csr else \
+        np.vstack([X, np.zeros((2, 5), np.float32)])  # zero rows: cos² 0 to everything
+    perm, tree = build_block_tree(X, width=4, leaf_size=6, seed=3)
+    Xp = _dense(X)[perm].astype(np.float64)
+    Xa = np.hstack([Xp, np.ones((Xp.shape[0], 1))])
+    assert tree.radius[0] == 1 and tree.radius_aug[0] == 1
+    for c in range(1, tree.n_nodes):
+        rows = slice(tree.start[c], tree.stop[c])
+        p = tree.pivot_row[c]
+        want = _cos2_matrix(Xp[rows], Xp[p:p + 1]).min()
+        want_aug = _cos2_matrix(Xa[rows], Xa[p:p + 1]).min()
+        assert tree.radius[c] == pytest.approx(want, abs=1e-5)
+        assert tree.radius_aug[c] == pytest.approx(want_aug, abs=1e-5)
+
+
+@pytest.mark.parametrize("mu,lam", [(1.0, 0.0), (0.0, 0.0), (0.3, 0.5)])
+def test_every_partition_ranking_is_exact_without_a_limit(tmp_path, data_rng, mu, lam,
+                                                          monkeypatch):
+    from conftest import brute_force, make_indexed
+
+    from ooc_learn.index import forest as forest_mod
+
+    monkeypatch.setattr(forest_mod, "RANK_MU", mu)
+    monkeypatch.setattr(forest_mod, "RANK_LAM", lam)
+    X, y = blobs(data_rng, n=800, d=6)
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=3, leaf_size=5)
+    f = store.forest()
+    w = data_rng.standard_normal(7)
+    rows, n_e = f.query(w, n=None, s=1.0)
+    assert sorted(rows.tolist()) == brute_force(store, w).tolist()
+    assert n_e == X.shape[0]
+    f.close()
