@@ -583,38 +583,6 @@ def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
 
 
 @njit(cache=True, nogil=True)
-def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
-    """Exact maximisation of H(beta) along coordinate v whose kernel column ``col`` is at hand.
-
-    Costs no kernel column; returns the gain (>= 0).
-    """
-    if v == r:
-        return 0.0
-    krr = colr[r]
-    grad = 1.0 - gp[v]
-    q = diag[v] - 2.0 * colr[v] + krr
-    if q > 1e-12:
-        d = grad / q
-    elif grad > 0.0:
-        d = C
-    else:
-        d = -C
-    if d > C - beta[v]:
-        d = C - beta[v]
-    if d < -beta[v]:
-        d = -beta[v]
-    gain = d * grad - 0.5 * d * d * max(q, 0.0)
-    if gain <= 0.0 or d == 0.0:
-        return 0.0
-    w = d * y[v]
-    cb = colr[v]
-    for t in train:
-        gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
-    beta[v] += d
-    return gain
-
-
-@njit(cache=True, nogil=True)
 def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, eps, max_iter,
                        scratch):
     """Algorithm 3 of Franc, Laskov & Mueller (2008): SMO on problem (7) with the F < H stop.
@@ -637,11 +605,7 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         ai, aj = _pair_step(i, j, coli[j], diag, y, alpha, G, C)
         _apply_pair(i, j, ai, aj, coli, colj, train, n_act, train, y, alpha, G, G, False, C)
         it += 1
-        # Step 6 (ascent on H) along the two coordinates SMO just moved: their kernel columns
-        # are in hand, so H costs no extra column (a greedy coordinate over all rows would
-        # fetch one more column per iteration, 3 instead of 2).
-        h += beta_coord_step(i, coli, diag, train, r, colr, y, beta, gp, C)
-        h += beta_coord_step(j, colj, diag, train, r, colr, y, beta, gp, C)
+        h += beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
         if h > dual_value(train, alpha, G):
             f, b = primal_value(train, y, alpha, G, C, scratch)
             if f < h:

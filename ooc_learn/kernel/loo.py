@@ -7,8 +7,7 @@ solve problem (7) (alpha_r = 0) from an alpha-seeded start (AVG of DeCoste & Wag
 of Lee et al.), with the gradient updated from the changed alphas only.
 
 ``method="standard"`` runs SMO to the eps-KKT point. ``method="stopping"`` runs Algorithm 3:
-alongside SMO it maximises, by exact coordinate steps along the two rows each SMO iteration
-moved (their kernel columns are already fetched, so H costs no extra column),
+alongside SMO it maximises, one coordinate per iteration,
 
     H(beta) = sum beta_i - 1/2 sum_ij beta_i beta_j y_i y_j k'(x_i, x_j),
     k'(x_i, x_j) = k(x_i, x_j) - k(x_r, x_i) - k(x_r, x_j) + k(x_r, x_r),
