@@ -157,6 +157,7 @@ def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group
 
 
 SEED_POOL = 8
+SPREAD_MIN = 1
 
 
 @njit(cache=True, nogil=True)
@@ -205,7 +206,7 @@ def _spread_pivots(X, indptr, indices, data, is_csr, sqnorm, order, s, nc, k, st
 
 @njit(cache=True, nogil=True)
 def _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, state,
-                piv, group, counts, tmp, work, acc, c2row, c2aug, rad, rad_aug):
+                piv, group, counts, tmp, work, acc, c2row, c2aug, rad, rad_aug, spread_min):
     """K-way split of order[s:e] in place; returns the number of pivots used.
 
     ``rad[j]`` / ``rad_aug[j]`` receive the covering radius of cell j as the smallest cos²
@@ -221,7 +222,7 @@ def _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, st
     k = min(width, m)
     top = m
     for _ in range(3):
-        nc = min(m, SEED_POOL * k)
+        nc = min(m, SEED_POOL * k) if m > spread_min else k
         for j in range(nc):
             r = s + j + _randbelow(state, m - j)
             t = order[s + j]
@@ -318,7 +319,8 @@ def build_tree_kernel(X, indptr, indices, data, is_csr, sqnorm, width, leaf_size
         if e - s <= leaf_size:
             continue
         k = _split_node(X, indptr, indices, data, is_csr, sqnorm, order, s, e, width, state,
-                        piv, group, counts, tmp, work, acc, c2row, c2aug, rad, rad_aug)
+                        piv, group, counts, tmp, work, acc, c2row, c2aug, rad, rad_aug,
+                        SPREAD_MIN * width * leaf_size)
         lo = s
         first_child[v] = n_nodes
         for j in range(k):

@@ -52,11 +52,17 @@ _NO_FEN = np.zeros(0, np.int32)
 SPAN_BYTES = 64 << 10
 # Partition ranking (see _kernels.child_priorities): an internal child at max(parent, α − μ·r),
 # a leaf at α + λ·r, with α its pivot's angle to the hyperplane and r its covering radius.
-# μ = 1 is an exact lower bound, but it expands nearly every node: on a9a/ijcnn1 at leaf
-# size 8 it scores 17-26k pivot rows per n = 1000 query (n/n_e 0.89 but 0.04-0.05 once the
-# pivots count as examined rows, below the random-scan rate). μ = 0 ranks by the pivots'
-# own angles: 1-2k pivots per query and 1.4-1.6x the random-scan rate with them counted.
-RANK_MU = 0.0
+# μ = 1 ranks internal nodes by an exact lower bound but expands most nodes (leaf size 8,
+# a9a/ijcnn1: 17-26k pivot rows scored per n = 1000 query, about every row read cold). μ = 0
+# ranks by the pivots' own angles (1-2k pivots per query) but passes over rows under far
+# pivots with wide radii, and IBCD's sampled stopping rule then stops early
+# (tests/solvers/test_ibcd.py: KKT violation 0.16 at μ = 0, 0.015 at 0.3, 0.04 at 1).
+RANK_MU = 0.3
+# What one cache entry costs beyond its arrays' data: key tuple, dict slot, value tuples and
+# one ndarray header (about 112 bytes) per array. Small leaves make many small entries, so
+# leaving this out breaks the memory promise (tests/storage/test_memory_promise.py).
+_ENTRY_OVERHEAD = 400
+_ARRAY_OVERHEAD = 112
 RANK_LAM = 0.0
 
 
@@ -275,7 +281,7 @@ class Forest:
             except ValueError as exc:
                 raise self._error(f"The index of store {self.name} is corrupted: {exc}.") \
                     from None
-            return rec, rec.nbytes
+            return rec, rec.nbytes + _ENTRY_OVERHEAD
         return self.cache.get_or_load(("node", t, v), load)
 
     def _rows(self, key, start: int, stop: int):
@@ -284,7 +290,8 @@ class Forest:
             X, y, _ = self._read_range(start, stop)
             arrays = row_arrays(X)
             y = np.ascontiguousarray(y, dtype=np.float32)
-            nbytes = sum(a.nbytes for a in arrays[:4]) + y.nbytes + 64
+            nbytes = (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4]) + y.nbytes
+                      + _ARRAY_OVERHEAD + _ENTRY_OVERHEAD)
             self.last_query["rows_read"] += stop - start
             if stop > start:
                 self._row_bytes = nbytes / (stop - start)
@@ -298,7 +305,8 @@ class Forest:
             P = sp.vstack(parts, format="csr") if sp.issparse(parts[0]) else np.vstack(parts)
             arrays = row_arrays(P)
             self.last_query["rows_read"] += len(parts)
-            return arrays, sum(a.nbytes for a in arrays[:4]) + 64
+            return arrays, (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4])
+                            + _ENTRY_OVERHEAD)
         return self.cache.get_or_load(("pivots", t, v), load)
 
     def _spans(self, rows: int) -> bool:

@@ -15,7 +15,8 @@ key                         value
                             its row range, first child id and, per child: row range,
                             whether it is a leaf, pivot row, pivot squared norm and the
                             covering radius of the child (smallest cos² between its
-                            pivot and its rows, plain and with the bias feature 1)
+                            pivot and its rows, plain and with the bias feature 1;
+                            float16 rounded down, so still a bound)
 ==========================  ==========================================================
 
 Pivot vectors are not stored: a pivot is a row of its node, and rows live in ``data.h5``
@@ -54,7 +55,8 @@ from ooc_learn.storage.errors import IndexStateError, ParameterError
 from .tree import FlatTree
 
 __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
-           "encode_node", "decode_node", "encode_tree_header", "decode_tree_header",
+           "encode_node", "encode_nodes", "decode_node", "encode_tree_header",
+           "decode_tree_header",
            "tree_key", "node_key", "META_KEY", "open_reader", "index_nbytes",
            "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST", "rows_crc"]
 
@@ -87,7 +89,8 @@ class Node(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in self[2:])) + 64
+        """Memory held, with each array object's header (about 112 bytes) and the tuple."""
+        return int(sum(a.nbytes + 112 for a in self[2:])) + 200
 
 
 class TreeHeader(NamedTuple):
@@ -161,6 +164,15 @@ def decode_tree_header(value: bytes, tree_id: int) -> TreeHeader:
     return TreeHeader(t, off, rows, nodes, internal, depth, crc)
 
 
+def _down16(r) -> np.ndarray:
+    """float16, rounded down: a smaller min cos² is a wider radius, so still a valid bound."""
+    r = np.asarray(r, np.float32)
+    h = r.astype("<f2")
+    up = h.astype(np.float32) > r
+    h[up] = np.nextafter(h[up], np.float16(-1))
+    return np.maximum(h, np.float16(0)).astype("<f2")
+
+
 def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int) -> bytes:
     """Serialise node v (store rows = block rows + ``row_offset``).
 
@@ -179,10 +191,43 @@ def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int) -> bytes:
         (tree.n_children[c] == 0).astype("u1").tobytes(),
         (tree.pivot_row[c] - start).astype("<i4").tobytes(),
         tree.pivot_sqnorm[c].astype("<f4").tobytes(),
-        tree.radius[c].astype("<f4").tobytes(),
-        tree.radius_aug[c].astype("<f4").tobytes(),
+        _down16(tree.radius[c]).tobytes(),
+        _down16(tree.radius_aug[c]).tobytes(),
     ]
     return _seal(b"".join(parts))
+
+
+def encode_nodes(tree_id: int, tree: FlatTree, row_offset: int):
+    """``(v, encode_node(tree_id, tree, v, row_offset))`` for the root and every internal
+    node, with the per-child columns converted once for the whole tree (the build's hot
+    path: per node only slices are joined)."""
+    n = tree.n_nodes
+    kids = tree.n_children.astype(np.int64)
+    internal = np.flatnonzero(kids > 0)
+    parent = np.zeros(n, np.int64)
+    if internal.size:
+        first = tree.first_child[internal].astype(np.int64)
+        ids = np.concatenate([np.arange(f, f + k) for f, k in zip(first, kids[internal])])
+        parent[ids] = np.repeat(internal, kids[internal])
+    base = tree.start[parent]
+    rel = (tree.start - base).astype("<i4").tobytes()
+    piv = (np.where(tree.pivot_row >= 0, tree.pivot_row - base, 0)).astype("<i4").tobytes()
+    leaf = (kids == 0).astype("u1").tobytes()
+    sq = tree.pivot_sqnorm.astype("<f4").tobytes()
+    r1 = _down16(tree.radius).tobytes()
+    r2 = _down16(tree.radius_aug).tobytes()
+    todo = internal if (n == 0 or kids[0] > 0) else np.append(0, internal)
+    for v in todo.tolist():
+        k = int(kids[v])
+        c0 = int(tree.first_child[v])
+        a, z = c0, c0 + k
+        start = int(tree.start[v])
+        span = int(tree.stop[v]) - start if k else 0
+        yield v, _seal(b"".join((
+            _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id, start + row_offset,
+                            int(tree.stop[v]) + row_offset, c0, k),
+            rel[4 * a:4 * z], struct.pack("<i", span), leaf[a:z], piv[4 * a:4 * z],
+            sq[4 * a:4 * z], r1[2 * a:2 * z], r2[2 * a:2 * z])))
 
 
 def decode_node(value: bytes, tree_id: int, node: int) -> Node:
@@ -194,7 +239,7 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     magic, version, _, t, start, stop, c0, k = _NODE_HEAD.unpack_from(body, 0)
     if magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0:
         raise ValueError(f"{what} is not a version-{INDEX_FORMAT_VERSION} node record")
-    layout = [("<i4", k + 1), ("u1", k), ("<i4", k), ("<f4", k), ("<f4", k), ("<f4", k)]
+    layout = [("<i4", k + 1), ("u1", k), ("<i4", k), ("<f4", k), ("<f2", k), ("<f2", k)]
     pos = _NODE_HEAD.size
     out = []
     for dtype, count in layout:
@@ -309,9 +354,7 @@ class ForestWriter:
         off = int(block_row_offset)
         records = [(tree_key(block_id), encode_tree_header(block_id, off, tree,
                                                            self.params["n_features"]))]
-        for v in range(tree.n_nodes):
-            if v == 0 or tree.n_children[v] > 0:
-                records.append((node_key(block_id, v), encode_node(block_id, tree, v, off)))
+        records += [(node_key(block_id, v), rec) for v, rec in encode_nodes(block_id, tree, off)]
         self._ensure_room(records)
         while True:
             try:

@@ -95,8 +95,11 @@ def bench_one(name, src, tmp: Path, args) -> dict:
     build = rec.instance.build_seconds + rec.instance.write_seconds
     data_bytes = (store.path / "data.h5").stat().st_size
     idx_bytes = index_nbytes(store.path / "index.lmdb")
-    X, y, _ = store.read_range(0, store.n_samples)
-    w = liblinear_weights(X, y)
+    X, y, ids = store.read_range(0, store.n_samples)
+    # train on the rows in source order: the store holds them in leaf order, and LIBLINEAR's
+    # result (default tolerance) depends on the row order, so w would change with the tree
+    src_order = np.argsort(ids, kind="stable")
+    w = liblinear_weights(X[src_order], y[src_order])
     Xd = X if sp.issparse(X) else np.asarray(X, np.float64)
     m = y * (Xd @ w[:-1] + w[-1])
     base = float(np.mean((m < 1) & (m >= -1)))
