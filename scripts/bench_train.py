@@ -291,6 +291,7 @@ def bench(name, args):
             r = run_liblinear(X, y, Xt, yt, s_type, args.C, eps)
             pts.append((r["seconds"], 1 - r["acc"]))
         r = run_liblinear(X, y, Xt, yt, s_type, args.C)
+        print(f"   {label}: {r['seconds']:.2f} s, test acc {100 * r['acc']:.2f}", flush=True)
         pts.append((r["seconds"], 1 - r["acc"]))
         peers[label] = r
         curves[label] = pts
@@ -299,6 +300,8 @@ def bench(name, args):
         if args.solvers and label not in args.solvers:
             continue
         r, pts = run_ours(store, kw, args, Xt, yt)
+        print(f"   {label}: {r['seconds']:.2f} s, test acc {100 * r['acc']:.2f}, "
+              f"read/n {r['read']:.2f}", flush=True)
         r["peer"] = peer
         rows.append((label, r))
         curves.setdefault(label.split(" x")[0], []).extend(pts)
