@@ -48,6 +48,11 @@ def liblinear_weights(X, y) -> np.ndarray:
     from liblinear.liblinearutil import parameter, problem, train
 
     Xs = sp.csr_matrix(X, dtype=np.float64)
+    # LIBLINEAR permutes with libc rand(): reseed it, or w (at the default tolerance) and so
+    # the base rate depend on how many models this process trained before
+    import ctypes
+
+    ctypes.CDLL(None).srand(1)
     model = train(problem(y.astype(np.float64), Xs), parameter("-s 3 -c 1 -B 1 -q"))
     w, b = model.get_decfun()
     sign = 1.0 if model.get_labels()[0] == 1 else -1.0
