@@ -142,10 +142,11 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, block_solver)
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
+    # counted from here: opening the forest already reads (and caches) pivot rows
+    rows_read0, bytes_read0 = store.rows_read, store.bytes_read
     rows_src = _RowSource(store)
     forest = rows_src.open_forest()
     N_all, d = store.n_samples, store.n_features
-    rows_read0, bytes_read0 = store.rows_read, store.bytes_read
     base_loss = get_loss(loss).base()
 
     # ---- w_0 from a random sample (§3.1) -------------------------------------------------
