@@ -13,7 +13,7 @@ import lmdb
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import blobs, make_indexed
+from _forest_helpers import blobs, make_indexed
 
 from ooc_learn.index.lmdb_io import (INDEX_FORMAT_VERSION, MANIFEST, META_KEY, ForestWriter,
                                      decode_node, encode_node, encode_nodes, index_nbytes)

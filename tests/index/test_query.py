@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import blobs, brute_force, make_indexed
+from _forest_helpers import blobs, brute_force, make_indexed
 
 from ooc_learn.index.forest import outlier_margin
 from ooc_learn.storage.budget import MemoryBudget

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import blobs
+from _forest_helpers import blobs
 
 from ooc_learn.index._kernels import cos2_rows
 from ooc_learn.index.tree import build_block_tree, row_arrays
@@ -168,7 +168,7 @@ def test_covering_radii_are_the_smallest_cos2_to_the_pivot(data_rng, csr):
 @pytest.mark.parametrize("mu,lam", [(1.0, 0.0), (0.0, 0.0), (0.3, 0.5)])
 def test_every_partition_ranking_is_exact_without_a_limit(tmp_path, data_rng, mu, lam,
                                                           monkeypatch):
-    from conftest import brute_force, make_indexed
+    from _forest_helpers import brute_force, make_indexed
 
     from ooc_learn.index import forest as forest_mod
 
