@@ -211,6 +211,9 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="IBCD: fresh rows asked of the index per step")
     p.add_argument("--block-solver", default="dual", choices=["dual", "primal"],
                    help="IBCD block sub-problem: dual CD or TRON on the primal (sqhinge)")
+    p.add_argument("--sample-eps", type=float, default=0.0, metavar="EPS",
+                   help="IBCD: stop when fresh rows / rows examined < EPS (reads less; "
+                        "approximate; default 0: exact stop)")
     p.add_argument("--epochs", type=int, default=1, help="PEGASOS passes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test", metavar="STORE_OR_FILE", default=None,
@@ -277,7 +280,8 @@ def _train_body(args):
     model = train(args.store, solver=args.solver, loss=args.loss, C=args.C, s=s,
                   bias=args.bias, eps=args.eps, max_outer=args.max_outer,
                   block_size=args.block_size, block_solver=args.block_solver,
-                  epochs=args.epochs, seed=args.seed, memory=budget, on_outer=on_outer)
+                  epochs=args.epochs, sample_eps=args.sample_eps, seed=args.seed,
+                  memory=budget, on_outer=on_outer)
     bar.close()
     model.save(args.output)
     st = model.meta["stats"]

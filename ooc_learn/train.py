@@ -54,7 +54,8 @@ def open_data(data, memory=None) -> tuple[Store, bool]:
 def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
           s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
           block_size: int = 1000, block_solver: str = "dual", epochs: int = 1,
-          init_sample: int = 10000, seed: int = 0, memory=None, on_outer=None) -> LinearModel:
+          init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0, memory=None,
+          on_outer=None) -> LinearModel:
     """Train a linear SVM on a binary store; returns a :class:`LinearModel`.
 
     Parameters
@@ -82,6 +83,10 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
         IBCD's block sub-problem solver (primal = TRON, squared hinge only).
     epochs : int
         PEGASOS passes.
+    sample_eps : float
+        IBCD's sampled stopping rule (§3.1): stop the inner loop when the share of fresh rows
+        among those the index examined, |N| / n_e, falls below it (0: only |N| < n). Reads
+        less; the final check over all rows is then skipped, so optimality is approximate.
 
     Returns
     -------
@@ -95,6 +100,9 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
     >>> model.score("test.store")                                      # doctest: +SKIP
     """
     _check(solver, loss, C, s, bias, eps, max_outer, block_size)
+    if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
+        raise ParameterError(f"The 'sample_eps' parameter of train must be in [0, 1). Got "
+                             f"{sample_eps!r} instead.", "0 disables the sampled rule; try 0.01.")
     st, opened = open_data(store, memory)
     try:
         if st.task != "binary":
@@ -105,7 +113,8 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
         rows0, bytes0 = st.rows_read, st.bytes_read
         stats = _run(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
                      max_outer=max_outer, block_size=block_size, block_solver=block_solver,
-                     epochs=epochs, init_sample=init_sample, seed=seed, on_outer=on_outer)
+                     epochs=epochs, init_sample=init_sample, sample_eps=sample_eps, seed=seed,
+                     on_outer=on_outer)
         w = stats.pop("w")
         stats["seconds"] = time.perf_counter() - t0
         stats.setdefault("rows_read", st.rows_read - rows0)
@@ -123,7 +132,7 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
 
 
 def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, epochs,
-         init_sample, seed, on_outer) -> dict:
+         init_sample, sample_eps, seed, on_outer) -> dict:
     # every solver reports one dict per outer iteration/epoch: {"outer": i, ...}
     report = on_outer
     step = None if on_outer is None else (lambda i, info: report(dict(info, outer=i)))
@@ -131,7 +140,7 @@ def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solv
         from ooc_learn.solvers.ibcd import solve_ibcd
 
         res = solve_ibcd(st, loss=loss, C=C, s=s, bias=bias, n=block_size, eps=eps,
-                         max_outer=max_outer, init_sample=init_sample,
+                         max_outer=max_outer, init_sample=init_sample, sample_eps=sample_eps,
                          block_solver=block_solver, seed=seed, on_outer=on_outer)
         stats = dict(res.stats)
         stats.pop("outer_log", None)

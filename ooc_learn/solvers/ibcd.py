@@ -137,7 +137,8 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     -------
     IBCDResult
         ``stats``: outer_iterations, inner_iterations, active_set, n_sv, rows_read,
-        bytes_read, rows_examined, objective (of the convex problem on S), seconds.
+        bytes_read, rows_examined, objective (of the convex problem on S: equal to the full
+        objective after an exact stop, below it after a sampled stop), seconds.
     """
     _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, block_solver)
     t0 = time.perf_counter()
@@ -419,8 +420,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             _solve_block(S, B, w, loss=loss, C=C, bias=bias, eps=eps, iters=block_iters,
                          solver=block_solver, rng=rng, stats=stats)
         stats["inner_iterations"] += 1
-        done = k < n or (sample_eps > 0 and n_e > 0 and k / n_e < sample_eps)
-        if not done:
+        sampled = k >= n and sample_eps > 0 and n_e > 0 and k / n_e < sample_eps
+        if k >= n and not sampled:
             continue
         # problem (13) on S to eps, then a full check without shrinking (§4.3)
         X, y, sqn, alpha = S.view()
@@ -428,6 +429,11 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             dcd_subproblem(X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
                            max_iter=1000, shrinking=True, rng=int(rng.integers(1 << 31)),
                            sqnorms=sqn)
+        if sampled:
+            # the paper's sampled rule: few fresh rows per row examined means the rest of the
+            # data is (nearly) inactive; stop without scanning all of it
+            stats["stopped_by_sample_rule"] = stats.get("stopped_by_sample_rule", 0) + 1
+            return added
         forest.unshrink()
         rows_src.clear()
         rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,

@@ -187,3 +187,23 @@ def test_regression_store_is_refused(tmp_path, rng):
     with ingest_arrays(X, rng.normal(size=100), tmp_path / "r") as store:
         with pytest.raises(ParameterError, match="positive-label"):
             train(store)
+
+
+def test_sampled_stopping_rule_reads_less_and_stays_close(tmp_path, rng):
+    X, y = problem(rng, n=6000, d=10, flip=0.02)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=6, build_index=True) as store:
+        exact = train(store, C=1.0, block_size=100, init_sample=300)
+        fast = train(store, C=1.0, block_size=100, init_sample=300, sample_eps=0.2)
+        se, sf = exact.meta["stats"], fast.meta["stats"]
+        assert sf.get("stopped_by_sample_rule", 0) >= 1
+        assert sf["rows_examined"] < 0.5 * se["rows_examined"]
+        # approximate, not wrong: the objective over ALL rows stays within 5 % of the exact one
+        Xa, ya, _ = store.read_range(0, store.n_samples)
+
+        def objective(m):
+            w = np.r_[m.coef_, m.intercept_]
+            return 0.5 * w @ w + np.maximum(0, 1 - ya * (Xa @ m.coef_ + m.intercept_)).sum()
+
+        assert objective(fast) == pytest.approx(objective(exact), rel=0.05)
+        with pytest.raises(ParameterError, match="sample_eps"):
+            train(store, sample_eps=1.5)
