@@ -38,6 +38,7 @@ import numpy as np
 
 from ooc_learn.losses import get_loss
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.store import row_sqnorms
 
 from .active_set import ActiveSet
 from .dcd import dcd_subproblem, solve_dcd
@@ -169,7 +170,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     store.budget.reserve(N_all, "IBCD active-set mask")
     try:
         sv = np.flatnonzero(res0.alpha > 0)
-        S.add(sample[sv], Xs[sv], ys[sv], _sqn(Xs[sv], store, sample[sv]), res0.alpha[sv])
+        S.add(sample[sv], Xs[sv], ys[sv], _row_sqn(Xs[sv]), res0.alpha[sv])
         in_S[sample[sv]] = True
         del Xs, ys, res0
         return _outer_loop(rows_src, forest, S, in_S, w, loss=loss, base_loss=base_loss, C=C,
@@ -292,17 +293,9 @@ def _nbytes(X) -> int:
     return X.nbytes
 
 
-def _sqn(X, store, rows):
-    return store.sqnorms_at(rows) if hasattr(store, "sqnorms_at") else _row_sqn(X)
-
-
-def _row_sqn(X):
-    import scipy.sparse as sp
-
-    if sp.issparse(X):
-        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
-    X64 = np.asarray(X, dtype=np.float64)
-    return np.einsum("ij,ij->i", X64, X64)
+def _row_sqn(X) -> np.ndarray:
+    """Squared row norms for the active set (the store's own float64-accumulated routine)."""
+    return row_sqnorms(X).astype(np.float64)
 
 
 def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n, eps, sample_eps,
