@@ -175,8 +175,9 @@ def run_ours(store_path, kw, args, Xt, yt, memory=None):
         t_cb = [0.0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            extra = {"sample_eps": args.sample_eps} if kw["solver"] == "ibcd" else {}
             model = ooc_learn.train(st, C=args.C, s=args.truncate if kw["solver"] == "ibcd"
-                                    else None, seed=args.seed, **kw)
+                                    else None, seed=args.seed, **extra, **kw)
         stats = model.meta["stats"]
         acc = model.score(Xt, yt)
         n = st.n_samples
@@ -346,6 +347,8 @@ def main(argv=None):
     p.add_argument("--solvers", nargs="+", default=None,
                    help="subset of runs by label, e.g. 'ibcd L1-dual' 'dcd L1' sgd")
     p.add_argument("--sgd-passes", type=int, default=3)
+    p.add_argument("--sample-eps", type=float, default=0.0,
+                   help="IBCD's sampled stopping rule |N|/n_e < EPS (default 0: exact stop)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="subsets of every set (a smoke run)")
     args = p.parse_args(argv)
