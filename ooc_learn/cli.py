@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Callable
 
+from ooc_learn._json import jsonable
 from ooc_learn.storage.budget import MemoryBudget, parse_size
 from ooc_learn.storage.errors import OOCError, ParameterError
 
@@ -55,20 +56,10 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     if result is None:
         return 0
     if getattr(args, "json", False):
-        print(json.dumps(result["json"], default=_json_default))
+        print(json.dumps(jsonable(result["json"])))
     else:
         print(result["text"])
     return 0
-
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 # ---- ooc-ingest ---------------------------------------------------------------------------

@@ -24,12 +24,12 @@ label map, the training store's fingerprint and the training statistics.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
+from ooc_learn._json import jsonable
 from ooc_learn.storage.errors import ModelMismatchError, ParameterError, UsageError
 
 __all__ = ["LinearModel", "load_model", "encode_labels", "MODEL_FORMAT", "MODEL_VERSION"]
@@ -60,28 +60,6 @@ def encode_labels(y) -> tuple[np.ndarray, np.ndarray]:
             raise ParameterError("A linear SVM needs two classes. Got only one label "
                                  f"({only!r}).", "Check the labels of the training data.")
     return np.where(y == classes[1], 1.0, -1.0), classes
-
-
-def _jsonable(obj):
-    """Numpy scalars/arrays and NamedTuples as plain JSON values (non-finite as strings)."""
-    if hasattr(obj, "_asdict"):
-        return {k: _jsonable(v) for k, v in obj._asdict().items()}
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.bool_, bool)):
-        return bool(obj)
-    if isinstance(obj, (np.integer, int)):
-        return int(obj)
-    if isinstance(obj, (np.floating, float)):
-        f = float(obj)
-        return f if math.isfinite(f) else str(f)
-    if obj is None or isinstance(obj, str):
-        return obj
-    return str(obj)
 
 
 def _is_store(obj) -> bool:
@@ -196,7 +174,7 @@ class LinearModel:
         meta = dict(self.meta)
         meta.update(format=MODEL_FORMAT, format_version=MODEL_VERSION,
                     n_features=self.n_features_in_)
-        return json.dumps(_jsonable(meta), sort_keys=True)
+        return json.dumps(jsonable(meta), sort_keys=True)
 
     def save(self, path) -> Path:
         """Write the model to ``.npz`` or ``.h5``/``.hdf5`` (no pickle). Returns the path."""

@@ -7,21 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ooc_learn._json import jsonable
+
 __all__ = ["CVResult"]
-
-
-def _jsonable(value):
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 @dataclass
@@ -76,11 +64,11 @@ class CVResult:
     def to_dict(self, *, per_row: bool = False) -> dict:
         """A JSON-ready dict; per-row arrays (``folds``, ``predictions``) only if asked."""
         out = {"estimate": float(self.estimate), "metric": self.metric, "method": self.method,
-               "k": self.k, "fold_scores": _jsonable(np.asarray(self.fold_scores)),
-               "stats": _jsonable(self.stats)}
+               "k": self.k, "fold_scores": jsonable(np.asarray(self.fold_scores)),
+               "stats": jsonable(self.stats)}
         if per_row:
-            out["folds"] = _jsonable(self.folds)
-            out["predictions"] = _jsonable(self.predictions)
+            out["folds"] = jsonable(self.folds)
+            out["predictions"] = jsonable(self.predictions)
         return out
 
     def to_json(self, **kwargs) -> str:
