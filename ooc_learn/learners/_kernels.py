@@ -185,30 +185,29 @@ def _exact_row(state, d, Xd, indptr, indices, data, is_csr, i, yi):
 
 
 @njit(cache=True, nogil=True)
+def _update_row(kind, state, d, Xd, indptr, indices, data, is_csr, i, yi):
+    """Feed row i to the learner ``kind`` (the one dispatch every feeding loop shares)."""
+    if kind == PEGASOS:
+        _pegasos_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
+    elif kind == LSQSGD:
+        _lsq_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
+    else:
+        _exact_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
+
+
+@njit(cache=True, nogil=True)
 def update_rows(kind, state, d, Xd, indptr, indices, data, is_csr, y, order):
     """Feed rows ``order[0], order[1], ...`` to the model in ``state`` (in place)."""
     for r in range(order.shape[0]):
         i = order[r]
-        yi = np.float64(y[i])
-        if kind == PEGASOS:
-            _pegasos_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
-        elif kind == LSQSGD:
-            _lsq_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
-        else:
-            _exact_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
+        _update_row(kind, state, d, Xd, indptr, indices, data, is_csr, i, np.float64(y[i]))
 
 
 @njit(cache=True, nogil=True)
 def update_range(kind, state, d, Xd, indptr, indices, data, is_csr, y, start, stop):
     """Feed rows ``start .. stop-1`` in their order (no index array needed)."""
     for i in range(start, stop):
-        yi = np.float64(y[i])
-        if kind == PEGASOS:
-            _pegasos_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
-        elif kind == LSQSGD:
-            _lsq_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
-        else:
-            _exact_row(state, d, Xd, indptr, indices, data, is_csr, i, yi)
+        _update_row(kind, state, d, Xd, indptr, indices, data, is_csr, i, np.float64(y[i]))
 
 
 @njit(cache=True, nogil=True)
