@@ -16,29 +16,22 @@ import argparse
 import gzip
 import json
 import lzma
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from ooc_learn.storage.resources import measure_command
+
 HERE = Path(__file__).resolve().parent
-WRAP = ("import resource, subprocess, sys, time\n"
-        "t = time.perf_counter(); r = subprocess.run(sys.argv[1:]).returncode\n"
-        "dt = time.perf_counter() - t\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, dt, r)")
 
 
 def measure(cmd: list[str]) -> tuple[int, float]:
     """Run ``cmd`` in a child of a fresh wrapper; return (peak RSS bytes, wall seconds)."""
-    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True)
-    last = out.stdout.strip().splitlines()[-1].split()
-    rss, dt, rc = int(last[0]), float(last[1]), int(last[2])
+    rss, dt, rc, err = measure_command(cmd)
     if rc != 0:
-        raise RuntimeError(f"{cmd} failed:\n{out.stderr[-2000:]}")
+        raise RuntimeError(f"{cmd} failed:\n{err[-2000:]}")
     return rss, dt
 
 

@@ -39,3 +39,26 @@ def limit_allocator_retention() -> bool:
         return bool(ok)
     except (OSError, AttributeError):
         return False
+
+
+_WRAP = ("import resource, subprocess, sys, time\n"
+         "t = time.perf_counter()\n"
+         "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
+         "dt = time.perf_counter() - t\n"
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, dt, r)")
+
+
+def measure_command(cmd, *, timeout: float | None = None) -> tuple[int, float, int, str]:
+    """Run ``cmd`` as the only child of a fresh wrapper process and read its peak RSS there.
+
+    Returns ``(peak_rss_bytes, wall_seconds, returncode, stderr)``. Measuring from a separate
+    wrapper keeps the caller's own memory and other children out of the figure (benchmarks
+    and the memory-promise tests use it).
+    """
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _WRAP, *map(str, cmd)], capture_output=True,
+                         text=True, timeout=timeout)
+    rss, dt, rc = out.stdout.split()
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(rss) * scale, float(dt), int(rc), out.stderr

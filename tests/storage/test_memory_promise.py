@@ -5,19 +5,16 @@ import sys
 
 import numpy as np
 
-WRAP = ("import resource, subprocess, sys\n"
-        "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, r)")
+from ooc_learn.storage.resources import measure_command
+
 INGEST = [sys.executable, "-c",
           "import sys; from ooc_learn.cli import ingest_main; sys.exit(ingest_main())"]
 
 
 def child_peak_rss(cmd):
-    out = subprocess.run([sys.executable, "-c", WRAP, *map(str, cmd)], capture_output=True,
-                         text=True, timeout=600)
-    rss, rc = out.stdout.split()
-    assert int(rc) == 0, out.stderr
-    return int(rss)
+    rss, _, rc, err = measure_command(cmd, timeout=600)
+    assert rc == 0, err
+    return rss
 
 
 def write_source(path, n_rows, rng):
