@@ -319,6 +319,18 @@ class Store:
 
         return self._cache.get_or_load(("block", b), load)
 
+    def block_is_cached(self, b: int) -> bool:
+        """Whether block ``b`` is in the LRU block cache now."""
+        return ("block", int(b)) in self._cache
+
+    def reads_whole_block(self, b: int) -> bool:
+        """The read policy for partial reads of block ``b``: load the whole block through the
+        cache when it is cached or a quarter of the free budget holds it; otherwise read only
+        the rows wanted. :meth:`gather` and IBCD's row reader both follow it."""
+        lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+        return (self.block_is_cached(b)
+                or (hi - lo) * max(1, self.estimated_bytes(1)) * 4 <= self.budget.available)
+
     def iter_blocks(self, order=None):
         """Yield ``(X, y, row_ids)`` for each block, in ``order`` (default 0..R-1)."""
         for b in (range(self.n_blocks) if order is None else order):
@@ -337,16 +349,15 @@ class Store:
         order = np.argsort(rows, kind="stable")
         srt = rows[order]
         blocks = self.block_of(srt)
-        row_bytes = max(1, self.estimated_bytes(1))
         parts_X, parts_y, parts_id = [], [], []
         bounds = np.flatnonzero(np.diff(blocks)) + 1
         for seg in np.split(np.arange(srt.size), bounds) if srt.size else []:
             b = int(blocks[seg[0]])
-            lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+            lo = int(self.block_offsets[b])
             want = srt[seg]
             # the whole block through the cache when it is cached or fits easily (later
             # gathers then cost no I/O); else only short runs around the wanted rows
-            if ("block", b) in self._cache or (hi - lo) * row_bytes * 4 <= self.budget.available:
+            if self.reads_whole_block(b):
                 X, y, ids = self.read_block(b)
                 local = want - lo
                 parts_X.append(X[local])

@@ -190,8 +190,8 @@ class _RowSource:
     """One reader for the index's leaf reads and the active set's row fetches (§4.2).
 
     The forest IBCD queries reads its leaves through :meth:`read_range`: from the store's
-    block cache when the block is cached or fits it easily (the same rule as
-    ``Store.gather``), else as a range read that is also remembered (bytes paid from the
+    block cache when ``Store.reads_whole_block`` says so (the policy ``Store.gather`` follows),
+    else as a range read that is also remembered (bytes paid from the
     budget, never evicting) until the next :meth:`fetch`. :meth:`fetch` then takes the rows a
     query returned from those cached blocks and remembered leaves, so a row the index just
     read is not read again; only rows of leaves the forest had cached earlier are gathered.
@@ -200,7 +200,6 @@ class _RowSource:
     def __init__(self, store):
         self.store = store
         self.offsets = np.asarray(store.block_offsets, dtype=np.int64)
-        self.row_bytes = max(1, store.estimated_bytes(1))
         self._memo: dict = {}  # start -> (stop, X, y) of leaves read since the last fetch
         self._memo_bytes = 0
 
@@ -215,17 +214,9 @@ class _RowSource:
                       n_samples=st.n_samples, n_features=st.n_features,
                       block_offsets=st.block_offsets, budget=st.budget, name=str(st.path))
 
-    def _cached(self, b: int) -> bool:
-        cache = getattr(self.store, "_cache", None)
-        return cache is not None and ("block", b) in cache
-
-    def _block_ok(self, b: int) -> bool:
-        lo, hi = self.offsets[b], self.offsets[b + 1]
-        return self._cached(b) or (hi - lo) * self.row_bytes * 4 <= self.store.budget.available
-
     def read_range(self, start: int, stop: int):
         b = int(np.searchsorted(self.offsets, start, side="right") - 1)
-        if 0 <= b < len(self.offsets) - 1 and stop <= self.offsets[b + 1] and self._block_ok(b):
+        if 0 <= b < len(self.offsets) - 1 and stop <= self.offsets[b + 1] and self.store.reads_whole_block(b):
             X, y, ids = self.store.read_block(b)
             lo = int(self.offsets[b])
             return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]
@@ -248,7 +239,7 @@ class _RowSource:
         left = np.ones(rows.size, bool)
         blocks = np.searchsorted(self.offsets, rows, side="right") - 1
         for b in np.unique(blocks):
-            if not self._cached(int(b)):
+            if not self.store.block_is_cached(int(b)):
                 continue
             pos = np.flatnonzero(blocks == b)
             X, y, _ = self.store.read_block(int(b))
