@@ -205,6 +205,9 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-eps", type=float, default=0.0, metavar="EPS",
                    help="IBCD: stop when fresh rows / rows examined < EPS (reads less; "
                         "approximate; default 0: exact stop)")
+    p.add_argument("--spill-dir", default=None, metavar="DIR",
+                   help="IBCD: where the active set spills when it outgrows its share of "
+                        "--memory (default: the folder holding the store)")
     p.add_argument("--epochs", type=int, default=1, help="PEGASOS passes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test", metavar="STORE_OR_FILE", default=None,
@@ -272,7 +275,7 @@ def _train_body(args):
                   bias=args.bias, eps=args.eps, max_outer=args.max_outer,
                   block_size=args.block_size, block_solver=args.block_solver,
                   epochs=args.epochs, sample_eps=args.sample_eps, seed=args.seed,
-                  memory=budget, on_outer=on_outer)
+                  memory=budget, spill_dir=args.spill_dir, on_outer=on_outer)
     bar.close()
     model.save(args.output)
     st = model.meta["stats"]

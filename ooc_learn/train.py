@@ -55,7 +55,7 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
           s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
           block_size: int = 1000, block_solver: str = "dual", epochs: int = 1,
           init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0, memory=None,
-          on_outer=None) -> LinearModel:
+          spill_dir=None, on_outer=None) -> LinearModel:
     """Train a linear SVM on a binary store; returns a :class:`LinearModel`.
 
     Parameters
@@ -87,6 +87,9 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
         IBCD's sampled stopping rule (§3.1): stop the inner loop when the share of fresh rows
         among those the index examined, |N| / n_e, falls below it (0: only |N| < n). Reads
         less; the final check over all rows is then skipped, so optimality is approximate.
+    spill_dir : path, optional
+        IBCD: where the active set spills to disk when it outgrows its share of ``memory``
+        (§4.2; default: the folder holding the store).
 
     Returns
     -------
@@ -114,7 +117,7 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
         stats = _run(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
                      max_outer=max_outer, block_size=block_size, block_solver=block_solver,
                      epochs=epochs, init_sample=init_sample, sample_eps=sample_eps, seed=seed,
-                     on_outer=on_outer)
+                     spill_dir=spill_dir, on_outer=on_outer)
         w = stats.pop("w")
         stats["seconds"] = time.perf_counter() - t0
         stats.setdefault("rows_read", st.rows_read - rows0)
@@ -132,7 +135,7 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
 
 
 def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, epochs,
-         init_sample, sample_eps, seed, on_outer) -> dict:
+         init_sample, sample_eps, seed, spill_dir, on_outer) -> dict:
     # every solver reports one dict per outer iteration/epoch: {"outer": i, ...}
     report = on_outer
     step = None if on_outer is None else (lambda i, info: report(dict(info, outer=i)))
@@ -141,7 +144,8 @@ def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solv
 
         res = solve_ibcd(st, loss=loss, C=C, s=s, bias=bias, n=block_size, eps=eps,
                          max_outer=max_outer, init_sample=init_sample, sample_eps=sample_eps,
-                         block_solver=block_solver, seed=seed, on_outer=on_outer)
+                         block_solver=block_solver, seed=seed, spill_dir=spill_dir,
+                         on_outer=on_outer)
         stats = dict(res.stats)
         stats.pop("outer_log", None)
         stats["w"] = res.w

@@ -1,23 +1,40 @@
-"""The IBCD active set S: rows held in memory with their dual variables.
+"""The IBCD active set S: rows held for the solver with their dual variables (IBCD §4.2).
 
-Rows are appended as the index returns them and removed only when the outer relaxation
-declares them outliers. Storage grows geometrically (dense rows or CSR arrays), and every byte
-of capacity is reserved from the run's :class:`MemoryBudget` (IBCD §4.2: S takes its quota
-from the caches, whose LRU entries the budget evicts first).
+Rows are appended as the index returns them and removed when the outer relaxation declares
+them outliers (or, under a tight cap, when their alpha is 0). Every byte is reserved from the
+run's :class:`MemoryBudget`; S takes its quota from the LRU caches (the budget evicts their
+entries first) up to ``resident_share`` of the cap, which leaves the caches a floor (the
+paper's threshold m_LRU). Past that, S **spills**: its rows move to a file on disk and only
+the per-row state (row id, label, norm, alpha: 32 bytes, plus 8 for CSR offsets) stays in
+memory; the solver then reads S back in windows as it traverses it (the cyclic reader's next
+rows, the sweeps of problem (13), the outlier check), each window a single contiguous read.
+
+Storage grows geometrically (dense rows or CSR arrays); the spill file is written append-only
+(rows in S order) and rewritten by :meth:`ActiveSet.keep`. It lives in a private temporary
+directory that :meth:`ActiveSet.release` removes.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import scipy.sparse as sp
 
-from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.budget import MemoryBudget, format_size
+from ooc_learn.storage.errors import BudgetExceededError
 
 __all__ = ["ActiveSet"]
 
+# share of the cap S may hold in memory before it spills: the rest is the caches' floor
+RESIDENT_SHARE = 0.6
+
 
 class ActiveSet:
-    """Growable in-memory rows ``X`` (dense float32 or CSR), labels, norms, alphas.
+    """Growable rows ``X`` (dense float32 or CSR), labels, norms, alphas; spills to disk.
 
     Parameters
     ----------
@@ -25,11 +42,19 @@ class ActiveSet:
     sparse : bool
         CSR storage (for CSR stores) or dense rows.
     budget : MemoryBudget
-        Capacity is reserved here; a growth that does not fit raises
+        Capacity is reserved here; per-row state that does not fit even after spilling raises
         :class:`~ooc_learn.storage.errors.BudgetExceededError` naming ``--memory``.
+    spill_dir : path, optional
+        Where the spill file's temporary directory is made (default: the system's temporary
+        directory). ``None`` with ``can_spill=False`` never spills.
+    resident_share : float, optional
+        The share of the cap S may hold in memory before spilling (default
+        ``RESIDENT_SHARE``).
     """
 
-    def __init__(self, n_features: int, sparse: bool, budget: MemoryBudget):
+    def __init__(self, n_features: int, sparse: bool, budget: MemoryBudget, *,
+                 spill_dir=None, can_spill: bool = True,
+                 resident_share: float | None = None):
         self.d = int(n_features)
         self.sparse = bool(sparse)
         self.budget = budget
@@ -42,26 +67,46 @@ class ActiveSet:
         self.y = np.empty(0, np.float64)
         self.sqn = np.empty(0, np.float64)
         self.alpha = np.empty(0, np.float64)
+        self.indptr = np.zeros(1, np.int64)
         if self.sparse:
-            self.indptr = np.zeros(1, np.int64)
             self.indices = np.empty(0, np.int32)
             self.data = np.empty(0, np.float32)
         else:
             self.Xbuf = np.empty((0, self.d), np.float32)
+        self.can_spill = bool(can_spill)
+        self.spill_dir = spill_dir
+        self.resident_share = float(RESIDENT_SHARE if resident_share is None
+                                    else resident_share)
+        self.spilled = False
+        self._dir: Path | None = None
+        self.spills = 0            #: times S moved to disk
+        self.rows_spilled = 0      #: rows written to the spill file
+        self.rows_read_back = 0    #: rows read back from it
 
     # ---- capacity ----------------------------------------------------------------------
-    def _bytes_for(self, cap_rows: int, cap_nnz: int) -> int:
-        per_row = 8 + 8 + 8 + 8 + (8 if self.sparse else 4 * self.d)
-        return cap_rows * per_row + (cap_nnz * 8 if self.sparse else 0)
+    def _row_bytes(self) -> int:
+        """Per-row bytes held in memory: the state, CSR offsets, and dense rows if resident."""
+        state = 8 + 8 + 8 + 8 + 8
+        return state + (4 * self.d if not (self.sparse or self.spilled) else 0)
 
-    def _grow(self, need_rows: int, need_nnz: int) -> None:
+    def _bytes_for(self, cap_rows: int, cap_nnz: int) -> int:
+        nnz_bytes = cap_nnz * 8 if (self.sparse and not self.spilled) else 0
+        return cap_rows * self._row_bytes() + nnz_bytes
+
+    def _caps_for(self, need_rows: int, need_nnz: int) -> tuple[int, int]:
         # grow by half: the copy holds old + new, so doubling would need 3x the content
         cap_rows = max(self._cap_rows, 1024)
         while cap_rows < need_rows:
             cap_rows = cap_rows * 3 // 2
-        cap_nnz = max(self._cap_nnz, 1 << 14) if self.sparse else 0
-        while self.sparse and cap_nnz < need_nnz:
-            cap_nnz = cap_nnz * 3 // 2
+        cap_nnz = 0
+        if self.sparse and not self.spilled:
+            cap_nnz = max(self._cap_nnz, 1 << 14)
+            while cap_nnz < need_nnz:
+                cap_nnz = cap_nnz * 3 // 2
+        return cap_rows, cap_nnz
+
+    def _grow(self, need_rows: int, need_nnz: int) -> None:
+        cap_rows, cap_nnz = self._caps_for(need_rows, need_nnz)
         if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
             return
         new_bytes = self._bytes_for(cap_rows, cap_nnz)
@@ -78,27 +123,27 @@ class ActiveSet:
         self.y = grown(self.y[:m], cap_rows)
         self.sqn = grown(self.sqn[:m], cap_rows)
         self.alpha = grown(self.alpha[:m], cap_rows)
-        if self.sparse:
-            self.indptr = grown(self.indptr[: m + 1], cap_rows + 1)
+        self.indptr = grown(self.indptr[: m + 1], cap_rows + 1)
+        if self.sparse and not self.spilled:
             self.indices = grown(self.indices[: self.nnz], cap_nnz)
             self.data = grown(self.data[: self.nnz], cap_nnz)
-        else:
+        elif not self.sparse and not self.spilled:
             self.Xbuf = grown(self.Xbuf[:m], cap_rows)
         self.budget.release(self._reserved)
         self._reserved = new_bytes
         self._cap_rows, self._cap_nnz = cap_rows, cap_nnz
 
     def fits(self, k: int, nnz: int = 0) -> bool:
-        """Whether ``k`` more rows (``nnz`` stored values) fit without exceeding the budget."""
-        if self.m + k <= self._cap_rows and (not self.sparse or self.nnz + nnz <= self._cap_nnz):
+        """Whether ``k`` more rows (``nnz`` stored values) fit without spilling: within the
+        free budget and within S's resident share of the cap."""
+        if self.m + k <= self._cap_rows and (not self.sparse or self.spilled
+                                             or self.nnz + nnz <= self._cap_nnz):
             return True
-        cap_rows = max(self._cap_rows, 1024)
-        while cap_rows < self.m + k:
-            cap_rows = cap_rows * 3 // 2
-        cap_nnz = max(self._cap_nnz, 1 << 14) if self.sparse else 0
-        while self.sparse and cap_nnz < self.nnz + nnz:
-            cap_nnz = cap_nnz * 3 // 2
-        return self._bytes_for(cap_rows, cap_nnz) <= self.budget.available
+        new = self._bytes_for(*self._caps_for(self.m + k, self.nnz + nnz))
+        if self.spilled:
+            return new <= self.budget.available
+        return (new <= self.budget.available
+                and new <= self.resident_share * self.budget.limit)
 
     # ---- content -----------------------------------------------------------------------
     def add(self, rows, X, y, sqn, alpha=None) -> np.ndarray:
@@ -115,18 +160,29 @@ class ActiveSet:
         self.alpha[a:b] = 0.0 if alpha is None else alpha
         if self.sparse:
             X = sp.csr_matrix(X)
-            self.indices[self.nnz:self.nnz + add_nnz] = X.indices
-            self.data[self.nnz:self.nnz + add_nnz] = X.data
             self.indptr[a + 1:b + 1] = X.indptr[1:] + self.nnz
+            if self.spilled:
+                self._append_file(X)
+            else:
+                self.indices[self.nnz:self.nnz + add_nnz] = X.indices
+                self.data[self.nnz:self.nnz + add_nnz] = X.data
             self.nnz += add_nnz
         else:
-            self.Xbuf[a:b] = X.toarray() if sp.issparse(X) else X
+            X = X.toarray() if sp.issparse(X) else X
+            if self.spilled:
+                self._append_file(X)
+            else:
+                self.Xbuf[a:b] = X
         self.m = b
         return np.arange(a, b, dtype=np.int64)
 
     @property
     def X(self):
-        """The rows of S as a float32 ndarray view or a CSR matrix over the buffers."""
+        """The rows of S as a float32 ndarray view or a CSR matrix over the buffers (only
+        while S is resident: a spilled S is read with :meth:`take` and :meth:`windows`)."""
+        if self.spilled:
+            raise RuntimeError("the active set is spilled to disk; read it with take() or "
+                               "windows()")
         if self.sparse:
             return sp.csr_matrix((self.data[: self.nnz], self.indices[: self.nnz],
                                   self.indptr[: self.m + 1]), shape=(self.m, self.d),
@@ -137,19 +193,182 @@ class ActiveSet:
         """``(X, y, sqn, alpha)`` over the first m rows (alpha is writable, shared)."""
         return self.X, self.y[: self.m], self.sqn[: self.m], self.alpha[: self.m]
 
+    def state(self):
+        """``(y, sqn, alpha)`` over the first m rows, resident or not (alpha writable)."""
+        return self.y[: self.m], self.sqn[: self.m], self.alpha[: self.m]
+
+    # ---- reading (resident or spilled) ---------------------------------------------------
+    def read(self, a: int, b: int):
+        """The rows ``a:b`` of S (a view when resident; one file read when spilled)."""
+        if not self.spilled:
+            return self.X[a:b]
+        self.rows_read_back += b - a
+        return _read_file(self._dir, self.sparse, self.d, self.indptr, a, b)
+
+    def take(self, pos: np.ndarray):
+        """The rows at positions ``pos`` of S (a copy), reading contiguous runs."""
+        pos = np.asarray(pos, dtype=np.int64)
+        if not self.spilled:
+            return self.X[pos]
+        if pos.size == 0:
+            return self.read(0, 0)
+        order = np.argsort(pos, kind="stable")
+        sp_ = pos[order]
+        cut = np.flatnonzero(np.diff(sp_) > 1) + 1
+        parts = []
+        for run in np.split(sp_, cut):
+            parts.append(self.read(int(run[0]), int(run[-1]) + 1))
+        inv = np.empty_like(order)
+        inv[order] = np.arange(order.size)
+        if self.sparse:
+            return sp.vstack(parts, format="csr")[inv]
+        return np.concatenate(parts)[inv]
+
+    def window_rows(self) -> int:
+        """Rows per traversal window: about a sixteenth of the cap, at least 256 rows."""
+        per_row = 4 * self.d if not self.sparse else max(8, 8 * self.nnz // max(self.m, 1))
+        return int(max(256, self.budget.limit // 16 // max(per_row, 1)))
+
+    def windows(self):
+        """Yield ``(a, b, X)`` covering S in order: one piece when resident, windows of
+        :meth:`window_rows` rows (each reserved while in use) when spilled."""
+        if not self.spilled:
+            yield 0, self.m, self.X
+            return
+        step = self.window_rows()
+        for a in range(0, self.m, step):
+            b = min(self.m, a + step)
+            nb = self._window_bytes(a, b)
+            with self.budget.reservation(nb, "IBCD active-set window"):
+                yield a, b, self.read(a, b)
+
+    def _window_bytes(self, a: int, b: int) -> int:
+        if self.sparse:
+            return 8 * int(self.indptr[b] - self.indptr[a]) + 8 * (b - a + 1)
+        return 4 * self.d * (b - a)
+
+    # ---- spilling ----------------------------------------------------------------------
+    def spill(self) -> None:
+        """Move the rows of S to a file on disk; keep only the per-row state in memory."""
+        if self.spilled:
+            return
+        if not self.can_spill:
+            raise BudgetExceededError(
+                f"The IBCD active set ({self.m} rows, {format_size(self._reserved)}) does "
+                f"not fit the {format_size(self.budget.limit)} memory cap.",
+                "Raise --memory (or OOC_MEMORY), or allow spilling to disk.")
+        base = self.spill_dir if self.spill_dir is not None else tempfile.gettempdir()
+        try:
+            self._dir = Path(tempfile.mkdtemp(prefix=".ooc-ibcd-spill-", dir=base))
+        except OSError as exc:
+            raise BudgetExceededError(
+                f"The IBCD active set must spill to disk but {base} is not writable "
+                f"({exc.strerror}).", "Pass a writable --spill-dir, or raise --memory.") from exc
+        X = self.X
+        if self.sparse:
+            names = ("data.bin", "indices.bin")
+        else:
+            names = ("X.bin",)
+        for name in names:
+            (self._dir / name).touch()
+        self._append_file(X)
+        m, nnz = self.m, self.nnz
+        old_reserved = self._reserved
+        # from now on only the per-row state is held: shrink the buffers to it
+        self.spilled = True
+        state = (self.rows[:m].copy(), self.y[:m].copy(), self.sqn[:m].copy(),
+                 self.alpha[:m].copy(), self.indptr[: m + 1].copy())
+        self.Xbuf = np.empty((0, self.d), np.float32)
+        self.indices = np.empty(0, np.int32)
+        self.data = np.empty(0, np.float32)
+        self.m, self._cap_rows, self._cap_nnz, self._reserved = 0, 0, 0, 0
+        self.budget.release(old_reserved)
+        self.rows, self.indptr = np.empty(0, np.int64), np.zeros(1, np.int64)
+        self.y, self.sqn, self.alpha = np.empty(0), np.empty(0), np.empty(0)
+        self._grow(m, 0)
+        self.rows[:m], self.y[:m], self.sqn[:m], self.alpha[:m] = state[:4]
+        self.indptr[: m + 1] = state[4]
+        self.m, self.nnz = m, nnz
+        self.spills += 1
+
+    def _append_file(self, X) -> None:
+        if self.sparse:
+            X = sp.csr_matrix(X)
+            with open(self._dir / "data.bin", "ab") as f:
+                np.ascontiguousarray(X.data, np.float32).tofile(f)
+            with open(self._dir / "indices.bin", "ab") as f:
+                np.ascontiguousarray(X.indices, np.int32).tofile(f)
+        else:
+            with open(self._dir / "X.bin", "ab") as f:
+                np.ascontiguousarray(X, np.float32).tofile(f)
+        self.rows_spilled += X.shape[0]
+
+    # ---- removal -----------------------------------------------------------------------
     def keep(self, mask: np.ndarray) -> None:
-        """Drop the rows where ``mask`` is False (outliers leaving S), compacting in place."""
+        """Drop the rows where ``mask`` is False, compacting in place (a spilled S is
+        rewritten window by window, and comes back into memory when it fits again)."""
         keep = np.flatnonzero(mask)
-        X = self.X[keep]
         rows, y, sqn, alpha = (self.rows[keep].copy(), self.y[keep].copy(),
                                self.sqn[keep].copy(), self.alpha[keep].copy())
+        if not self.spilled:
+            X = self.X[keep]
+            self.m, self.nnz = 0, 0
+            self.add(rows, X, y, sqn, alpha)
+            return
+        old, indptr_old, m_old = self._dir, self.indptr[: self.m + 1].copy(), self.m
+        step = self.window_rows()
+        self._dir = Path(tempfile.mkdtemp(prefix=".ooc-ibcd-spill-", dir=old.parent))
+        for name in os.listdir(old):
+            (self._dir / name).touch()
+        self.m, self.nnz = 0, 0
+        for a in range(0, m_old, step):
+            b = min(m_old, a + step)
+            sel = keep[(keep >= a) & (keep < b)]
+            if sel.size == 0:
+                continue
+            nb = (8 * int(indptr_old[b] - indptr_old[a]) if self.sparse
+                  else 4 * self.d * (b - a))
+            with self.budget.reservation(2 * nb, "IBCD active-set window"):
+                X = _read_file(old, self.sparse, self.d, indptr_old, a, b)[sel - a]
+                self.rows_read_back += b - a
+                i = np.searchsorted(keep, sel)
+                self.add(rows[i], X, y[i], sqn[i], alpha[i])
+        shutil.rmtree(old, ignore_errors=True)
+        self._maybe_return()
+
+    def _maybe_return(self) -> None:
+        """Bring a spilled S back into memory when it fits within half its resident share."""
+        need = self.m * (8 * 5 + (4 * self.d if not self.sparse else 0)) + 8 * self.nnz
+        if need > 0.5 * self.resident_share * self.budget.limit or need > self.budget.available:
+            return
+        X = self.read(0, self.m)
+        rows, y, sqn, alpha = (self.rows[: self.m].copy(), self.y[: self.m].copy(),
+                               self.sqn[: self.m].copy(), self.alpha[: self.m].copy())
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir = None
+        self.spilled = False
+        self.budget.release(self._reserved)
+        self._reserved, self._cap_rows, self._cap_nnz = 0, 0, 0
         self.m, self.nnz = 0, 0
         self.add(rows, X, y, sqn, alpha)
 
     def release(self) -> None:
         self.budget.release(self._reserved)
         self._reserved = 0
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     @property
     def nbytes(self) -> int:
         return self._reserved
+
+
+def _read_file(folder: Path, sparse: bool, d: int, indptr: np.ndarray, a: int, b: int):
+    if sparse:
+        lo, hi = int(indptr[a]), int(indptr[b])
+        data = np.fromfile(folder / "data.bin", np.float32, hi - lo, offset=4 * lo)
+        idx = np.fromfile(folder / "indices.bin", np.int32, hi - lo, offset=4 * lo)
+        return sp.csr_matrix((data, idx, indptr[a:b + 1] - lo), shape=(b - a, d))
+    X = np.fromfile(folder / "X.bin", np.float32, (b - a) * d, offset=4 * d * a)
+    return X.reshape(b - a, d)

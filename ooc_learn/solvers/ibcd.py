@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -108,7 +110,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
                bias: float = 1.0, n: int = 1000, eps: float = 0.1, sample_eps: float = 0.0,
                max_outer: int = 10, init_sample: int = 10000, block_iters: int = 10,
                block_solver: str = "dual", shrink_threshold: float = 1.0, seed: int = 0,
-               on_outer: Callable[[dict], None] | None = None) -> IBCDResult:
+               spill_dir=None, on_outer: Callable[[dict], None] | None = None) -> IBCDResult:
     """Train a linear SVM on an indexed store by IBCD (see the module docstring).
 
     Parameters
@@ -133,13 +135,17 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     shrink_threshold : float
         Shrinking on the index (§4.3): rows with y w^T x > 1 + T are not visited again until
         the convergence check.
+    spill_dir : path, optional
+        Where the active set spills when it outgrows its share of the cap (§4.2); default:
+        the folder holding the store (the data's own disk, not a RAM-backed /tmp).
 
     Returns
     -------
     IBCDResult
         ``stats``: outer_iterations, inner_iterations, active_set, n_sv, rows_read,
         bytes_read, rows_examined, objective (of the convex problem on S: equal to the full
-        objective after an exact stop, below it after a sampled stop), seconds.
+        objective after an exact stop, below it after a sampled stop), spills, rows_spilled,
+        rows_read_back (the active set's disk traffic), seconds.
     """
     _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, block_solver)
     t0 = time.perf_counter()
@@ -165,7 +171,8 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
             res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, max_iter=INIT_ITERS,
                              seed=int(rng.integers(1 << 31)))
     w = res0.w.copy()
-    S = ActiveSet(d, store.layout == "csr", store.budget)
+    S = ActiveSet(d, store.layout == "csr", store.budget,
+                  spill_dir=_spill_dir(store, spill_dir))
     in_S = np.zeros(N_all, bool)
     store.budget.reserve(N_all, "IBCD active-set mask")
     try:
@@ -184,6 +191,13 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
         store.budget.release(N_all)
         forest.close()
         rows_src.clear()
+
+
+def _spill_dir(store, spill_dir) -> Path:
+    if spill_dir is not None:
+        return Path(spill_dir)
+    parent = Path(store.path).resolve().parent
+    return parent if os.access(parent, os.W_OK) else Path(tempfile.gettempdir())
 
 
 class _RowSource:
@@ -305,30 +319,14 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
         w_t = w.copy()
         removed = 0
         if s is not None and S.m:
-            X, y, _, alpha = S.view()
-            keep = _margins(X, y, w_t, bias) >= low
-            removed = int((~keep).sum())
-            if removed:
-                out_rows = np.flatnonzero(~keep)
-                # alpha of an outlier leaves w: w -= alpha y x
-                from . import _kernels as K
-                from ._common import kernel_args
-
-                # w -= sum over leaving rows of alpha y [x, bias], without a float64 copy of X
-                delta = np.zeros_like(w)
-                K.rows_tdot(*kernel_args(X), float(bias), out_rows,
-                            -(alpha[out_rows] * y[out_rows]), delta)
-                w += delta
-                in_S[S.rows[out_rows]] = False
-                S.keep(keep)
+            removed = _drop_outliers(S, in_S, w, w_t, low, bias)
         added = _inner_loop(rows_src, forest, S, in_S, w, w_t, loss=loss, C=C, s=s, bias=bias,
                             n=n, eps=eps, sample_eps=sample_eps, block_iters=block_iters,
                             block_solver=block_solver, shrink_threshold=shrink_threshold,
                             rng=rng, stats=stats)
-        X, y, sqn, alpha = S.view()
-        obj = _primal_on_S(X, y, w, base_loss, C, bias)
+        obj = _primal_on_S(S, w, base_loss, C, bias)
         entry = {"outer": outer, "objective_S": obj, "active_set": S.m,
-                 "n_sv": int((alpha > 0).sum()), "added": added, "removed": removed,
+                 "n_sv": int((S.state()[2] > 0).sum()), "added": added, "removed": removed,
                  "rows_read": store.rows_read - rows_read0,
                  "seconds": time.perf_counter() - t0}
         stats["outer_log"].append(entry)
@@ -343,13 +341,14 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
         if outer > 1 and removed == 0 and added == 0:
             converged_outer = True
             break
-    X, y, sqn, alpha = S.view()
+    alpha = S.state()[2]
     nz = alpha > 0
     stats.update(outer_iterations=outer, converged=converged_outer, active_set=S.m,
                  n_sv=int(nz.sum()), rows_read=store.rows_read - rows_read0,
                  bytes_read=store.bytes_read - bytes_read0,
-                 objective=_primal_on_S(X, y, w, base_loss, C, bias),
-                 seconds=time.perf_counter() - t0)
+                 objective=_primal_on_S(S, w, base_loss, C, bias),
+                 spills=S.spills, rows_spilled=S.rows_spilled,
+                 rows_read_back=S.rows_read_back, seconds=time.perf_counter() - t0)
     if not converged_outer:
         import warnings
 
@@ -359,12 +358,44 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
                       stats=stats)
 
 
-def _primal_on_S(X, y, w, base_loss, C, bias):
+def _primal_on_S(S, w, base_loss, C, bias):
     """1/2|w|^2 + C sum over S of L(y w^T x): rows outside S have zero loss at a solution."""
-    if X.shape[0] == 0:
+    if S.m == 0:
         return 0.5 * float(w @ w)
-    z = _margins(X, y, w, bias)
+    z = _S_margins(S, w, bias)
     return 0.5 * float(w @ w) + C * float(np.sum(base_loss.value(z)))
+
+
+def _S_margins(S, w, bias) -> np.ndarray:
+    """y_i [x_i, bias]^T w over S, window by window when S is spilled."""
+    y = S.state()[0]
+    out = np.empty(S.m)
+    for a, b, X in S.windows():
+        out[a:b] = _margins(X, y[a:b], w, bias)
+    return out
+
+
+def _drop_outliers(S, in_S, w, w_t, low, bias) -> int:
+    """Remove the rows of S that are outliers at w_t (eq. 5), taking their alpha out of w."""
+    from . import _kernels as K
+    from ._common import kernel_args
+
+    keep = _S_margins(S, w_t, bias) >= low
+    removed = int((~keep).sum())
+    if not removed:
+        return 0
+    y, _, alpha = S.state()
+    # w -= sum over leaving rows of alpha y [x, bias], without a float64 copy of X
+    delta = np.zeros_like(w)
+    for a, b, X in S.windows():
+        out = np.flatnonzero(~keep[a:b])
+        if out.size:
+            K.rows_tdot(*kernel_args(X), float(bias), out,
+                        -(alpha[a:b][out] * y[a:b][out]), delta)
+    w += delta
+    in_S[S.rows[: S.m][~keep]] = False
+    S.keep(keep)
+    return removed
 
 
 def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, sample_eps,
@@ -384,9 +415,12 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             XN, yN = rows_src.fetch(rows_N)
             nnz = int(XN.indptr[-1]) if S.sparse else 0
             if not S.fits(k, nnz):
-                # §4.2 under a tight cap: rows with alpha = 0 leave S (the index brings them
-                # back if they violate again; the final unshrunk query checks every row)
+                # §4.2 under a tight cap: rows with alpha = 0 leave S first (the index brings
+                # them back if they violate again; the final unshrunk query checks every
+                # row); if S still does not fit, it spills to disk
                 r = _prune_zero_alpha(S, in_S, stats)
+                if not S.fits(k, nnz):
+                    S.spill()
         m_old = S.m
         if k:
             S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
@@ -408,11 +442,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         if k >= n and not sampled:
             continue
         # problem (13) on S to eps, then a full check without shrinking (§4.3)
-        X, y, sqn, alpha = S.view()
         if S.m:
-            dcd_subproblem(X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
-                           max_iter=1000, shrinking=True, rng=int(rng.integers(1 << 31)),
-                           sqnorms=sqn)
+            _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
         if sampled:
             # the paper's sampled rule: few fresh rows per row examined means the rest of the
             # data is (nearly) inactive; stop without scanning all of it
@@ -454,7 +485,36 @@ def _only_tiny_violations(X, y, w, bias, eps) -> bool:
     return bool(np.all(1.0 - z < eps))
 
 
+def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
+    """Problem (13) on S to ``eps``: dual CD with shrinking over S in memory; a spilled S is
+    swept window by window (block minimisation over S), until one sweep finds the projected-
+    gradient spread over all of S below ``eps``."""
+    y, sqn, alpha = S.state()
+    if not S.spilled:
+        dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
+                       max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
+                       sqnorms=sqn)
+        return
+    for sweep in range(max_iter):
+        hi, lo, first_pass_only = -np.inf, np.inf, True
+        for a, b, X in S.windows():
+            st = dcd_subproblem(X, y[a:b], alpha[a:b], w, loss=loss, C=C, bias=bias,
+                                eps=eps, max_iter=max_iter, shrinking=True,
+                                rng=int(rng.integers(1 << 31)), sqnorms=sqn[a:b])
+            first_pass_only &= st.epochs <= 1
+            hi, lo = max(hi, st.pg_max), min(lo, st.pg_min)
+        stats["spilled_sweeps"] = stats.get("spilled_sweeps", 0) + 1
+        if first_pass_only and hi - lo < eps:
+            return
+    warnings.warn(f"IBCD's sweeps over the spilled active set reached {max_iter} before the "
+                  f"projected-gradient spread fell to eps={eps}.", RuntimeWarning, stacklevel=4)
+
+
 def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
+    if S.spilled:
+        _solve_block_spilled(S, B, w, loss=loss, C=C, bias=bias, eps=eps, iters=iters,
+                             solver=solver, rng=rng, stats=stats)
+        return
     X, y, sqn, alpha = S.view()
     if solver == "primal":
         from .tron import L2LossPrimal, tron
@@ -475,3 +535,30 @@ def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
                             max_iter=iters, shrinking=False, rng=int(rng.integers(1 << 31)),
                             sqnorms=sqn)
         stats["block_updates"] += st.updates
+
+
+def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
+    """The block sub-problem when S is on disk: B's rows are read back (the fresh rows and
+    the cyclic reader's next run of S), solved as a small problem, and their alpha written
+    back; w carries every other row's contribution."""
+    y, sqn, alpha = S.state()
+    XB = S.take(B)
+    nb = XB.nbytes if not hasattr(XB, "indptr") else XB.data.nbytes + XB.indices.nbytes
+    with S.budget.reservation(nb, "IBCD block"):
+        sub = _BlockView(XB, y[B], sqn[B], alpha[B].copy())
+        _solve_block(sub, np.arange(B.size, dtype=np.int64), w, loss=loss, C=C, bias=bias,
+                     eps=eps, iters=iters, solver=solver, rng=rng, stats=stats)
+        alpha[B] = sub.alpha
+
+
+class _BlockView:
+    """A block read back from a spilled S, shaped like a resident active set."""
+
+    spilled = False
+
+    def __init__(self, X, y, sqn, alpha):
+        self.X, self.y, self.sqn, self.alpha = X, y, sqn, alpha
+        self.d = X.shape[1]
+
+    def view(self):
+        return self.X, self.y, self.sqn, self.alpha

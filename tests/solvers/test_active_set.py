@@ -1,0 +1,102 @@
+"""The IBCD active set: resident and spilled to disk (§4.2) hold the same rows."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.solvers.active_set import ActiveSet
+from ooc_learn.solvers.ibcd import solve_ibcd
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.errors import BudgetExceededError
+
+from test_ibcd import full_kkt_violation, problem
+
+
+def _rows(rng, k, d, sparse):
+    if sparse:
+        return sp.random(k, d, density=0.2, random_state=rng.integers(1 << 30), format="csr",
+                         dtype=np.float32)
+    return rng.normal(size=(k, d)).astype(np.float32)
+
+
+def _dense(X):
+    return X.toarray() if sp.issparse(X) else np.asarray(X)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_spilled_set_reads_back_exactly_what_was_added(tmp_path, rng, sparse):
+    d = 30
+    S = ActiveSet(d, sparse, MemoryBudget("64M"), spill_dir=tmp_path)
+    parts = [_rows(rng, k, d, sparse) for k in (700, 50, 400)]
+    ref = np.vstack([_dense(p) for p in parts])
+    S.add(np.arange(700), parts[0], np.ones(700), np.zeros(700), np.full(700, 0.5))
+    S.spill()
+    assert S.spilled and list(tmp_path.iterdir())
+    S.add(np.arange(700, 750), parts[1], -np.ones(50), np.zeros(50))
+    S.add(np.arange(750, 1150), parts[2], np.ones(400), np.zeros(400))
+    assert S.m == 1150
+    np.testing.assert_array_equal(_dense(S.read(0, S.m)), ref)
+    pos = rng.permutation(S.m)[:300]
+    np.testing.assert_array_equal(_dense(S.take(pos)), ref[pos])
+    got = np.vstack([_dense(X) for _, _, X in S.windows()])
+    np.testing.assert_array_equal(got, ref)
+    assert S.state()[2][:700].tolist() == [0.5] * 700
+    # keep: rows compacted in order, state moves with them
+    mask = rng.random(S.m) < 0.4
+    S.keep(mask)
+    np.testing.assert_array_equal(_dense(S.read(0, S.m)), ref[mask])
+    np.testing.assert_array_equal(S.rows[: S.m], np.flatnonzero(mask))
+    S.release()
+    assert not list(tmp_path.iterdir()), "the spill folder must be removed"
+
+
+def test_keep_brings_a_small_spilled_set_back_into_memory(tmp_path, rng):
+    S = ActiveSet(10, False, MemoryBudget("16M"), spill_dir=tmp_path)
+    X = _rows(rng, 2000, 10, False)
+    S.add(np.arange(2000), X, np.ones(2000), np.zeros(2000))
+    S.spill()
+    S.keep(np.arange(2000) < 100)
+    assert not S.spilled
+    np.testing.assert_array_equal(S.X, X[:100])
+    S.release()
+
+
+def test_fits_respects_the_resident_share(rng):
+    budget = MemoryBudget("1M")
+    S = ActiveSet(100, False, budget, resident_share=0.5)
+    # 1,500 dense rows of 100 floats (~650 KB with state) exceed half of the 1 MB cap
+    assert S.fits(1000)
+    assert not S.fits(1500)
+    S.release()
+
+
+def test_spilling_refused_gives_a_clear_error(tmp_path, rng):
+    S = ActiveSet(10, False, MemoryBudget("1M"), can_spill=False)
+    S.add(np.arange(10), _rows(rng, 10, 10, False), np.ones(10), np.zeros(10))
+    with pytest.raises(BudgetExceededError, match="memory"):
+        S.spill()
+    S.release()
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_ibcd_with_a_spilled_active_set_is_optimal_on_all_rows(tmp_path, rng, sparse,
+                                                               monkeypatch):
+    # many support vectors (25 % flipped labels) and almost no share of the cap for S:
+    # S spills early, and the answer must still satisfy the KKT conditions on every row
+    X, y = problem(rng, n=4000, sparse=sparse, flip=0.25)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True, leaf_size=50,
+                       layout="csr" if sparse else "dense") as store:
+        import ooc_learn.solvers.active_set as AS
+
+        with monkeypatch.context() as mp:
+            mp.setattr(AS, "RESIDENT_SHARE", 1e-6)
+            res = solve_ibcd(store, C=1.0, n=200, eps=0.01, init_sample=500, seed=1,
+                             spill_dir=tmp_path)
+        assert res.stats["spills"] >= 1 and res.stats["rows_read_back"] > 0
+        viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=1.0)
+        assert viol < 0.05, viol
+        resident = solve_ibcd(store, C=1.0, n=200, eps=0.01, init_sample=500, seed=1)
+        assert resident.stats["spills"] == 0
+        assert res.stats["objective"] == pytest.approx(resident.stats["objective"], rel=1e-3)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ooc-ibcd-spill-")]
