@@ -355,6 +355,18 @@ def pivot_margins(X, indptr, indices, data, is_csr, rows, w, b):
 
 
 @njit(cache=True, nogil=True)
+def _child_priority(margin, wsq, pv_sqnorm, radius, is_leaf, augment, parent_pri, mu, lam):
+    psq = np.float64(pv_sqnorm) + (1.0 if augment else 0.0)
+    den = wsq * psq
+    c = abs(margin) / np.sqrt(den) if den > 0.0 else 0.0
+    alpha = np.arcsin(min(c, 1.0))
+    r = np.arccos(np.sqrt(min(max(np.float64(radius), 0.0), 1.0)))
+    if is_leaf:
+        return alpha + lam * r
+    return max(parent_pri, alpha - mu * r)
+
+
+@njit(cache=True, nogil=True)
 def child_priorities(margins, wsq, pv_sqnorm, radius, is_leaf, augment, parent_pri, mu, lam):
     """Best-bin-first priorities of a node's partitions for the query q = −V(ŵ).
 
@@ -368,16 +380,222 @@ def child_priorities(margins, wsq, pv_sqnorm, radius, is_leaf, augment, parent_p
     k = margins.shape[0]
     out = np.empty(k, np.float64)
     for j in range(k):
-        psq = np.float64(pv_sqnorm[j]) + (1.0 if augment else 0.0)
-        den = wsq * psq
-        c = abs(margins[j]) / np.sqrt(den) if den > 0.0 else 0.0
-        alpha = np.arcsin(min(c, 1.0))
-        r = np.arccos(np.sqrt(min(max(np.float64(radius[j]), 0.0), 1.0)))
-        if is_leaf[j]:
-            out[j] = alpha + lam * r
-        else:
-            out[j] = max(parent_pri, alpha - mu * r)
+        out[j] = _child_priority(margins[j], wsq, pv_sqnorm[j], radius[j], is_leaf[j],
+                                 augment, parent_pri, mu, lam)
     return out
+
+
+# ------------------------------------------------------------------ the search frontier
+# A binary min-heap in two parallel arrays: ``fpri`` (cap,) float64 priorities and ``fent``
+# (cap, 7) int64 entries [order, start, stop, span start, span stop, tree·2³² + code, pivot]:
+# ``order`` = tree rank·2⁴⁰ + (2⁴⁰ − 1 − push count) breaks ties by the tree's random rank,
+# then newest first (depth first); ``code`` = 2·node + leaf flag; span start −1: no span;
+# ``pivot`` = 4·(store row of the child's pivot) + its verdict (PV_*), −1 for a root.
+# 64 bytes an entry (FRONTIER_ENTRY_BYTES), paid from the budget by the caller.
+FRONTIER_WIDTH = 7
+PV_NONE = 0      # the pivot neither qualifies nor is shrunk
+PV_TAKE = 1      # it satisfies eq. 10
+PV_SHRINK = 2    # it is far outside the range (shrinking on the index)
+_ORDER_SHIFT = 40
+_ORDER_MASK = (1 << 40) - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _f_less(fpri, fent, i, j):
+    if fpri[i] != fpri[j]:
+        return fpri[i] < fpri[j]
+    return fent[i, 0] < fent[j, 0]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _f_swap(fpri, fent, i, j):
+    p = fpri[i]
+    fpri[i] = fpri[j]
+    fpri[j] = p
+    for c in range(FRONTIER_WIDTH):
+        x = fent[i, c]
+        fent[i, c] = fent[j, c]
+        fent[j, c] = x
+
+
+@njit(cache=True, nogil=True)
+def frontier_push(fpri, fent, size, pri, order, s0, e0, ss, se, tcode, pivot):
+    """Push one entry (the caller made room); return the new size."""
+    i = size
+    fpri[i] = pri
+    fent[i, 0] = order
+    fent[i, 1] = s0
+    fent[i, 2] = e0
+    fent[i, 3] = ss
+    fent[i, 4] = se
+    fent[i, 5] = tcode
+    fent[i, 6] = pivot
+    while i > 0:
+        parent = (i - 1) >> 1
+        if _f_less(fpri, fent, i, parent):
+            _f_swap(fpri, fent, i, parent)
+            i = parent
+        else:
+            break
+    return size + 1
+
+
+@njit(cache=True, nogil=True)
+def _frontier_remove_top(fpri, fent, size):
+    size -= 1
+    if size > 0:
+        fpri[0] = fpri[size]
+        for c in range(FRONTIER_WIDTH):
+            fent[0, c] = fent[size, c]
+        i = 0
+        while True:
+            a = 2 * i + 1
+            if a >= size:
+                break
+            m = a
+            if a + 1 < size and _f_less(fpri, fent, a + 1, a):
+                m = a + 1
+            if _f_less(fpri, fent, m, i):
+                _f_swap(fpri, fent, m, i)
+                i = m
+            else:
+                break
+    return size
+
+
+@njit(cache=True, nogil=True)
+def frontier_pop(fpri, fent, size, fen, shrink_on, take_pivots, excl, shrunk, seen, need,
+                 max_examine, out, state):
+    """Pop the best entry whose rows are not all shrunk (those are dropped and counted).
+
+    With ``take_pivots`` the pivot of the popped partition, if it lies in the partition's
+    rows, is now examined as a candidate (its margins were computed when its parent was
+    expanded, see :func:`expand_node`): unless excluded, shrunk or already examined
+    (``seen``), it counts in ``state[1]``, is
+    returned in ``out`` if it satisfies eq. 10 and marked shrunk if far outside the range.
+    ``state`` is [rows returned, rows examined, rows newly shrunk, rows in ``seen``, pivots
+    examined]. Returns ``(size, priority, order, start, stop, span start, span stop,
+    tree·2³² + code, n_skipped)``; ``tcode`` is −1 when the frontier ran empty.
+    """
+    skipped = 0
+    while size > 0:
+        p = fpri[0]
+        order, s0, e0 = fent[0, 0], fent[0, 1], fent[0, 2]
+        ss, se, tc, pv = fent[0, 3], fent[0, 4], fent[0, 5], fent[0, 6]
+        size = _frontier_remove_top(fpri, fent, size)
+        if shrink_on and fenwick_prefix(fen, e0) - fenwick_prefix(fen, s0) == e0 - s0:
+            skipped += 1
+            continue
+        g = pv >> 2
+        # only a pivot inside the partition: no leaf holding it can have been scanned yet
+        # (a pivot lies in another cell when it ties with an earlier pivot, e.g. zero rows)
+        if take_pivots and s0 <= g < e0 and state[0] < need and state[1] < max_examine:
+            verdict = pv & 3
+            if not ((excl.shape[0] > 0 and excl[g]) or (shrunk.shape[0] > 0 and shrunk[g])):
+                if seen_add(seen, g):
+                    state[3] += 1
+                    state[1] += 1
+                    state[4] += 1
+                    if verdict == PV_TAKE:
+                        out[state[0]] = g
+                        state[0] += 1
+                    elif verdict == PV_SHRINK and shrink_on:
+                        shrunk[g] = 1
+                        fenwick_add(fen, g, 1)
+                        state[2] += 1
+        return size, p, order, s0, e0, ss, se, tc, skipped
+    return size, 0.0, 0, 0, 0, -1, -1, np.int64(-1), skipped
+
+
+# The rows examined as pivot candidates in one query: an open-addressing hash set of row
+# positions (int64, −1 empty, a power-of-two capacity kept at most half full by the caller),
+# so a leaf scan skips a row already examined as a pivot (no double count, no repeat).
+@njit(cache=True, nogil=True, inline="always")
+def _seen_slot(seen, g):
+    mask = seen.shape[0] - 1
+    h = (np.uint64(g) * _GOLDEN) >> np.uint64(20)
+    return np.int64(h & np.uint64(mask))
+
+
+@njit(cache=True, nogil=True)
+def seen_contains(seen, g):
+    mask = seen.shape[0] - 1
+    i = _seen_slot(seen, g)
+    while True:
+        x = seen[i]
+        if x == g:
+            return True
+        if x < 0:
+            return False
+        i = (i + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def seen_add(seen, g):
+    """Add g; return False if it was there already."""
+    mask = seen.shape[0] - 1
+    i = _seen_slot(seen, g)
+    while True:
+        x = seen[i]
+        if x == g:
+            return False
+        if x < 0:
+            seen[i] = g
+            return True
+        i = (i + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def seen_rehash(old, new):
+    """Move every row of ``old`` into the empty (all −1) set ``new``."""
+    for x in old:
+        if x >= 0:
+            seen_add(new, x)
+
+
+@njit(cache=True, nogil=True)
+def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_outer, low,
+                wsq, augment, pivot_row, pv_sqnorm, radius, child_leaf, child_id,
+                child_start, child_stop, parent_pri, mu, lam, fpri, fent, size, order_hi,
+                count, ss, se, tree, take_pivots, shrink_hi):
+    """Score a node's pivots and push its children on the frontier; return the new size.
+
+    Pivot j is row ``at[j]`` of the given arrays (labels ``y``), store row ``pivot_row[j]``;
+    its margin wᵀp + b ranks child j (:func:`child_priorities`). With ``take_pivots`` the
+    entry also carries the pivot's verdict under eq. 10 (PV_TAKE, PV_SHRINK or PV_NONE),
+    so :func:`frontier_pop` can examine the pivot as a candidate if the search reaches its
+    partition, without recomputing anything. The caller made room for every child.
+    """
+    k = at.shape[0]
+    for j in range(k):
+        i = at[j]
+        m = _margin(X, indptr, indices, data, is_csr, i, w, b)
+        leaf = child_leaf[j]
+        pri = _child_priority(m, wsq, pv_sqnorm[j], radius[j], leaf, augment, parent_pri,
+                              mu, lam)
+        count += 1
+        order = order_hi + (_ORDER_MASK - count)
+        tcode = tree * 4294967296 + 2 * np.int64(child_id[j]) + (1 if leaf else 0)
+        pv = np.int64(-1)
+        if take_pivots:
+            yi = np.float64(y[i])
+            mw = yi * m
+            verdict = PV_NONE
+            if mw < 1.0 or mw > shrink_hi:
+                mt = mw if same_outer else yi * _margin(X, indptr, indices, data, is_csr, i,
+                                                        wt, bt)
+                if mw < 1.0 and mt >= low:
+                    verdict = PV_TAKE
+                elif mw > shrink_hi or mt < low:
+                    verdict = PV_SHRINK
+            elif not same_outer:
+                mt = yi * _margin(X, indptr, indices, data, is_csr, i, wt, bt)
+                if mt < low:
+                    verdict = PV_SHRINK
+            pv = 4 * np.int64(pivot_row[j]) + verdict
+        size = frontier_push(fpri, fent, size, pri, order, child_start[j], child_stop[j],
+                             ss, se, tcode, pv)
+    return size
 
 
 @njit(cache=True, nogil=True)
@@ -394,39 +612,41 @@ def _margin(X, indptr, indices, data, is_csr, i, w, b):
 
 @njit(cache=True, nogil=True)
 def scan_leaf(X, indptr, indices, data, is_csr, y, row0, w, b, wt, bt, same_outer, low,
-              excl, shrunk, fen, shrink_on, shrink_hi, need, max_examine, out, n_out):
+              excl, shrunk, fen, shrink_on, shrink_hi, need, max_examine, out, seen, state):
     """Test the rows of one leaf against eq. 10 and collect the fresh ones.
 
     A row (global position ``row0 + i``) is skipped without being examined if it is
-    excluded or shrunk. An examined row qualifies if y·wₜᵀx ≥ ``low`` (not an outlier at
-    the outer iterate) and y·wᵀx < 1 (non-zero gradient). With ``shrink_on``, examined rows
-    with y·wᵀx > ``shrink_hi`` or outliers are marked in ``shrunk`` and counted in the
-    Fenwick tree ``fen`` (IBCD §4.3). Stops once ``need`` rows are collected or
-    ``max_examine`` rows were examined. Returns ``(n_out, n_examined, n_newly_shrunk)``.
+    excluded, shrunk, or was examined as a pivot in this query (in ``seen``, when ``state[3]``
+    > 0). An examined row qualifies if y·wₜᵀx ≥ ``low`` (not an outlier at the outer
+    iterate) and y·wᵀx < 1 (non-zero gradient). With ``shrink_on``, examined rows with
+    y·wᵀx > ``shrink_hi`` or outliers are marked in ``shrunk`` and counted in the Fenwick
+    tree ``fen`` (IBCD §4.3). Stops once ``need`` rows are collected or ``max_examine`` rows
+    were examined. ``state`` is [rows returned, rows examined, rows newly shrunk, rows in
+    ``seen``, pivots examined], updated in place.
     """
-    n_ex = 0
-    n_sh = 0
     m = y.shape[0]
+    check_seen = state[3] > 0
     for i in range(m):
-        if n_out >= need or n_ex >= max_examine:
+        if state[0] >= need or state[1] >= max_examine:
             break
         g = row0 + i
         if excl.shape[0] > 0 and excl[g]:
             continue
         if shrunk.shape[0] > 0 and shrunk[g]:
             continue
-        n_ex += 1
+        if check_seen and seen_contains(seen, g):
+            continue
+        state[1] += 1
         yi = np.float64(y[i])
         mw = yi * _margin(X, indptr, indices, data, is_csr, i, w, b)
         mt = mw if same_outer else yi * _margin(X, indptr, indices, data, is_csr, i, wt, bt)
         if mw < 1.0 and mt >= low:
-            out[n_out] = g
-            n_out += 1
+            out[state[0]] = g
+            state[0] += 1
         elif shrink_on and (mw > shrink_hi or mt < low):
             shrunk[g] = 1
             fenwick_add(fen, g, 1)
-            n_sh += 1
-    return n_out, n_ex, n_sh
+            state[2] += 1
 
 
 @njit(cache=True, nogil=True)

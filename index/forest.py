@@ -21,7 +21,6 @@ Every returned row is verified exactly from its stored values. Shrinking on the 
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
 from pathlib import Path
@@ -35,8 +34,9 @@ from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterError
 
-from ._kernels import (child_priorities, fenwick_mark, fenwick_prefix, pivot_margins,
-                       scan_leaf)
+from ._kernels import (_ORDER_MASK, _ORDER_SHIFT, FRONTIER_WIDTH, expand_node,
+                       fenwick_mark, fenwick_prefix, frontier_push, frontier_pop, scan_leaf,
+                       seen_rehash)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
                       IndexVersionMismatch, decode_node, decode_tree_header, node_key,
                       open_env, open_reader, rows_crc, tree_key)
@@ -64,6 +64,82 @@ RANK_MU = 0.3
 _ENTRY_OVERHEAD = 400
 _ARRAY_OVERHEAD = 112
 RANK_LAM = 0.0
+# Pivot rows are candidates too: when the search reaches a partition (pops it), the row of
+# its pivot, whose margins were computed when its parent was expanded, is examined (counted
+# in n_e) unless excluded, shrunk or already examined, and returned if it satisfies eq. 10;
+# leaf scans then skip it (the query keeps the rows examined this way in a hash set). The
+# pivots of partitions never reached are scored for the ranking only and are not counted in
+# n_e (last_query["pivots_scored"] has them). Examining every pivot as its parent is
+# expanded instead counts the far ones too and brings precision down to about the base rate
+# (a9a, ijcnn1, leaf 8, mu 0.3: 0.3).
+PIVOT_CANDIDATES = True
+# Bytes of one frontier entry (a float64 priority and FRONTIER_WIDTH int64 fields) and of one
+# slot of the set of rows examined as pivots; both are paid from the budget while a query runs.
+FRONTIER_ENTRY_BYTES = 8 * (1 + FRONTIER_WIDTH)
+_SEEN_SLOT_BYTES = 8
+_FRONTIER_MIN = 256
+_SEEN_MIN = 1024
+
+
+class _Frontier:
+    """The best-bin-first frontier of one query, and the set of rows examined as pivots.
+
+    The frontier is a binary min-heap over two parallel arrays (see ``_kernels``: a float64
+    priority and six int64 fields, FRONTIER_ENTRY_BYTES an entry); the set is an
+    open-addressing int64 table kept at most half full. Both grow by doubling, reserving the
+    new arrays from the budget before allocating them (the old ones are released once
+    copied), so a search's memory is counted; a growth the cap cannot hold raises
+    :class:`BudgetExceededError` naming ``--memory``. :meth:`release` returns everything.
+    """
+
+    def __init__(self, budget: MemoryBudget):
+        self.budget = budget
+        self.size = self.peak = self.reserved = self.peak_bytes = 0
+        self.pri = np.zeros(0, np.float64)
+        self.ent = np.zeros((0, FRONTIER_WIDTH), np.int64)
+        self.seen = np.zeros(0, np.int64)
+
+    def _reserve(self, nbytes: int) -> None:
+        self.budget.reserve(nbytes, "index search frontier")
+        self.reserved += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.reserved)
+
+    def _free(self, nbytes: int) -> None:
+        self.budget.release(nbytes)
+        self.reserved -= nbytes
+
+    def ensure(self, push: int, seen_items: int) -> None:
+        """Room for ``push`` more entries and a set holding ``seen_items`` rows."""
+        need = self.size + push
+        self.peak = max(self.peak, need)
+        cap = self.pri.shape[0]
+        if need > cap:
+            new = max(2 * cap, need, _FRONTIER_MIN)
+            self._reserve(new * FRONTIER_ENTRY_BYTES)
+            pri = np.empty(new, np.float64)
+            ent = np.empty((new, FRONTIER_WIDTH), np.int64)
+            pri[:self.size] = self.pri[:self.size]
+            ent[:self.size] = self.ent[:self.size]
+            self.pri, self.ent = pri, ent
+            self._free(cap * FRONTIER_ENTRY_BYTES)
+        cap = self.seen.shape[0]
+        if 2 * seen_items > cap:
+            new = max(2 * cap, _SEEN_MIN)
+            while new < 2 * seen_items:
+                new *= 2
+            self._reserve(new * _SEEN_SLOT_BYTES)
+            seen = np.full(new, -1, np.int64)
+            if cap:
+                seen_rehash(self.seen, seen)
+            self.seen = seen
+            self._free(cap * _SEEN_SLOT_BYTES)
+
+    def release(self) -> None:
+        self.pri = np.zeros(0, np.float64)
+        self.ent = np.zeros((0, FRONTIER_WIDTH), np.int64)
+        self.seen = np.zeros(0, np.int64)
+        self.size = 0
+        self._free(self.reserved)
 
 
 def outlier_margin(loss: str, s) -> float:
@@ -299,14 +375,16 @@ class Forest:
         return self.cache.get_or_load(key, load)
 
     def _pivot_rows(self, t: int, v: int, node):
-        """The pivot rows of an upper node (read one by one), as kernel arrays."""
+        """The pivot rows of an upper node (read one by one), as kernel arrays and labels."""
         def load():
-            parts = [self._read_range(int(r), int(r) + 1)[0] for r in node.pivot_row]
-            P = sp.vstack(parts, format="csr") if sp.issparse(parts[0]) else np.vstack(parts)
+            parts = [self._read_range(int(r), int(r) + 1) for r in node.pivot_row]
+            Xs = [p[0] for p in parts]
+            P = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
             arrays = row_arrays(P)
+            y = np.ascontiguousarray(np.concatenate([p[1] for p in parts]), dtype=np.float32)
             self.last_query["rows_read"] += len(parts)
-            return arrays, (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4])
-                            + _ENTRY_OVERHEAD)
+            return (arrays, y), (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4])
+                                 + y.nbytes + _ARRAY_OVERHEAD + _ENTRY_OVERHEAD)
         return self.cache.get_or_load(("pivots", t, v), load)
 
     def _spans(self, rows: int) -> bool:
@@ -395,8 +473,13 @@ class Forest:
             hinge: 1 − √(1+s), see :func:`outlier_margin`). ``None``: no truncation.
         n : int or None
             The number of fresh rows wanted; ``None`` returns every qualifying row.
-        exclude : bool mask (n_samples,) or array of rows, optional
-            Rows not to return and not to examine (the active set).
+        exclude : bool or uint8 mask (n_samples,), or array of row positions, optional
+            Rows not to return and not to examine (the active set). A C-contiguous bool or
+            uint8 array of ``n_samples`` entries is a mask (non-zero: excluded) and is used
+            as is, without a copy: the caller owns it, keeps it between queries and updates
+            it as rows join or leave (IBCD's ``in_S``); it must not change during a call.
+            Any other array is a list of row positions, copied into a mask of
+            ``n_samples`` bytes (paid from the budget) for the call.
         seed : int
             Orders the trees at random (bias reduction, §4.1).
         loss : "hinge" or "sqhinge"
@@ -435,75 +518,113 @@ class Forest:
         if max_ex < 0:
             raise ParameterError(f"The 'max_examined' parameter of query must be >= 0. Got "
                                  f"{max_examined!r} instead.", "Use None for no limit.")
-        excl = _NO_MASK
-        if exclude is not None:
-            excl = np.zeros(self.n_samples, np.uint8)
-            excl[self._rows_arg(exclude, "exclude", "query")] = 1
-        return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, excl, seed)
+        return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed)
 
-    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed):
+    def _exclusion(self, exclude):
+        """The exclusion as a uint8 mask: a caller's mask as is, row positions copied in.
+
+        Returns ``(mask, reserved bytes)``; the bytes of a mask made here are paid from the
+        budget until the query ends.
+        """
+        if exclude is None:
+            return _NO_MASK, 0
+        a = exclude if isinstance(exclude, np.ndarray) else np.asarray(exclude)
+        if a.ndim == 1 and a.shape[0] == self.n_samples and a.dtype in (np.bool_, np.uint8):
+            mask = a.view(np.uint8) if a.dtype == np.bool_ else a
+            if mask.flags.c_contiguous:
+                return mask, 0
+        rows = self._rows_arg(a, "exclude", "query")
+        self.budget.reserve(self.n_samples, "index query exclusion mask")
+        mask = np.zeros(self.n_samples, np.uint8)
+        mask[rows] = 1
+        return mask, self.n_samples
+
+    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
-                     rows_examined=0, rows_shrunk=0, pivots_scored=0)
+                     rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
+                     frontier_peak=0)
         self.last_query = stats
+        excl, excl_bytes = self._exclusion(exclude)
+        fr = _Frontier(self.budget)
+        try:
+            return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
+                                        seed, fr, stats)
+        finally:
+            stats["frontier_peak"] = fr.peak
+            stats["frontier_bytes"] = fr.peak_bytes
+            fr.release()
+            self.budget.release(excl_bytes)
+
+    def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
+                        stats):
         wsq = float(wv @ wv) + (b * b if aug else 0.0)
         bq = b if aug else 0.0
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
-        # entries: (priority, tree rank, tie, tree, node, rows s0:e0, is leaf, span node,
-        # span start, span stop): the span is the cached ancestor slice holding the rows
-        heap = []
-        count = 0
+        fr.ensure(self.n_blocks, 0)
+        stats["frontier_entry_bytes"] = FRONTIER_ENTRY_BYTES
         for t, h in enumerate(self.headers):
             if h.n_rows:
-                heap.append((0.0, int(rank[t]), 0, t, 0, h.row_offset,
-                             h.row_offset + h.n_rows, h.n_internal == 0, -1, 0, 0))
-        heapq.heapify(heap)
+                # roots: priority 0, the tree's rank, pushed before any child
+                fr.size = frontier_push(fr.pri, fr.ent, fr.size, 0.0,
+                                        (int(rank[t]) << _ORDER_SHIFT) + _ORDER_MASK,
+                                        h.row_offset, h.row_offset + h.n_rows, -1, -1,
+                                        (t << 32) + (1 if h.n_internal == 0 else 0), -1)
         out = np.empty(min(limit, self.n_samples), np.int64)
-        n_out = n_ex = 0
+        state = np.zeros(5, np.int64)  # returned, examined, newly shrunk, seen, pivots taken
         shrink_on = self._fen.shape[0] > 0
-        while heap and n_out < limit and n_ex < max_ex:
-            pri, tr, _, t, v, s0, e0, leaf, sv, ss, se = heapq.heappop(heap)
-            if shrink_on and (fenwick_prefix(self._fen, e0) - fenwick_prefix(self._fen, s0)
-                              == e0 - s0):
-                stats["nodes_skipped"] += 1
-                continue
-            if sv < 0 and self._spans(e0 - s0):
-                sv, ss, se = v, s0, e0
+        shrunk, fen, hi = self._shrunk, self._fen, self._shrink_hi
+        take = bool(PIVOT_CANDIDATES)
+        count = 0
+        pops = 0  # an upper bound on the rows in the seen set (one per pop at most)
+        while fr.size and state[0] < limit and state[1] < max_ex:
+            pops += 1
+            if take and 2 * pops > fr.seen.shape[0]:
+                fr.ensure(0, pops)
+            fr.size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
+                fr.pri, fr.ent, fr.size, fen, shrink_on, take, excl, shrunk, fr.seen, limit,
+                max_ex, out, state)
+            stats["nodes_skipped"] += skipped
+            if tc < 0:
+                break
+            t, code = tc >> 32, tc & 0xFFFFFFFF
+            v, leaf = code >> 1, code & 1
+            if ss < 0 and self._spans(e0 - s0):
+                ss, se = s0, e0
             if leaf:
-                if sv >= 0:
-                    (Xd, indptr, indices, data, is_csr), y = self._rows(("span", t, sv), ss, se)
+                if ss >= 0:
+                    (Xd, indptr, indices, data, is_csr), y = self._rows(("span", t, ss, se),
+                                                                        ss, se)
                     a, z = s0 - ss, e0 - ss
                     Xd, indptr, y = (Xd if is_csr else Xd[a:z]), indptr[a:z + 1], y[a:z]
                 else:
                     (Xd, indptr, indices, data, is_csr), y = self._rows(("leaf", t, v), s0, e0)
-                n_out, ex, sh = scan_leaf(Xd, indptr, indices, data, is_csr, y, s0, wv, b,
-                                          wt, bt, same, low, excl, self._shrunk, self._fen,
-                                          shrink_on, self._shrink_hi, limit, max_ex - n_ex,
-                                          out, n_out)
-                n_ex += ex
+                scan_leaf(Xd, indptr, indices, data, is_csr, y, s0, wv, b, wt, bt, same, low,
+                          excl, shrunk, fen, shrink_on, hi, limit, max_ex, out, fr.seen, state)
                 stats["leaves_scanned"] += 1
-                stats["rows_shrunk"] += sh
                 continue
             node = self.node(t, v)
             stats["nodes_expanded"] += 1
-            if sv >= 0:
-                P, _ = self._rows(("span", t, sv), ss, se)
+            if ss >= 0:
+                P, yP = self._rows(("span", t, ss, se), ss, se)
                 at = node.pivot_row - ss
             else:
-                P = self._pivot_rows(t, v, node)
+                P, yP = self._pivot_rows(t, v, node)
                 at = np.arange(node.pivot_row.shape[0], dtype=np.int64)
-            margins = pivot_margins(*P, at, wv, bq)
-            pri_c = child_priorities(margins, wsq, node.pivot_sqnorm,
-                                     node.radius_aug if aug else node.radius,
-                                     node.child_leaf, aug, pri, RANK_MU, RANK_LAM)
-            stats["pivots_scored"] += int(at.shape[0])
-            for j in range(pri_c.shape[0]):
-                count += 1
-                # ties: the tree's random rank, then the newest first (depth first)
-                heapq.heappush(heap, (float(pri_c[j]), tr, -count, t, int(node.child_id[j]),
-                                      int(node.child_start[j]), int(node.child_stop[j]),
-                                      bool(node.child_leaf[j]), sv, ss, se))
+            k = int(at.shape[0])
+            fr.ensure(k, 0)
+            fr.size = expand_node(*P, yP, at, wv, bq, wt, bt, same, low, wsq, aug,
+                                  node.pivot_row, node.pivot_sqnorm,
+                                  node.radius_aug if aug else node.radius, node.child_leaf,
+                                  node.child_id, node.child_start, node.child_stop, pri,
+                                  RANK_MU, RANK_LAM, fr.pri, fr.ent, fr.size,
+                                  order & ~_ORDER_MASK, count, ss, se, t, take, hi)
+            count += k
+            stats["pivots_scored"] += k
+        n_out, n_ex = int(state[0]), int(state[1])
         stats["rows_examined"] = n_ex
-        return out[:n_out].copy(), int(n_ex)
+        stats["rows_shrunk"] = int(state[2])
+        stats["pivots_examined"] = int(state[4])
+        return out[:n_out].copy(), n_ex
 
     def stats(self) -> dict:
         """Cache statistics and the last query's work counters."""
