@@ -21,11 +21,13 @@ from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
+from scipy.linalg.blas import dsyrk
 
 from ooc_learn.storage.errors import ParameterError
 
-from .holdout import (choose_strategy, gram_weights, holdout_path, lam_tilde, loo_basis_remove_path,
-                      loo_rows_path, n_side_weights, strategy_costs)
+from .holdout import (choose_strategy, gram_weights, holdout_path, lam_tilde,
+                      loo_basis_remove_path, loo_rows_path, mirror_upper, n_side_weights,
+                      strategy_costs)
 from .model import BASIS_MODES_HOLDOUT, BASIS_MODES_LOO, check_lambdas
 
 __all__ = ["LambdaSelection", "holdout_path_model", "kfold_path_model", "loo_path_model",
@@ -204,7 +206,8 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
             if pre is None or not _gram_pays(model, H, lams.size, v):
                 if _rcoords_pay(model, H, lams.size, v):
                     RH = model._ucache[H]
-                    out[:, H] = _holdout_from_gram(model, H, RH.T @ RH, RH.T @ model._Y[H],
+                    SR = mirror_upper(dsyrk(1.0, RH.T, trans=0, lower=0))   # R_H R_H^T
+                    out[:, H] = _holdout_from_gram(model, H, SR, RH.T @ model._Y[H],
                                                    lams, basis_mode, stats, tag="-r")
                     continue
                 out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)

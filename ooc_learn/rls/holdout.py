@@ -36,8 +36,8 @@ import scipy.linalg as la
 from scipy.linalg import lapack
 from scipy.linalg.blas import dsyr2k as syr2k
 
-__all__ = ["lam_tilde", "holdout_path", "n_side_weights", "gram_weights", "loo_rows_path",
-           "loo_basis_remove_path", "choose_strategy"]
+__all__ = ["lam_tilde", "mirror_upper", "holdout_path", "n_side_weights", "gram_weights",
+           "loo_rows_path", "loo_basis_remove_path", "choose_strategy"]
 
 STRATEGIES = ("small", "chol", "eig", "tri")
 
@@ -45,6 +45,20 @@ STRATEGIES = ("small", "chol", "eig", "tri")
 def lam_tilde(Lam: np.ndarray, lams: np.ndarray) -> np.ndarray:
     """``1 / (Lam + lam)`` for every lambda: shape (c, n)."""
     return 1.0 / (Lam[None, :] + np.asarray(lams, dtype=np.float64)[:, None])
+
+
+def mirror_upper(A: np.ndarray, block: int = 256) -> np.ndarray:
+    """Copy the upper triangle of the square ``A`` onto its lower triangle in place (the
+    output convention of dsyrk / dsyr2k with lower=0) and return ``A``: a blocked copy with
+    no n x n temporaries (np.triu(A) + np.triu(A, 1).T makes three)."""
+    n = A.shape[0]
+    for j in range(0, n, block):
+        k = min(j + block, n)
+        A[k:, j:k] = A[j:k, k:].T
+        D = A[j:k, j:k]
+        il = np.tril_indices(k - j, -1)
+        D[il] = D.T[il]
+    return A
 
 
 def strategy_costs(h: int, n: int, e: int, c: int, v: int) -> dict:
@@ -84,9 +98,7 @@ def _project(M: np.ndarray, Y: np.ndarray) -> np.ndarray:
     MY = M @ Y
     G = MY - 0.5 * (Y @ (Y.T @ MY))
     out = syr2k(-1.0, Y, G, beta=1.0, c=np.asfortranarray(M), trans=0, lower=0)
-    iu = np.triu_indices_from(out, 1)
-    out.T[iu] = out[iu]
-    return out
+    return mirror_upper(out)
 
 
 def _spd_solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -192,7 +204,7 @@ def gram_weights(M: np.ndarray, b: np.ndarray, lams, *, QE=None,
     if strategy == "tri":
         return _tri_weights(M, b, lams, W)
     if strategy == "eig":
-        theta, Z = la.eigh(M, check_finite=False)
+        theta, Z = la.eigh(M, driver="evd", check_finite=False)
         np.maximum(theta, 0.0, out=theta)        # a Gram matrix: negatives are rounding
         Zb = Z.T @ b
         for k, lam in enumerate(lams):

@@ -36,6 +36,7 @@ from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError, UsageError
 
 from . import _kernels
+from .holdout import mirror_upper
 from .kernel import KernelSpec, kernel_block, kernel_diag, row_sqnorms64
 from .source import as_label_matrix, make_source
 
@@ -134,6 +135,7 @@ class SparseRLS:
         self._ucache = None
         self._ucache_bytes = 0
         self._ucache_is_u = False
+        self._rt_rows_served = 0
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, X, y=None) -> "SparseRLS":
@@ -218,6 +220,7 @@ class SparseRLS:
             self._ucache_bytes = 8 * m * n
             self._ucache = np.empty((m, n))
         self._ucache_is_u = False
+        self._rt_rows_served = 0
         kev = 0
         fold_of, grams = self._start_fold_grams(src, n, v)
         for j in range(len(src.offsets) - 1):
@@ -243,10 +246,10 @@ class SparseRLS:
                 self._ucache[a:b] = Rc.T
         if fold_of is not None:
             for g in range(len(grams[0])):
-                grams[0][g] = np.triu(grams[0][g]) + np.triu(grams[0][g], 1).T
+                mirror_upper(grams[0][g])
                 A += grams[0][g]
             self._fold_grams = (self._fold_list, grams[0], grams[1])
-        A = np.triu(A) + np.triu(A, 1).T
+        A = mirror_upper(A)
         self.stats_ = {"kernel_evaluations": kev + n * n}
         return A, Ky
 
@@ -278,7 +281,7 @@ class SparseRLS:
                 f"shift of {self.delta_:.3g}.", "Raise SparseRLS(jitter=...) e.g. to 1e-6.") from None
 
     def _decompose(self, A, Ky) -> None:
-        Lam, V = la.eigh(A, check_finite=False)
+        Lam, V = la.eigh(A, driver="evd", check_finite=False)     # divide and conquer
         np.maximum(Lam, 0.0, out=Lam)            # a Gram matrix: negatives are rounding
         self.eigvals_ = Lam
         self._V = V
@@ -345,19 +348,51 @@ class SparseRLS:
         K = self._kernel_rows(Xr, rows)
         return la.solve_triangular(self._C, K.T, lower=True, check_finite=False).T @ self._V
 
+    def _u_step(self) -> int:
+        """Rows per chunk when the cached R^T rows are turned into U (about 16 MB a chunk)."""
+        return max(256, (1 << 21) // self.basis_.size)
+
+    def _convert_u_chunks(self):
+        """Turn the cached R^T rows into U = R^T V in place, one chunk at a time, yielding each
+        converted chunk (start, stop) while it is still in the CPU cache, so that a caller
+        (the LOO) does its O(rows n c) work in the same pass. A caller that stops early still
+        leaves a fully converted cache (the rest is converted on close)."""
+        cache, V = self._ucache, self._V
+        m = cache.shape[0]
+        step = self._u_step()
+        buf = np.empty((min(step, m), V.shape[1]))
+        a = 0
+        try:
+            while a < m:
+                b = min(a + step, m)
+                out = buf[:b - a]
+                np.matmul(cache[a:b], V, out=out)
+                cache[a:b] = out
+                a, a0 = b, a
+                yield a0, b
+        finally:
+            while a < m:
+                b = min(a + step, m)
+                cache[a:b] = cache[a:b] @ V
+                a = b
+            self._ucache_is_u = True
+
     def _ensure_u_cache(self) -> None:
         if self._ucache is not None and not self._ucache_is_u:
-            step = max(256, (1 << 22) // self.basis_.size)
-            for a in range(0, self._ucache.shape[0], step):
-                self._ucache[a:a + step] = self._ucache[a:a + step] @ self._V
-            self._ucache_is_u = True
+            for _ in self._convert_u_chunks():
+                pass
 
     def u_rows(self, rows: np.ndarray, *, need_x: bool = False):
         """(U rows, X rows or None) for row positions ``rows`` (any order)."""
         rows = np.asarray(rows, dtype=np.int64)
         if self._ucache is not None:
-            self._ensure_u_cache()
             Xr = self._source.take(rows) if need_x else None
+            if not self._ucache_is_u and self._rt_rows_served + rows.size <= self._ucache.shape[0]:
+                # a few hold-out sets: rotate only their cached R^T rows (O(|H| n^2)); the
+                # whole cache is converted (O(m n^2), once) when more than m rows are asked for
+                self._rt_rows_served += rows.size
+                return self._ucache[rows] @ self._V, Xr
+            self._ensure_u_cache()
             return self._ucache[rows], Xr
         Xr = self._source.take(rows)
         U = self._u_from_x(Xr, rows)
@@ -365,17 +400,24 @@ class SparseRLS:
         return U, (Xr if need_x else None)
 
     def iter_u_chunks(self):
-        """Yield (start, stop, U rows) over the source's chunks (store blocks)."""
+        """Yield (start, stop, U rows) covering all rows in order: from the cache (converting
+        cached R^T rows to U in the same pass, see :meth:`_convert_u_chunks`), or formed from
+        the source's chunks (store blocks) when nothing is cached."""
+        if self._ucache is not None:
+            if not self._ucache_is_u:
+                for a, b in self._convert_u_chunks():
+                    yield a, b, self._ucache[a:b]
+                return
+            m, step = self._ucache.shape[0], self._u_step()
+            for a in range(0, m, step):
+                yield a, min(a + step, m), self._ucache[a:a + step]
+            return
         src = self._source
-        self._ensure_u_cache()
         for j in range(len(src.offsets) - 1):
             a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-            if self._ucache is not None:
-                yield a, b, self._ucache[a:b]
-            else:
-                U = self._u_from_x(src.chunk(j), np.arange(a, b))
-                self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
-                yield a, b, U
+            U = self._u_from_x(src.chunk(j), np.arange(a, b))
+            self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
+            yield a, b, U
 
     def release_cache(self) -> None:
         """Drop the cached U (or K_B^T) rows and give their bytes back to the budget."""

@@ -248,3 +248,43 @@ def test_fit_time_fold_grams_equal_refits(rng, mode, cache):
     # other folds fall back to the general path
     model.kfold_predict(3, mode)
     assert not any(s.endswith("gram") for s in model.cv_stats_["strategies"])
+
+
+@pytest.mark.parametrize("k, side", [(10, "small"), (3, "chol")], ids=["H<n", "H>n"])
+@pytest.mark.parametrize("state", ["rt-cached", "u-cached", "uncached"])
+def test_single_lambda_kfold_removal_equals_refits(rng, k, side, state):
+    """One lambda, basis removal (the paper's Section 6.4 setting): each fold takes the cheaper
+    SMW side, O(min(|H|^2 n, |H| n^2)), whatever the model has cached (R^T rows after fit, U
+    rows after a LOO, nothing), and equals refitting on the held-in rows with L = B \\ H."""
+    Xin, X, Y = make_data(rng, m=M, v=2)
+    model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1,
+                      cache_u=state != "uncached").fit(Xin, Y)
+    if state == "u-cached":
+        model.loo_predict()
+        assert model._ucache_is_u
+    f = model.kfold_predict(k, "remove")
+    used = set(model.cv_stats_["strategies"])
+    assert {s.split("-")[0] for s in used} == {side}
+    if state == "rt-cached":                 # no O(m n^2) rotation of the whole cache
+        assert not model._ucache_is_u
+    folds = [np.sort(g) for g in np.array_split(np.random.default_rng(1).permutation(M), k)]
+    assert sum(np.intersect1d(H, model.basis_).size > 0 for H in folds) >= 2   # E not empty
+    for H in folds:
+        assert_close(f[H], reference(model, X, Y, H, "remove", LAM))
+
+
+def test_u_cache_conversion_stopped_early_is_complete(rng):
+    """The LOO turns cached R^T rows into U chunk by chunk; a consumer that stops early still
+    leaves every row converted (U rows equal those formed from X)."""
+    Xin, X, Y = make_data(rng, m=M, v=2)
+    model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1).fit(Xin, Y)
+    model._u_step = lambda: 17
+    chunks = model.iter_u_chunks()
+    a, b, U = next(chunks)
+    assert (a, b) == (0, 17)
+    chunks.close()
+    assert model._ucache_is_u
+    rows = np.arange(M)
+    np.testing.assert_allclose(model._ucache, model._u_from_x(X, rows), rtol=1e-9, atol=1e-12)
+    starts = [a for a, _, _ in model.iter_u_chunks()]
+    assert starts == list(range(0, M, 17))
