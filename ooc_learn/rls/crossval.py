@@ -205,10 +205,7 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
             H = _check_rows(H, m, owner)
             if pre is None or not _gram_pays(model, H, lams.size, v):
                 if _rcoords_pay(model, H, lams.size, v):
-                    RH = model._ucache[H]
-                    SR = mirror_upper(dsyrk(1.0, RH.T, trans=0, lower=0))   # R_H R_H^T
-                    out[:, H] = _holdout_from_gram(model, H, SR, RH.T @ model._Y[H],
-                                                   lams, basis_mode, stats, tag="-r")
+                    out[:, H] = _fold_in_r_coords(model, H, lams, basis_mode, stats)
                     continue
                 out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
             else:
@@ -220,9 +217,11 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
 
 
 def _rcoords_pay(model, H, c: int, v: int) -> bool:
-    """Whether a fold is best done on the n side in R coordinates from the cached R^T rows
-    (saves converting the cache to U = R^T V, an m n^2 GEMM): the n side must be cheapest."""
-    if model._ucache is None or model._ucache_is_u:
+    """Whether a fold is best done on the n side in R coordinates, from the cached R^T rows
+    (saves converting the cache to U = R^T V, an m n^2 GEMM) or, with nothing cached, from
+    R^T rows formed chunk by chunk (saves the U rotation and the U_H^T U_H GEMM of the
+    general streamed path): the n side must be the cheapest."""
+    if model._ucache is not None and model._ucache_is_u:
         return False
     n, h = model.Q_.shape[0], H.size
     costs = strategy_costs(h, n, model.basis_hits(H)[0].size, c, v)
@@ -241,17 +240,67 @@ def _gram_pays(model, H, c: int, v: int) -> bool:
     return gram < general
 
 
+def _rt_chunk_rows(model, h: int) -> int:
+    """Rows of H per chunk of R^T rows formed from X (kernel block, R^T block: 2 x 8 n bytes a
+    row, with room for the BLAS temporaries) within the memory budget."""
+    n = model.Q_.shape[0]
+    return int(min(h, max(64, min(1 << 15, model._budget.available // (8 * 3 * n)))))
+
+
+def _iter_rt(model, H):
+    """(start, stop, R^T rows of H[start:stop]): one piece from the cache, or chunks formed
+    from X within the budget (the fold never needs its |H| x n rows at once)."""
+    if model._ucache is not None:
+        yield 0, H.size, model.rt_rows(H)
+        return
+    step = _rt_chunk_rows(model, H.size)
+    for a in range(0, H.size, step):
+        yield a, min(a + step, H.size), model.rt_rows(H[a:a + step])
+
+
+def _fold_gram(model, H, pieces=None):
+    """S_R = R_H R_H^T (dsyrk, |H| n^2 flops) and R_H y_H of one fold, from ``pieces``
+    ((start, stop, R^T rows) covering H; default :func:`_iter_rt`)."""
+    n, Y = model.Q_.shape[0], model._Y
+    SR, RY = np.zeros((n, n), order="F"), np.zeros((n, Y.shape[1]))
+    for a, b, RT in (_iter_rt(model, H) if pieces is None else pieces):
+        SR = dsyrk(1.0, RT.T, beta=1.0, c=SR, trans=0, lower=0, overwrite_c=1)
+        RY += RT.T @ Y[H[a:b]]
+    return mirror_upper(SR), RY
+
+
+def _fold_in_r_coords(model, H, lams, mode, stats):
+    """One fold on the n side in R coordinates: its Gram R_H R_H^T, then
+    :func:`_holdout_from_gram`. Without a cache the fold's R^T rows are formed from X once
+    and kept when they fit the budget, else formed twice chunk by chunk (Gram, predictions)."""
+    if model._ucache is None:
+        need = 8 * 3 * model.Q_.shape[0] * H.size
+        if not model._budget.try_reserve(need):
+            SR, RY = _fold_gram(model, H)
+            return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r-streamed")
+        try:
+            RT = model.rt_rows(H)
+            SR, RY = _fold_gram(model, H, [(0, H.size, RT)])
+            return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r", RT=RT)
+        finally:
+            model._budget.release(need)
+    RT = model.rt_rows(H)
+    SR, RY = _fold_gram(model, H, [(0, H.size, RT)])
+    return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r", RT=RT)
+
+
 def _same_folds(a, b) -> bool:
     return len(a) == len(b) and all(np.array_equal(np.sort(x), np.sort(y)) for x, y in zip(a, b))
 
 
-def _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-gram"):
+def _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-gram", RT=None):
     """One fold from its hold-out Gram SR = R_H R_H^T and RY = R_H y_H, R = C^-1 K~_B (right
     side of eq. 36 in R coordinates, where the training Gram is A = R R^T = V Lam V^T):
     the hold-in Gram is A - SR and z~ becomes C^-1 K_B y - RY, so no rotation into Q
     coordinates (no V^T SR V, no U = R^T V) is needed; a_E = 0 reads (C^-T)_E w = 0.
     Predictions are R_H^T W (O(|H| n c v)) when R^T rows are cached.
-    SR comes from the training pass (fit-time folds) or from the cached R^T rows."""
+    SR comes from the training pass (fit-time folds) or from the fold's R^T rows (``RT``
+    when the caller holds them)."""
     V, Q, Y = model._V, model.Q_, model._Y
     n, v, c = Q.shape[0], Y.shape[1], lams.size
     M = model._AR - SR
@@ -268,11 +317,15 @@ def _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-gram"):
     strategy = _n_side_strategy(H.size, n, e, c, v)
     W = gram_weights(M, b, lams, QE=GE, strategy=strategy)
     stats[strategy + tag] += 1
-    if model._ucache is not None and not model._ucache_is_u:
-        RH = model._ucache[H]                             # rows of R^T
-        return np.einsum("hn,cnv->chv", RH, W, optimize=True)
-    UH = model.u_rows(H)[0]
-    return np.einsum("hn,cnv->chv", UH, np.einsum("ji,cjv->civ", V, W), optimize=True)
+    if RT is not None:
+        return np.einsum("hn,cnv->chv", RT, W, optimize=True)
+    if model._ucache is not None and model._ucache_is_u:
+        UH = model._ucache[H]
+        return np.einsum("hn,cnv->chv", UH, np.einsum("ji,cjv->civ", V, W), optimize=True)
+    f = np.empty((c, H.size, v))
+    for a, b, RT in _iter_rt(model, H):                   # rows of R^T
+        f[:, a:b] = np.einsum("hn,cnv->chv", RT, W, optimize=True)
+    return f
 
 
 def loo_path_model(model, lams, basis_mode: str) -> np.ndarray:

@@ -343,10 +343,24 @@ class SparseRLS:
             _kernels.add_shift(K, pos.astype(np.int64), bcol.astype(np.int64), self.delta_)
         return K
 
+    def _rt_from_x(self, Xr, rows) -> np.ndarray:
+        """R^T rows (K~_rows,B C^-T) computed from the rows, the same way as in fit."""
+        K = self._kernel_rows(Xr, rows)
+        return la.solve_triangular(self._C, K.T, lower=True, check_finite=False).T
+
     def _u_from_x(self, Xr, rows) -> np.ndarray:
         """U rows (K~_rows,B C^-T V) computed from the rows, the same way as in fit."""
-        K = self._kernel_rows(Xr, rows)
-        return la.solve_triangular(self._C, K.T, lower=True, check_finite=False).T @ self._V
+        return self._rt_from_x(Xr, rows) @ self._V
+
+    def rt_rows(self, rows: np.ndarray) -> np.ndarray:
+        """R^T rows (R = C^-1 K~_B) of row positions ``rows``: cached, rotated back from cached
+        U rows (U V^T), or formed from X (counted as kernel evaluations)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._ucache is not None:
+            return self._ucache[rows] @ self._V.T if self._ucache_is_u else self._ucache[rows]
+        RT = self._rt_from_x(self._source.take(rows), rows)
+        self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + RT.size
+        return RT
 
     def _u_step(self) -> int:
         """Rows per chunk when the cached R^T rows are turned into U (about 16 MB a chunk)."""
