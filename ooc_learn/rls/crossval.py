@@ -194,7 +194,7 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
     m, v = model._Y.shape
     src = model._source
     fold_list = make_folds(folds, m, seed=model.seed,
-                           block_offsets=src.offsets if src.is_store else None)
+                           block_offsets=src.block_offsets if src.is_store else None)
     t0, stats = time.perf_counter(), Counter()
     pre = getattr(model, "_fold_grams", None)
     if pre is not None and not _same_folds(pre[0], fold_list):

@@ -260,8 +260,8 @@ class SparseRLS:
             return None, None
         from .crossval import make_folds
         m = src.n_samples
-        self._fold_list = make_folds(self.folds, m, seed=self.seed,
-                                     block_offsets=src.offsets if src.is_store else None)
+        blocks = src.block_offsets if src.is_store else None
+        self._fold_list = make_folds(self.folds, m, seed=self.seed, block_offsets=blocks)
         k = len(self._fold_list)
         self._budget.reserve(8 * k * n * (n + v), "per-fold Gram matrices")
         self._fold_grams_bytes = 8 * k * n * (n + v)

@@ -1,8 +1,8 @@
 """Where sparse RLS reads its training rows: in-memory arrays or a block Store.
 
 Both sources expose the same small interface: ``n_samples``, ``n_features``, ``offsets`` (row
-chunks: fixed-size slices of the arrays, or the store's blocks), ``chunk(j)`` -> X rows of chunk
-j, and ``take(rows)`` -> X rows at arbitrary positions. Labels are held in memory as an (m, v)
+chunks: fixed-size slices of the arrays, or the store's blocks cut to that size), ``chunk(j)``
+-> X rows of chunk j, and ``take(rows)`` -> X rows at arbitrary positions. Labels are held in memory as an (m, v)
 float64 matrix (m * v * 8 bytes, reserved from the budget by the model).
 """
 
@@ -82,14 +82,22 @@ class ArraySource:
 
 
 class StoreSource:
-    """Rows of a :class:`~ooc_learn.storage.store.Store`; chunks are the store's blocks."""
+    """Rows of a :class:`~ooc_learn.storage.store.Store`. Chunks are the store's blocks cut into
+    pieces of at most ``chunk_rows`` rows (so the kernel temporaries stay chunk-sized however
+    large a block is); ``block_offsets`` keeps the block boundaries (k-fold groups blocks)."""
 
     is_store = True
 
-    def __init__(self, store):
+    def __init__(self, store, chunk_rows: int):
         self.store = store
         self.n_samples, self.n_features = int(store.n_samples), int(store.n_features)
-        self.offsets = np.asarray(store.block_offsets, dtype=np.int64)
+        self.block_offsets = np.asarray(store.block_offsets, dtype=np.int64)
+        bo, step = self.block_offsets, max(1, int(chunk_rows))
+        cuts = [np.arange(a, b, step) for a, b in zip(bo[:-1], bo[1:])]
+        self.offsets = np.append(np.concatenate(cuts) if cuts else np.empty(0, np.int64),
+                                 self.n_samples).astype(np.int64)
+        self._block_of = np.searchsorted(bo, self.offsets[:-1], side="right") - 1
+        self._held = (-1, None)          # the last block read (its chunks are served from it)
         self._rows_read0 = int(getattr(store, "rows_read", 0))
 
     @property
@@ -103,8 +111,17 @@ class StoreSource:
         return np.asarray(self.store.labels(), dtype=np.float64)
 
     def chunk(self, j: int):
-        X, _, _ = self.store.read_block(j)
-        return X
+        blk = int(self._block_of[j])
+        if self._held[0] != blk:
+            self._held = (-1, None)
+            X, _, _ = self.store.read_block(blk)
+            self._held = (blk, X)
+        a0 = int(self.block_offsets[blk])
+        a, b = int(self.offsets[j]) - a0, int(self.offsets[j + 1]) - a0
+        X = self._held[1]
+        if j + 2 >= len(self.offsets) or self._block_of[j + 1] != blk:
+            self._held = (-1, None)      # the block's last chunk: let the block go
+        return X[a:b]
 
     def take(self, rows):
         X, _, _ = self.store.gather(np.asarray(rows, dtype=np.int64))
@@ -114,5 +131,5 @@ class StoreSource:
 def make_source(X, chunk_rows: int):
     """An :class:`ArraySource` or :class:`StoreSource` for ``X``."""
     if hasattr(X, "iter_blocks") and hasattr(X, "block_offsets"):
-        return StoreSource(X)
+        return StoreSource(X, chunk_rows)
     return ArraySource(X, chunk_rows)

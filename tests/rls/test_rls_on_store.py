@@ -68,3 +68,26 @@ def test_store_streaming_without_u_cache(store_and_arrays):
         rtol=1e-8, atol=1e-12)
     assert sto.stats_["kernel_evaluations"] > 300 * 30
     np.testing.assert_allclose(sto.predict(Xs), mem.predict(Xs), rtol=1e-9, atol=1e-12)
+
+
+def test_store_blocks_cut_into_chunks(store_and_arrays, monkeypatch):
+    """Store blocks larger than the model's chunk are read once and cut into chunks (kernel
+    temporaries stay chunk-sized); fit, LOO and block-group folds are unchanged."""
+    import ooc_learn.rls.model as model_mod
+    from ooc_learn.rls.source import make_source
+
+    store, Xs, ys = store_and_arrays
+    kw = dict(n_basis=30, lam=0.2, gamma=0.3, seed=5, folds=3)
+    whole = SparseRLS(**kw).fit(store)
+    monkeypatch.setattr(model_mod, "make_source", lambda X, rows: make_source(X, 16))
+    cut = SparseRLS(**kw).fit(store)
+    assert len(cut._source.offsets) - 1 > store.n_blocks
+    np.testing.assert_array_equal(cut._source.block_offsets, store.block_offsets)
+    assert cut.stats_["rows_read"] == whole.stats_["rows_read"]      # each block read once
+    np.testing.assert_allclose(cut.coef_, whole.coef_, rtol=1e-9, atol=1e-12)
+    lams = [0.01, 1.0]
+    np.testing.assert_allclose(cut.loo_predict_path(lams, "remove"),
+                               whole.loo_predict_path(lams, "remove"), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(cut.kfold_predict_path(3, lams, "remove"),
+                               whole.kfold_predict_path(3, lams, "remove"), rtol=1e-8,
+                               atol=1e-12)
