@@ -2,8 +2,8 @@
 
 Both sources expose the same small interface: ``n_samples``, ``n_features``, ``offsets`` (row
 chunks: fixed-size slices of the arrays, or the store's blocks cut to that size), ``chunk(j)``
--> X rows of chunk j, and ``take(rows)`` -> X rows at arbitrary positions. Labels are held in memory as an (m, v)
-float64 matrix (m * v * 8 bytes, reserved from the budget by the model).
+-> X rows of chunk j, and ``take(rows)`` -> X rows at arbitrary positions. Labels are held in
+memory as an (m, v) float64 matrix (m * v * 8 bytes, reserved from the budget by the model).
 """
 
 from __future__ import annotations
