@@ -105,13 +105,14 @@ def _holdout_one(model, H, lams, mode, stats):
     zbase = z0
     h = Hp.size
     budget = model._budget
-    need = 8 * (3 * h * n + 2 * h * h)
+    strategy = choose_strategy(h, n, 0 if QE is None else QE.shape[0], c, v)
+    need = 8 * (3 * h * n + (2 * h * h if strategy == "small" else 3 * n * n))
     if budget.try_reserve(need):
         try:
             Ut = _ut_piece(model, Hp)
             Ux = None if xrows is None else model.u_rows(xrows)[0]
             zt = zbase - Ut.T @ Y[Hp]
-            f, fx, strategy = holdout_path(Ut, zt, Lam, lams, QE=QE, Ux=Ux)
+            f, fx, strategy = holdout_path(Ut, zt, Lam, lams, QE=QE, Ux=Ux, strategy=strategy)
         finally:
             budget.release(need)
     else:                       # stream the fold: n-side weights from S and U~^T y_H
