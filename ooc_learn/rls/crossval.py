@@ -226,7 +226,8 @@ def _rcoords_pay(model, H, c: int, v: int) -> bool:
         return False
     n, h = model.Q_.shape[0], H.size
     costs = strategy_costs(h, n, model.basis_hits(H)[0].size, c, v)
-    return min(costs, key=costs.get) != "small"
+    small = costs.pop("small") + 2.0 * h * n * n    # the |H| side needs U_H = R_H^T V first
+    return min(costs.values()) < small
 
 
 def _gram_pays(model, H, c: int, v: int) -> bool:
