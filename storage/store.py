@@ -185,6 +185,9 @@ class Store:
             self._file.close()
             raise
         self._closed = False
+        # dataset handles looked up once: a lookup by name costs as much as a small read
+        self._ds = {name: self._file[name] for name in
+                    ("y", "row_id", "X", "indptr", "data", "indices") if name in self._file}
         self._cache = LRUCache(self.budget, name=f"blocks of {self.path.name}")
         self._index = None
         self.rows_read = 0
@@ -291,7 +294,7 @@ class Store:
         start, stop = int(start), int(stop)
         if not (0 <= start <= stop <= self.n_samples):
             raise IndexError(f"row range {start}:{stop} outside 0:{self.n_samples}")
-        f = self._file
+        f = self._ds
         y = f["y"][start:stop]
         row_ids = f["row_id"][start:stop]
         if self.layout == "dense":

@@ -30,7 +30,7 @@ from ooc_learn.storage.errors import BudgetExceededError
 __all__ = ["ActiveSet"]
 
 # share of the cap S may hold in memory before it spills: the rest is the caches' floor
-RESIDENT_SHARE = 0.6
+RESIDENT_SHARE = 0.8
 
 
 class ActiveSet:
@@ -225,9 +225,10 @@ class ActiveSet:
         return np.concatenate(parts)[inv]
 
     def window_rows(self) -> int:
-        """Rows per traversal window: about a sixteenth of the cap, at least 256 rows."""
+        """Rows per traversal window: a sixth of the cap (a spilled S holds only its per-row
+        state, so the caches keep most of the rest), at least 256 rows."""
         per_row = 4 * self.d if not self.sparse else max(8, 8 * self.nnz // max(self.m, 1))
-        return int(max(256, self.budget.limit // 16 // max(per_row, 1)))
+        return int(max(256, self.budget.limit // 6 // max(per_row, 1)))
 
     def windows(self):
         """Yield ``(a, b, X)`` covering S in order: one piece when resident, windows of

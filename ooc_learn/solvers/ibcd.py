@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 # dual CD passes over the initial sample: w_0 only starts the search, its precision is not
 # the answer's (LIBLINEAR's 1000 passes cost seconds on 10,000 rows of Fashion-MNIST)
 INIT_ITERS = 50
+# the leaves a query read are remembered for the fetch that follows in at most 1/8 of the cap
+MEMO_SHARE = 8
 
 
 @dataclass
@@ -236,7 +238,9 @@ class _RowSource:
             return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]
         X, y, ids = self.store.read_range(start, stop)
         nb = _nbytes(X) + y.nbytes
-        if self.store.budget.try_reserve(nb, evict=False):
+        # remembered only within a share of the cap: a long search must not starve the rest
+        if (self._memo_bytes + nb <= self.store.budget.limit // MEMO_SHARE
+                and self.store.budget.try_reserve(nb, evict=False)):
             self._memo[int(start)] = (int(stop), X, y)
             self._memo_bytes += nb
         return X, y, ids
@@ -428,6 +432,9 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             added += k
         # the block: N and the next n_e - |N| rows of the old S, cyclically
         extra = min(max(0, int(n_e) - k), m_old)
+        if S.spilled:
+            # B is read back into memory: at most a window of rows (the cap stays kept)
+            extra = min(extra, max(0, S.window_rows() - k))
         if m_old:
             cyc = (r + np.arange(extra, dtype=np.int64)) % m_old
             r = int((r + extra) % m_old) if m_old else 0
@@ -444,6 +451,11 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # problem (13) on S to eps, then a full check without shrinking (§4.3)
         if S.m:
             _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
+            if S.spilled:
+                # §4.2: keep the rows that matter (alpha > 0); the others satisfy the KKT
+                # conditions now and the index brings back any that violate them later.
+                # A spilled S this prunes back under its share returns to memory.
+                r = _prune_zero_alpha(S, in_S, stats)
         if sampled:
             # the paper's sampled rule: few fresh rows per row examined means the rest of the
             # data is (nearly) inactive; stop without scanning all of it
@@ -486,34 +498,42 @@ def _only_tiny_violations(X, y, w, bias, eps) -> bool:
 
 
 def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
-    """Problem (13) on S to ``eps``: dual CD with shrinking over S in memory; a spilled S is
-    swept window by window (block minimisation over S), until one sweep finds the projected-
-    gradient spread over all of S below ``eps``."""
+    """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread).
+
+    In memory: dual CD with shrinking over S. A spilled S is solved by rounds of a working
+    set: one pass over its windows computes every projected gradient; if the spread is below
+    ``eps`` S is solved; else the rows that can move (alpha > 0, or a violated bound) are read
+    back, as many as a window holds (largest violations first), and solved in memory by dual
+    CD with shrinking while the others stay fixed in w.
+    """
     y, sqn, alpha = S.state()
     if not S.spilled:
         dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
                        max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
                        sqnorms=sqn)
         return
-    for sweep in range(max_iter):
-        hi, lo, first_pass_only = -np.inf, np.inf, True
-        for a, b, X in S.windows():
-            st = dcd_subproblem(X, y[a:b], alpha[a:b], w, loss=loss, C=C, bias=bias,
-                                eps=eps, max_iter=max_iter, shrinking=True,
-                                rng=int(rng.integers(1 << 31)), sqnorms=sqn[a:b])
-            first_pass_only &= st.epochs <= 1
-            hi, lo = max(hi, st.pg_max), min(lo, st.pg_min)
-        stats["spilled_sweeps"] = stats.get("spilled_sweeps", 0) + 1
-        if first_pass_only and hi - lo < eps:
+    base = get_loss(loss).base()
+    upper, diag = base.dual_upper(C), base.dual_diag(C)
+    for _ in range(max_iter):
+        G = _S_margins(S, w, bias) - 1.0 + diag * alpha
+        PG = np.where(alpha <= 0, np.minimum(G, 0), np.where(alpha >= upper, np.maximum(G, 0), G))
+        stats["spilled_rounds"] = stats.get("spilled_rounds", 0) + 1
+        if PG.max() - PG.min() < eps:
             return
-    warnings.warn(f"IBCD's sweeps over the spilled active set reached {max_iter} before the "
+        free = np.flatnonzero((alpha > 0) | (PG != 0))
+        cap = S.window_rows()
+        if free.size > cap:
+            free = np.sort(free[np.argsort(-np.abs(PG[free]), kind="stable")[:cap]])
+        _solve_block(S, free, w, loss=loss, C=C, bias=bias, eps=eps, iters=max_iter,
+                     solver="dual", rng=rng, stats=stats, shrinking=True)
+    warnings.warn(f"IBCD's rounds over the spilled active set reached {max_iter} before the "
                   f"projected-gradient spread fell to eps={eps}.", RuntimeWarning, stacklevel=4)
 
 
-def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
+def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shrinking=False):
     if S.spilled:
         _solve_block_spilled(S, B, w, loss=loss, C=C, bias=bias, eps=eps, iters=iters,
-                             solver=solver, rng=rng, stats=stats)
+                             solver=solver, rng=rng, stats=stats, shrinking=shrinking)
         return
     X, y, sqn, alpha = S.view()
     if solver == "primal":
@@ -532,12 +552,13 @@ def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
         stats["block_updates"] += len(B)
     else:
         st = dcd_subproblem(X, y, alpha, w, rows=B, loss=loss, C=C, bias=bias, eps=eps,
-                            max_iter=iters, shrinking=False, rng=int(rng.integers(1 << 31)),
-                            sqnorms=sqn)
+                            max_iter=iters, shrinking=shrinking,
+                            rng=int(rng.integers(1 << 31)), sqnorms=sqn)
         stats["block_updates"] += st.updates
 
 
-def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats):
+def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats,
+                         shrinking=False):
     """The block sub-problem when S is on disk: B's rows are read back (the fresh rows and
     the cyclic reader's next run of S), solved as a small problem, and their alpha written
     back; w carries every other row's contribution."""
@@ -547,7 +568,8 @@ def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, sta
     with S.budget.reservation(nb, "IBCD block"):
         sub = _BlockView(XB, y[B], sqn[B], alpha[B].copy())
         _solve_block(sub, np.arange(B.size, dtype=np.int64), w, loss=loss, C=C, bias=bias,
-                     eps=eps, iters=iters, solver=solver, rng=rng, stats=stats)
+                     eps=eps, iters=iters, solver=solver, rng=rng, stats=stats,
+                     shrinking=shrinking)
         alpha[B] = sub.alpha
 
 
