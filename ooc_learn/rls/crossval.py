@@ -9,9 +9,14 @@ The three ways of Section 6.4 to treat held-out rows that are basis vectors (E =
 * ``skip`` (LOO only, the paper's option ii): basis rows get NaN.
 
 Removing E needs only U_H, y_H and the rows Q_E (see :mod:`.holdout`), so once U is cached a
-fold costs no reads of X at all. A fold whose U rows do not fit the memory budget is streamed:
-pass 1 accumulates S = U_H^T U_H and U_H^T y_H chunk by chunk, the n-side weights are solved, pass 2 forms U_H again
-and predicts (:func:`.holdout.n_side_weights`).
+fold costs no reads of X at all. k-fold folds on the n side of the SMW identity work in R
+coordinates whenever U itself is not cached (the fit caches R^T rows, or nothing): the fold's
+Gram R_H R_H^T by one dsyrk, no rotation by V (:func:`_holdout_from_gram`); the |H| side is
+charged for forming U_H = R_H^T V. A fold whose rows do not fit the memory budget is streamed:
+pass 1 accumulates the fold's Gram chunk by chunk, the n-side weights are solved, pass 2 forms
+the rows again and predicts (:func:`.holdout.n_side_weights`, :func:`_fold_in_r_coords`).
+Single-lambda k-fold therefore costs O(min(|H|^2 n, |H| n^2)) per fold beyond the fold's own
+rows (Corollary 4).
 """
 
 from __future__ import annotations
