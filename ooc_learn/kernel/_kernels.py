@@ -583,6 +583,46 @@ def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
 
 
 @njit(cache=True, nogil=True)
+def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
+    """Exact maximisation of H(beta) along coordinate v whose kernel column ``col`` is in hand.
+
+    Requests no kernel column; returns the gain (>= 0).
+    """
+    if v == r:
+        return 0.0
+    krr = colr[r]
+    grad = 1.0 - gp[v]
+    q = diag[v] - 2.0 * colr[v] + krr
+    if q > 1e-12:
+        d = grad / q
+    elif grad > 0.0:
+        d = C
+    else:
+        d = -C
+    if d > C - beta[v]:
+        d = C - beta[v]
+    if d < -beta[v]:
+        d = -beta[v]
+    gain = d * grad - 0.5 * d * d * max(q, 0.0)
+    if gain <= 0.0 or d == 0.0:
+        return 0.0
+    w = d * y[v]
+    cb = colr[v]
+    for t in train:
+        gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
+    beta[v] += d
+    return gain
+
+
+# One greedy H step (a kernel column of its own) every H_GREEDY_PERIOD SMO iterations; the two
+# coordinates SMO just moved are ascended every iteration for free. Measured on the IDA sets
+# (scripts/bench_loo.py, AVG seeds, mean KerEval speed-up linear / RBF): greedy every
+# iteration 3.50 / 1.63, SMO pair only 2.14 / 1.93, pair + greedy every 2nd 4.28 / 1.91,
+# every 4th 4.20 / 2.00, every 8th 3.98 / 2.05, every 16th 3.67 / 2.03.
+H_GREEDY_PERIOD = 8
+
+
+@njit(cache=True, nogil=True)
 def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, eps, max_iter,
                        scratch):
     """Algorithm 3 of Franc, Laskov & Mueller (2008): SMO on problem (7) with the F < H stop.
@@ -605,7 +645,12 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         ai, aj = _pair_step(i, j, coli[j], diag, y, alpha, G, C)
         _apply_pair(i, j, ai, aj, coli, colj, train, n_act, train, y, alpha, G, G, False, C)
         it += 1
-        h += beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
+        # Step 6: ascend H along the SMO pair's coordinates (their columns are in hand) and,
+        # every H_GREEDY_PERIOD iterations, along the coordinate of largest gain (one column).
+        h += beta_coord_step(i, coli, diag, train, r, colr, y, beta, gp, C)
+        h += beta_coord_step(j, colj, diag, train, r, colr, y, beta, gp, C)
+        if it % H_GREEDY_PERIOD == 0:
+            h += beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
         if h > dual_value(train, alpha, G):
             f, b = primal_value(train, y, alpha, G, C, scratch)
             if f < h:
