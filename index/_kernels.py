@@ -363,7 +363,9 @@ def _child_priority(margin, wsq, pv_sqnorm, radius, is_leaf, augment, parent_pri
     r = np.arccos(np.sqrt(min(max(np.float64(radius), 0.0), 1.0)))
     if is_leaf:
         return alpha + lam * r
-    return max(parent_pri, alpha - mu * r)
+    # (1 − mu)·α + mu·max(α − r, 0): the pivot's own angle at mu = 0, the exact lower bound
+    # at mu = 1 (α − r, never below 0), a scale-free blend between
+    return max(parent_pri, alpha - mu * min(r, alpha))
 
 
 @njit(cache=True, nogil=True)
@@ -373,8 +375,9 @@ def child_priorities(margins, wsq, pv_sqnorm, radius, is_leaf, augment, parent_p
     With ``margins[j]`` = wᵀpⱼ (+ b), pivot j lies at angle αⱼ = arcsin|ŵᵀp̂ⱼ| from the
     hyperplane (cos² = (ŵᵀp̂ⱼ)² is V(ŵ)ᵀV(p̂ⱼ), −cos² the inner product with q), and every
     row of child j lies within angle rⱼ = arccos √radiusⱼ of ±p̂ⱼ (the stored covering
-    radius in d = arccos cos²), so at least αⱼ − rⱼ from the hyperplane. An internal child
-    gets max(parent, αⱼ − ``mu``·rⱼ) (a lower bound at ``mu`` = 1), a leaf αⱼ + ``lam``·rⱼ.
+    radius in d = arccos cos²), so at least max(αⱼ − rⱼ, 0) from the hyperplane. An internal
+    child gets max(parent, (1 − ``mu``)·αⱼ + ``mu``·max(αⱼ − rⱼ, 0)) (the lower bound at
+    ``mu`` = 1, the pivot's angle at 0), a leaf αⱼ + ``lam``·rⱼ.
     With ``augment`` the rows carry a constant feature 1 (the bias).
     """
     k = margins.shape[0]
@@ -557,14 +560,19 @@ def seen_rehash(old, new):
 def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_outer, low,
                 wsq, augment, pivot_row, pv_sqnorm, radius, child_leaf, child_id,
                 child_start, child_stop, parent_pri, mu, lam, fpri, fent, size, order_hi,
-                count, ss, se, tree, take_pivots, shrink_hi):
+                count, ss, se, tree, take_pivots, shrink_hi, take_now, excl, shrunk, seen,
+                need, max_examine, out, state):
     """Score a node's pivots and push its children on the frontier; return the new size.
 
     Pivot j is row ``at[j]`` of the given arrays (labels ``y``), store row ``pivot_row[j]``;
     its margin wᵀp + b ranks child j (:func:`child_priorities`). With ``take_pivots`` the
     entry also carries the pivot's verdict under eq. 10 (PV_TAKE, PV_SHRINK or PV_NONE),
     so :func:`frontier_pop` can examine the pivot as a candidate if the search reaches its
-    partition, without recomputing anything. The caller made room for every child.
+    partition, without recomputing anything. With ``take_now`` instead, a pivot that
+    satisfies eq. 10 is returned at once (counted as examined and added to ``seen``) if it
+    lies in its child's rows and is not excluded, shrunk or seen; the others are left to the
+    leaf scans. ``state`` is as in :func:`scan_leaf`. The caller made room for every child
+    (frontier) and pivot (``seen``).
     """
     k = at.shape[0]
     for j in range(k):
@@ -592,7 +600,19 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_oute
                 mt = yi * _margin(X, indptr, indices, data, is_csr, i, wt, bt)
                 if mt < low:
                     verdict = PV_SHRINK
-            pv = 4 * np.int64(pivot_row[j]) + verdict
+            g = np.int64(pivot_row[j])
+            pv = 4 * g + verdict
+            if (take_now and verdict == PV_TAKE and child_start[j] <= g < child_stop[j]
+                    and state[0] < need and state[1] < max_examine
+                    and not (excl.shape[0] > 0 and excl[g])
+                    and not (shrunk.shape[0] > 0 and shrunk[g]) and seen_add(seen, g)):
+                state[3] += 1
+                state[1] += 1
+                state[4] += 1
+                out[state[0]] = g
+                state[0] += 1
+            if take_now:
+                pv = np.int64(-1)  # never examined again when its partition is reached
         size = frontier_push(fpri, fent, size, pri, order, child_start[j], child_stop[j],
                              ss, se, tcode, pv)
     return size

@@ -9,14 +9,17 @@ and for n_e, the number of rows it examined. Rows near the hyperplane w are foun
 neighbours of the query −V(ŵ) in the degree-2 embedding (§3.2): −V(ŵ)ᵀV(x̂) = −(ŵᵀx̂)². The
 search is best-bin-first (§4.1): one priority queue over the partitions of every tree, trees
 entering in a random order (the seed). A partition is ranked by its pivot's angle to the
-hyperplane (optionally less μ times its covering radius, a lower bound at μ = 1; see
-RANK_MU) instead of the paper's nearest Voronoi boundary: in V-space the query is at
+hyperplane, blended with the lower bound its covering radius gives (see RANK_MU), instead
+of the paper's nearest Voronoi boundary: in V-space the query is at
 distance ≥ √2 from every row, so boundary distances bound nothing and ranked leaves worse
 (ijcnn1, leaf size 50: n/n_e 0.44 at n = 1000 with boundaries). Pivots are rows of their
 node, read from the store (format 2 keeps no vectors in LMDB): a node of at most
 SPAN_BYTES of rows is read in one slice that also serves every leaf below it.
-Every returned row is verified exactly from its stored values. Shrinking on the index
-(§4.3) stops visiting rows far outside the range, and nodes whose rows are all shrunk.
+Every returned row is verified exactly from its stored values; the pivot row of a partition
+the search reaches is a candidate too (PIVOT_CANDIDATES). The frontier and the set of pivot
+rows examined are numpy arrays reserved from the memory budget (:class:`_Frontier`).
+Shrinking on the index (§4.3) stops visiting rows far outside the range, and nodes whose
+rows are all shrunk.
 """
 
 from __future__ import annotations
@@ -50,29 +53,34 @@ _NO_FEN = np.zeros(0, np.int32)
 # pivots and every leaf below it then come from that one cached slice of data.h5. Larger
 # (upper) nodes read their pivot rows one by one.
 SPAN_BYTES = 64 << 10
-# Partition ranking (see _kernels.child_priorities): an internal child at max(parent, α − μ·r),
-# a leaf at α + λ·r, with α its pivot's angle to the hyperplane and r its covering radius.
-# μ = 1 ranks internal nodes by an exact lower bound but expands most nodes (leaf size 8,
-# a9a/ijcnn1: 17-26k pivot rows scored per n = 1000 query, about every row read cold). μ = 0
-# ranks by the pivots' own angles (1-2k pivots per query) but passes over rows under far
-# pivots with wide radii, and IBCD's sampled stopping rule then stops early
-# (tests/solvers/test_ibcd.py: KKT violation 0.16 at μ = 0, 0.015 at 0.3, 0.04 at 1).
-RANK_MU = 0.3
+# Partition ranking (see _kernels.child_priorities): an internal child at
+# max(parent, (1 − μ)·α + μ·max(α − r, 0)), a leaf at α + λ·r, with α its pivot's angle to
+# the hyperplane and r its covering radius. μ = 1 ranks internal nodes by the exact lower
+# bound, μ = 0 by the pivots' own angles. The earlier form α − μ·r (not clamped at 0) made
+# μ an absolute angle: in 784 dimensions (Fashion-MNIST) covering radii are wide, every
+# internal node then ranked at its parent's priority and each query scored every pivot of
+# the forest (35k pivot rows for n = 100 at leaf 8). The blend is scale-free. μ = 0 misses
+# the target on ijcnn1 at n = 1000 (0.54 at leaf 8); μ = 0.5 meets it everywhere
+# (scripts/bench_index.py), and IBCD's KKT test holds (tests/solvers/test_ibcd.py).
+RANK_MU = 0.5
 # What one cache entry costs beyond its arrays' data: key tuple, dict slot, value tuples and
 # one ndarray header (about 112 bytes) per array. Small leaves make many small entries, so
 # leaving this out breaks the memory promise (tests/storage/test_memory_promise.py).
 _ENTRY_OVERHEAD = 400
 _ARRAY_OVERHEAD = 112
 RANK_LAM = 0.0
-# Pivot rows are candidates too: when the search reaches a partition (pops it), the row of
-# its pivot, whose margins were computed when its parent was expanded, is examined (counted
-# in n_e) unless excluded, shrunk or already examined, and returned if it satisfies eq. 10;
-# leaf scans then skip it (the query keeps the rows examined this way in a hash set). The
-# pivots of partitions never reached are scored for the ranking only and are not counted in
-# n_e (last_query["pivots_scored"] has them). Examining every pivot as its parent is
-# expanded instead counts the far ones too and brings precision down to about the base rate
-# (a9a, ijcnn1, leaf 8, mu 0.3: 0.3).
-PIVOT_CANDIDATES = True
+# Pivot rows as candidates. A node's pivots are rows of the node whose margins the ranking
+# computes anyway (last_query["pivots_scored"]; the benchmark's W@n counts them all):
+# - "qualifying": a pivot row that satisfies eq. 10 is returned when its parent is expanded
+#   and counted as examined (n_e), once; the others are left to the leaf scans (a row
+#   returned this way is kept in a hash set, so no leaf scan examines it again). n_e counts
+#   leaf rows and returned pivot rows, the rows every returned row is drawn from.
+# - "reached": the pivot row of each partition the search reaches (pops) is examined and
+#   counted whether or not it qualifies. Far internal nodes are reached too, so n/n_e falls
+#   (ijcnn1, leaf 16: 0.71 at n = 1000, below the 0.75 target).
+# - "none": pivots only rank; every row is examined in its leaf (the issue's n_e, and the
+#   query before the frontier moved to numba).
+PIVOT_CANDIDATES = "qualifying"
 # Bytes of one frontier entry (a float64 priority and FRONTIER_WIDTH int64 fields) and of one
 # slot of the set of rows examined as pivots; both are paid from the budget while a query runs.
 FRONTIER_ENTRY_BYTES = 8 * (1 + FRONTIER_WIDTH)
@@ -573,12 +581,16 @@ class Forest:
         state = np.zeros(5, np.int64)  # returned, examined, newly shrunk, seen, pivots taken
         shrink_on = self._fen.shape[0] > 0
         shrunk, fen, hi = self._shrunk, self._fen, self._shrink_hi
-        take = bool(PIVOT_CANDIDATES)
+        if PIVOT_CANDIDATES not in ("qualifying", "reached", "none"):
+            raise ParameterError(f"forest.PIVOT_CANDIDATES must be 'qualifying', 'reached' or "
+                                 f"'none'. Got {PIVOT_CANDIDATES!r} instead.", "")
+        take = PIVOT_CANDIDATES != "none"
+        now = PIVOT_CANDIDATES == "qualifying"
         count = 0
         pops = 0  # an upper bound on the rows in the seen set (one per pop at most)
         while fr.size and state[0] < limit and state[1] < max_ex:
             pops += 1
-            if take and 2 * pops > fr.seen.shape[0]:
+            if take and not now and 2 * pops > fr.seen.shape[0]:
                 fr.ensure(0, pops)
             fr.size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
                 fr.pri, fr.ent, fr.size, fen, shrink_on, take, excl, shrunk, fr.seen, limit,
@@ -611,13 +623,14 @@ class Forest:
                 P, yP = self._pivot_rows(t, v, node)
                 at = np.arange(node.pivot_row.shape[0], dtype=np.int64)
             k = int(at.shape[0])
-            fr.ensure(k, 0)
+            fr.ensure(k, int(state[3]) + k if now else pops)
             fr.size = expand_node(*P, yP, at, wv, bq, wt, bt, same, low, wsq, aug,
                                   node.pivot_row, node.pivot_sqnorm,
                                   node.radius_aug if aug else node.radius, node.child_leaf,
                                   node.child_id, node.child_start, node.child_stop, pri,
                                   RANK_MU, RANK_LAM, fr.pri, fr.ent, fr.size,
-                                  order & ~_ORDER_MASK, count, ss, se, t, take, hi)
+                                  order & ~_ORDER_MASK, count, ss, se, t, take, hi, now,
+                                  excl, shrunk, fr.seen, limit, max_ex, out, state)
             count += k
             stats["pivots_scored"] += k
         n_out, n_ex = int(state[0]), int(state[1])

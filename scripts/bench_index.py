@@ -7,11 +7,18 @@ index size relative to ``data.h5``, and the query quality at the weights of a LI
 -1 <= y·wᵀx < 1) in a random scan, for n in {100, 1000}, and queries per second (warm cache).
 Targets: build <= 1x ingest, index <= 0.25x data, precision >= min(5 x base rate, 0.8).
 
+Two precisions are printed. ``P@n`` is the issue's |N|/n_e, with n_e the rows the query
+examined as candidates: leaf rows, and the pivot rows it returned (forest.PIVOT_CANDIDATES
+"qualifying", the default) or examined ("reached"). ``W@n`` adds every other pivot row whose margin the ranking computed, so it is
+|N| / (all margins computed): the whole work. ``piv1000`` is the pivot rows scored,
+``read1000`` the rows read from data.h5 with a cold cache, ``fr1000`` the frontier's peak
+entries (64 bytes each, paid from the memory budget).
+
 Usage::
 
     python scripts/bench_index.py [--data ../shared/data] [--sets a9a ijcnn1 fmnist0 ...]
-                                  [--blocks 4] [--width 10] [--leaf-size 8] [--json out.json]
-                                  [--mu M] [--lam L]
+                                  [--blocks 4] [--width K] [--leaf-size L] [--json out.json]
+                                  [--mu M] [--lam L] [--pivot-candidates MODE]
 """
 
 from __future__ import annotations
@@ -114,7 +121,7 @@ def bench_one(name, src, tmp: Path, args) -> dict:
                index_ratio=idx_bytes / data_bytes, base_rate=base)
     f = store.index
     for n in (100, 1000):
-        prec, qtime, piv, read, work = [], [], [], [], []
+        prec, qtime, piv, read, work, front = [], [], [], [], [], []
         for seed in range(args.queries):
             f.cache.clear()
             f.query(w, s=1.0, n=n, seed=seed)  # warm the cache for this seed's path
@@ -123,13 +130,17 @@ def bench_one(name, src, tmp: Path, args) -> dict:
             t = time.perf_counter()
             rows, n_e = f.query(w, s=1.0, n=n, seed=seed)
             qtime.append(time.perf_counter() - t)
+            q = f.last_query
             prec.append(len(rows) / max(n_e, 1))
-            work.append(len(rows) / max(n_e + f.last_query["pivots_scored"], 1))
+            # every margin computed: rows examined plus the pivot rows scored but not examined
+            work.append(len(rows) / max(n_e + q["pivots_scored"] - q["pivots_examined"], 1))
+            front.append(q["frontier_peak"])
         row[f"prec{n}"] = float(np.mean(prec))
         row[f"piv{n}"] = float(np.mean(piv))    # pivot rows scored (not in n_e)
         row[f"read{n}"] = float(np.mean(read))  # rows read from data.h5, cold cache
         # the precision once the pivot rows scored count as rows examined
         row[f"work{n}"] = float(np.mean(work))
+        row[f"frontier{n}"] = int(max(front))
         row[f"qps{n}"] = 1.0 / float(np.mean(qtime))
         row[f"ok{n}"] = row[f"prec{n}"] >= min(5 * base, 0.8)
     store.close()
@@ -144,21 +155,30 @@ def main(argv=None) -> int:
     p.add_argument("--sets", nargs="+",
                    default=["a9a", "ijcnn1", "fmnist0", "fmnist3", "fmnist6"])
     p.add_argument("--blocks", type=int, default=4)
-    p.add_argument("--width", type=int, default=10)
+    p.add_argument("--width", type=int, default=None, help="default: the library's")
     p.add_argument("--leaf-size", type=int, default=None, help="default: the library's")
     p.add_argument("--queries", type=int, default=5, help="seeds per n")
     p.add_argument("--json", type=Path)
     p.add_argument("--mu", type=float, help="override forest.RANK_MU (internal-node bound)")
     p.add_argument("--lam", type=float, help="override forest.RANK_LAM (leaf radius penalty)")
+    p.add_argument("--pivot-candidates", choices=["qualifying", "reached", "none"],
+                   help="override forest.PIVOT_CANDIDATES (which pivot rows are examined)")
     args = p.parse_args(argv)
+    from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
     if args.leaf_size is None:
-        from ooc_learn.index.tree import DEFAULT_LEAF_SIZE
         args.leaf_size = DEFAULT_LEAF_SIZE
+    if args.width is None:
+        args.width = DEFAULT_WIDTH
     from ooc_learn.index import forest as _forest
     if args.mu is not None:
         _forest.RANK_MU = args.mu
     if args.lam is not None:
         _forest.RANK_LAM = args.lam
+    if args.pivot_candidates is not None:
+        _forest.PIVOT_CANDIDATES = args.pivot_candidates
+    print(f"leaf size {args.leaf_size}, width {args.width}, mu {_forest.RANK_MU}, "
+          f"lam {_forest.RANK_LAM}, pivot candidates {_forest.PIVOT_CANDIDATES}, "
+          f"{args.queries} seeds per n")
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -182,14 +202,16 @@ def print_row(r: dict, header: bool) -> None:
     if header:
         print(f"{'set':9} {'n':>6} {'d':>4} {'R':>2} {'layout':6} {'ingest':>7} {'build':>6} "
               f"{'b/ing':>5} {'idx/dat':>7} {'base':>6} {'P@100':>6} {'P@1000':>6} "
-              f"{'q/s100':>7} {'q/s1000':>7} {'piv1000':>7} {'read1000':>8} {'W@1000':>6} target")
+              f"{'q/s100':>7} {'q/s1000':>7} {'piv1000':>7} {'read1000':>8} {'W@100':>6} "
+              f"{'W@1000':>6} {'fr1000':>6} target")
     ok = "yes" if r["ok100"] and r["ok1000"] and r["build_ratio"] <= 1 and \
         r["index_ratio"] <= 0.25 else "no"
     print(f"{r['set']:9} {r['n']:>6} {r['d']:>4} {r['blocks']:>2} {r['layout']:6} "
           f"{r['ingest_s']:>6.2f}s {r['build_s']:>5.2f}s {r['build_ratio']:>5.2f} "
           f"{r['index_ratio']:>7.3f} {r['base_rate']:>6.3f} {r['prec100']:>6.3f} "
           f"{r['prec1000']:>6.3f} {r['qps100']:>7.1f} {r['qps1000']:>7.1f} "
-          f"{r['piv1000']:>7.0f} {r['read1000']:>8.0f} {r['work1000']:>6.3f} {ok}")
+          f"{r['piv1000']:>7.0f} {r['read1000']:>8.0f} {r['work100']:>6.3f} "
+          f"{r['work1000']:>6.3f} {r['frontier1000']:>6} {ok}")
 
 
 if __name__ == "__main__":
