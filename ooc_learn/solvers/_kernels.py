@@ -19,6 +19,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# reassociation lets LLVM vectorise the row dot products (2-2.5x faster dual CD on dense rows,
+# measured); no other fast-math flag: the kernels compare against +-inf (shrinking bounds, the
+# unbounded alpha of the squared hinge), which 'ninf' would let the compiler assume away
+_REASSOC = {"reassoc", "contract"}
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -77,7 +82,7 @@ def row_axpy(Xd, indptr, indices, data, sparse, bias, i, a, w):
             w[j] += a * Xd[i, j]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def row_sqnorms(Xd, indptr, indices, data, sparse, n):
     """Squared norms of rows ``0..n-1`` (without the bias feature), float64."""
     out = np.zeros(n, dtype=np.float64)
@@ -97,7 +102,7 @@ def row_sqnorms(Xd, indptr, indices, data, sparse, n):
 # Dual coordinate descent (Hsieh et al. 2008, Algorithm 3 with shrinking)
 # --------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def dcd_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_size, alpha, w,
               upper, diag, pgmax_old, pgmin_old, shrinking, state):
     """One pass of dual CD over ``index[:active_size]`` in a fresh random order.
@@ -205,7 +210,7 @@ def dcd_solve(Xd, indptr, indices, data, sparse, bias, y, sqn, index, alpha, w, 
     return epochs, n_updates, n_visits, pgmax_new, pgmin_new, converged
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def rebuild_w(Xd, indptr, indices, data, sparse, bias, y, rows, alpha, w):
     """``w += sum_{i in rows} alpha_i y_i [x_i, bias]`` (eq. 8 of the IBCD paper)."""
     for k in range(rows.shape[0]):
@@ -219,14 +224,14 @@ def rebuild_w(Xd, indptr, indices, data, sparse, bias, y, rows, alpha, w):
 # Primal pieces (TRON on eq. 16)
 # --------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def rows_dot(Xd, indptr, indices, data, sparse, bias, rows, w, out):
     """``out[k] = [x_{rows[k]}, bias]^T w``."""
     for k in range(rows.shape[0]):
         out[k] = row_dot(Xd, indptr, indices, data, sparse, bias, rows[k], w)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def rows_tdot(Xd, indptr, indices, data, sparse, bias, rows, coef, out):
     """``out += sum_k coef[k] [x_{rows[k]}, bias]`` (skips zero coefficients)."""
     for k in range(rows.shape[0]):
@@ -234,7 +239,7 @@ def rows_tdot(Xd, indptr, indices, data, sparse, bias, rows, coef, out):
             row_axpy(Xd, indptr, indices, data, sparse, bias, rows[k], coef[k], out)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def rows_col_sqsum(Xd, indptr, indices, data, sparse, bias, rows, weight, out):
     """``out[j] += sum_k weight[k] x_{rows[k], j}^2`` (the bias column included)."""
     d = out.shape[0] - 1
@@ -256,7 +261,7 @@ def rows_col_sqsum(Xd, indptr, indices, data, sparse, bias, rows, weight, out):
 # PEGASOS (Shalev-Shwartz, Singer, Srebro 2007), w = scale * v
 # --------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
 def pegasos_pass(Xd, indptr, indices, data, sparse, bias, y, index, v, scale, t, lam,
                  squared, radius, state):
     """One pass of PEGASOS over ``index`` (shuffled in place), continuing at step ``t``.
