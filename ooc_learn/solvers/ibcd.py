@@ -17,8 +17,9 @@ B = N ∪ the next n_e - |N| rows of S (a cyclic reader), solves the block sub-p
 dual CD (or TRON on the primal (16) for the L2 loss), and grows S by N. The inner loop stops
 when |N| < n (every qualifying row not in S was found: the index search is exhaustive when it
 runs out of candidates) or by the sampled rule |N| / n_e < ``sample_eps``. Then problem (13) on
-S is solved to ``eps`` and the index is asked once more without shrinking (§4.3); only when
-it finds nothing is the convex problem solved on all rows.
+S is solved to ``eps`` and every row outside S is checked against eq. 10 with shrinking
+undone (§4.3), by a sequential block scan since the whole data is examined; only when it
+finds nothing is the convex problem solved on all rows.
 
 w_0 is the convex solution on a random sample of ``init_sample`` rows (§3.1), whose support
 vectors and alphas start S.
@@ -405,6 +406,9 @@ def _drop_outliers(S, in_S, w, w_t, low, bias) -> int:
 def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, sample_eps,
                 block_iters, block_solver, shrink_threshold, rng, stats) -> int:
     """Algorithm 1 on the convex problem at w_t; return how many rows joined S."""
+    from ooc_learn.index.forest import outlier_margin
+
+    low = outlier_margin(loss, s)
     added = 0
     r = 0  # the cyclic reader over S
     forest.shrink(shrink_threshold, rows=None)
@@ -463,19 +467,65 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             return added
         forest.unshrink()
         rows_src.clear()
-        rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
-                                   seed=int(rng.integers(1 << 31)), loss=loss)
-        stats["queries"] += 1
+        rows_N, XN, yN, n_e = _check_all_rows(rows_src.store, w, w_t, low, in_S, bias, n)
+        stats["full_checks"] = stats.get("full_checks", 0) + 1
         stats["rows_examined"] += int(n_e)
         if len(rows_N) == 0:
             return added
-        XN, yN = rows_src.fetch(rows_N)
         if _only_tiny_violations(XN, yN, w, bias, eps):
             return added
         S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
         in_S[rows_N] = True
         added += len(rows_N)
         forest.shrink(shrink_threshold)
+
+
+def _check_all_rows(store, w, w_t, low, in_S, bias, n):
+    """The convergence check of §4.3 on every row outside S: a sequential pass over the
+    blocks (the whole data must be examined, so the index's best-first order buys nothing
+    here and a block scan avoids its per-leaf overhead). Returns the first ``n`` rows that
+    satisfy eq. 10 (not an outlier at w_t, y w^T x < 1) with their ``X`` and ``y``, and the
+    number of rows examined."""
+    offsets = np.asarray(store.block_offsets, dtype=np.int64)
+    row_bytes = max(1, store.estimated_bytes(1))
+    chunk = int(max(256, store.budget.limit // 8 // row_bytes))
+    rows, Xs, ys = [], [], []
+    found = examined = 0
+    for b in range(store.n_blocks):
+        lo, hi = int(offsets[b]), int(offsets[b + 1])
+        whole = store.reads_whole_block(b)
+        for a in range(lo, hi, hi - lo if whole else chunk):
+            z_ = min(hi, a + (hi - lo if whole else chunk))
+            if whole:
+                X, y, _ = store.read_block(b)
+            else:
+                X, y, _ = store.read_range(a, z_)
+            free = ~in_S[a:z_]
+            y64 = y.astype(np.float64)
+            m = _margins(X, y64, w, bias)
+            ok = free & (m < 1.0)
+            if math.isfinite(low) and ok.any():
+                ok &= _margins(X, y64, w_t, bias) >= low
+            examined += int(free.sum())
+            hit = np.flatnonzero(ok)[: n - found]
+            if hit.size:
+                rows.append(a + hit)
+                Xs.append(X[hit])
+                ys.append(y[hit])
+                found += hit.size
+            if found >= n:
+                break
+        if found >= n:
+            break
+    if not rows:
+        return np.empty(0, np.int64), None, None, examined
+    if hasattr(Xs[0], "indptr"):
+        import scipy.sparse as sp
+
+        XN = sp.vstack(Xs, format="csr")
+    else:
+        XN = np.concatenate(Xs)
+    return np.concatenate(rows), XN, np.concatenate(ys), examined
 
 
 def _prune_zero_alpha(S, in_S, stats) -> int:
