@@ -237,7 +237,7 @@ class _RowSource:
             X, y, ids = self.store.read_block(b)
             lo = int(self.offsets[b])
             return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]
-        X, y, ids = self.store.read_range(start, stop)
+        X, y, ids = self.store.read_range(start, stop, ids=False)  # the index needs no ids
         nb = _nbytes(X) + y.nbytes
         # remembered only within a share of the cap: a long search must not starve the rest
         if (self._memo_bytes + nb <= self.store.budget.limit // MEMO_SHARE
@@ -499,7 +499,7 @@ def _check_all_rows(store, w, w_t, low, in_S, bias, n):
             if whole:
                 X, y, _ = store.read_block(b)
             else:
-                X, y, _ = store.read_range(a, z_)
+                X, y, _ = store.read_range(a, z_, ids=False)
             free = ~in_S[a:z_]
             y64 = y.astype(np.float64)
             m = _margins(X, y64, w, bias)
