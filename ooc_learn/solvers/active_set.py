@@ -90,6 +90,9 @@ class ActiveSet:
         return state + (4 * self.d if not (self.sparse or self.spilled) else 0)
 
     def _bytes_for(self, cap_rows: int, cap_nnz: int) -> int:
+        return self._bytes_for_caps(cap_rows, cap_nnz)
+
+    def _bytes_for_caps(self, cap_rows: int, cap_nnz: int) -> int:
         nnz_bytes = cap_nnz * 8 if (self.sparse and not self.spilled) else 0
         return cap_rows * self._row_bytes() + nnz_bytes
 
@@ -103,6 +106,12 @@ class ActiveSet:
             cap_nnz = max(self._cap_nnz, 1 << 14)
             while cap_nnz < need_nnz:
                 cap_nnz = cap_nnz * 3 // 2
+        if (not self.spilled and self._bytes_for_caps(cap_rows, cap_nnz)
+                > self.resident_share * self.budget.limit):
+            # near the share, grow to the need (+1/16) rather than by half
+            cap_rows = max(need_rows, min(cap_rows, need_rows + need_rows // 16))
+            if self.sparse:
+                cap_nnz = max(need_nnz, min(cap_nnz, need_nnz + need_nnz // 16))
         return cap_rows, cap_nnz
 
     def _grow(self, need_rows: int, need_nnz: int) -> None:
@@ -134,16 +143,19 @@ class ActiveSet:
         self._cap_rows, self._cap_nnz = cap_rows, cap_nnz
 
     def fits(self, k: int, nnz: int = 0) -> bool:
-        """Whether ``k`` more rows (``nnz`` stored values) fit without spilling: within the
-        free budget and within S's resident share of the cap."""
+        """Whether ``k`` more rows (``nnz`` stored values) fit without spilling: within S's
+        resident share of the cap and within the budget once cache entries are evicted."""
         if self.m + k <= self._cap_rows and (not self.sparse or self.spilled
                                              or self.nnz + nnz <= self._cap_nnz):
             return True
         new = self._bytes_for(*self._caps_for(self.m + k, self.nnz + nnz))
-        if self.spilled:
-            return new <= self.budget.available
-        return (new <= self.budget.available
-                and new <= self.resident_share * self.budget.limit)
+        if not self.spilled and new > self.resident_share * self.budget.limit:
+            return False
+        # S takes its quota from the caches: a trial reservation evicts their LRU entries
+        if not self.budget.try_reserve(new):
+            return False
+        self.budget.release(new)
+        return True
 
     # ---- content -----------------------------------------------------------------------
     def add(self, rows, X, y, sqn, alpha=None) -> np.ndarray:
