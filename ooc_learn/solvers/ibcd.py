@@ -354,9 +354,12 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
                  objective=_primal_on_S(S, w, base_loss, C, bias),
                  spills=S.spills, rows_spilled=S.rows_spilled,
                  rows_read_back=S.rows_read_back, seconds=time.perf_counter() - t0)
+    if not stats.get("S_converged", True):
+        warnings.warn("IBCD's dual CD on the active set reached its 1000 passes before the "
+                      "projected-gradient spread fell to eps (as LIBLINEAR stops at max_iter): "
+                      "the solution is approximate. Raise eps or lower C.", RuntimeWarning,
+                      stacklevel=3)
     if not converged_outer:
-        import warnings
-
         warnings.warn(f"IBCD stopped after max_outer={outer} outer iterations before the "
                       f"outlier set settled. Raise max_outer.", RuntimeWarning, stacklevel=3)
     return IBCDResult(w=w, sv_rows=S.rows[: S.m][nz].copy(), sv_alpha=alpha[nz].copy(),
@@ -467,12 +470,12 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             return added
         forest.unshrink()
         rows_src.clear()
-        rows_N, XN, yN, n_e = _check_all_rows(rows_src.store, w, w_t, low, in_S, bias, n)
+        rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias, n)
         stats["full_checks"] = stats.get("full_checks", 0) + 1
         stats["rows_examined"] += int(n_e)
-        if len(rows_N) == 0:
-            return added
-        if _only_tiny_violations(XN, yN, w, bias, eps):
+        # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
+        # projected gradient is within eps of 0): solving again would not move w
+        if len(rows_N) == 0 or worst < eps:
             return added
         S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
         in_S[rows_N] = True
@@ -480,22 +483,25 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         forest.shrink(shrink_threshold)
 
 
-def _check_all_rows(store, w, w_t, low, in_S, bias, n):
+def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     """The convergence check of §4.3 on every row outside S: a sequential pass over the
     blocks (the whole data must be examined, so the index's best-first order buys nothing
-    here and a block scan avoids its per-leaf overhead). Returns the first ``n`` rows that
-    satisfy eq. 10 (not an outlier at w_t, y w^T x < 1) with their ``X`` and ``y``, and the
+    here and a block scan avoids its per-leaf overhead). Returns the (at most ``n``) rows
+    satisfying eq. 10 (not an outlier at w_t, y w^T x < 1) that violate it most, with their
+    ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none) and the
     number of rows examined."""
+    store = rows_src.store
     offsets = np.asarray(store.block_offsets, dtype=np.int64)
     row_bytes = max(1, store.estimated_bytes(1))
     chunk = int(max(256, store.budget.limit // 8 // row_bytes))
-    rows, Xs, ys = [], [], []
-    found = examined = 0
+    rows, viol = [], []
+    examined = 0
     for b in range(store.n_blocks):
         lo, hi = int(offsets[b]), int(offsets[b + 1])
         whole = store.reads_whole_block(b)
-        for a in range(lo, hi, hi - lo if whole else chunk):
-            z_ = min(hi, a + (hi - lo if whole else chunk))
+        step = hi - lo if whole else chunk
+        for a in range(lo, hi, step):
+            z_ = min(hi, a + step)
             if whole:
                 X, y, _ = store.read_block(b)
             else:
@@ -507,25 +513,16 @@ def _check_all_rows(store, w, w_t, low, in_S, bias, n):
             if math.isfinite(low) and ok.any():
                 ok &= _margins(X, y64, w_t, bias) >= low
             examined += int(free.sum())
-            hit = np.flatnonzero(ok)[: n - found]
+            hit = np.flatnonzero(ok)
             if hit.size:
                 rows.append(a + hit)
-                Xs.append(X[hit])
-                ys.append(y[hit])
-                found += hit.size
-            if found >= n:
-                break
-        if found >= n:
-            break
+                viol.append(1.0 - m[hit])
     if not rows:
-        return np.empty(0, np.int64), None, None, examined
-    if hasattr(Xs[0], "indptr"):
-        import scipy.sparse as sp
-
-        XN = sp.vstack(Xs, format="csr")
-    else:
-        XN = np.concatenate(Xs)
-    return np.concatenate(rows), XN, np.concatenate(ys), examined
+        return np.empty(0, np.int64), None, None, 0.0, examined
+    rows, viol = np.concatenate(rows), np.concatenate(viol)
+    top = np.sort(rows[np.argsort(-viol, kind="stable")[:n]])
+    XN, yN = rows_src.fetch(top)
+    return top, XN, yN, float(viol.max()), examined
 
 
 def _prune_zero_alpha(S, in_S, stats) -> int:
@@ -540,13 +537,6 @@ def _prune_zero_alpha(S, in_S, stats) -> int:
     return 0
 
 
-def _only_tiny_violations(X, y, w, bias, eps) -> bool:
-    """True when every fresh row violates y w^T x >= 1 by less than the dual CD tolerance
-    (its projected gradient is within eps of 0), so solving again would not move w."""
-    z = _margins(X, y.astype(np.float64), w, bias)
-    return bool(np.all(1.0 - z < eps))
-
-
 def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
     """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread).
 
@@ -558,9 +548,10 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
     """
     y, sqn, alpha = S.state()
     if not S.spilled:
-        dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
-                       max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
-                       sqnorms=sqn)
+        st = dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
+                            max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
+                            sqnorms=sqn)
+        stats["S_converged"] = bool(st.converged)
         return
     base = get_loss(loss).base()
     upper, diag = base.dual_upper(C), base.dual_diag(C)
@@ -569,6 +560,7 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
         PG = np.where(alpha <= 0, np.minimum(G, 0), np.where(alpha >= upper, np.maximum(G, 0), G))
         stats["spilled_rounds"] = stats.get("spilled_rounds", 0) + 1
         if PG.max() - PG.min() < eps:
+            stats["S_converged"] = True
             return
         free = np.flatnonzero((alpha > 0) | (PG != 0))
         cap = S.window_rows()
@@ -576,8 +568,7 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
             free = np.sort(free[np.argsort(-np.abs(PG[free]), kind="stable")[:cap]])
         _solve_block(S, free, w, loss=loss, C=C, bias=bias, eps=eps, iters=max_iter,
                      solver="dual", rng=rng, stats=stats, shrinking=True)
-    warnings.warn(f"IBCD's rounds over the spilled active set reached {max_iter} before the "
-                  f"projected-gradient spread fell to eps={eps}.", RuntimeWarning, stacklevel=4)
+    stats["S_converged"] = False
 
 
 def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shrinking=False):
