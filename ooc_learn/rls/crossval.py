@@ -237,14 +237,15 @@ def _rcoords_pay(model, H, c: int, v: int) -> bool:
 
 def _gram_pays(model, H, c: int, v: int) -> bool:
     """Whether the fit-time Gram of a fold beats the general path (estimated flops): it saves
-    the |H| n^2 product (and U's formation when no R^T / U rows are cached); the n side it
-    uses works in R coordinates with no rotation, so it wins unless the |H| side is cheaper."""
+    the |H| n^2 product of the fold's Gram; the |H| side it competes with needs U_H, a
+    rotation R_H^T V of 2 |H| n^2 unless U itself is cached."""
     n, h = model.Q_.shape[0], H.size
     e = model.basis_hits(H)[0].size
     costs = strategy_costs(h, n, e, c, v)
-    general = min(costs.values()) + (0.0 if model._ucache is not None else 2.0 * h * n * n)
-    gram = min(costs["chol"], costs["eig"], costs["tri"]) - h * n * n
-    return gram < general
+    u_cached = model._ucache is not None and model._ucache_is_u
+    small = costs.pop("small") + (0.0 if u_cached else 2.0 * h * n * n)
+    nside = min(costs.values())
+    return nside - h * n * n < min(small, nside)
 
 
 def _rt_chunk_rows(model, h: int) -> int:
@@ -281,12 +282,16 @@ def _fold_in_r_coords(model, H, lams, mode, stats):
     :func:`_holdout_from_gram`. Without a cache the fold's R^T rows are formed from X once
     and kept when they fit the budget, else formed twice chunk by chunk (Gram, predictions)."""
     if model._ucache is None:
-        need = 8 * 3 * model.Q_.shape[0] * H.size
+        n = model.Q_.shape[0]
+        step = max(64, (1 << 22) // n)
+        need = 8 * n * (H.size + 3 * min(step, H.size))    # the rows + one chunk's temporaries
         if not model._budget.try_reserve(need):
             SR, RY = _fold_gram(model, H)
             return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r-streamed")
         try:
-            RT = model.rt_rows(H)
+            RT = np.empty((H.size, n))
+            for a in range(0, H.size, step):
+                RT[a:a + step] = model.rt_rows(H[a:a + step])
             SR, RY = _fold_gram(model, H, [(0, H.size, RT)])
             return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r", RT=RT)
         finally:
