@@ -26,6 +26,7 @@ from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
+import scipy.linalg as la
 from scipy.linalg.blas import dsyrk
 
 from ooc_learn.storage.errors import ParameterError
@@ -334,9 +335,28 @@ def _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-gram", RT=None
     if model._ucache is not None and model._ucache_is_u:
         UH = model._ucache[H]
         return np.einsum("hn,cnv->chv", UH, np.einsum("ji,cjv->civ", V, W), optimize=True)
+    if model._ucache is None:
+        return _predict_from_x(model, H, W)
     f = np.empty((c, H.size, v))
     for a, b, RT in _iter_rt(model, H):                   # rows of R^T
         f[:, a:b] = np.einsum("hn,cnv->chv", RT, W, optimize=True)
+    return f
+
+
+def _predict_from_x(model, H, W):
+    """R_H^T W = K~_HB (C^-T W) with no R^T or U rows at hand: the weights go to basis
+    coordinates once (n^2 c v), then each chunk of H costs its kernel rows and |H| n c v, not
+    the n^2-per-row triangular solve that forming R_H^T would."""
+    n, c, v = W.shape[1], W.shape[0], W.shape[2]
+    Wf = np.ascontiguousarray(W.transpose(1, 0, 2)).reshape(n, c * v)
+    Abasis = la.solve_triangular(model._C, Wf, trans="T", lower=True, check_finite=False)
+    f = np.empty((c, H.size, v))
+    step = _rt_chunk_rows(model, H.size)
+    for a in range(0, H.size, step):
+        rows = H[a:a + step]
+        K = model._kernel_rows(model._source.take(rows), rows)
+        model.stats_["kernel_evaluations"] = model.stats_.get("kernel_evaluations", 0) + K.size
+        f[:, a:a + rows.size] = (K @ Abasis).reshape(rows.size, c, v).transpose(1, 0, 2)
     return f
 
 

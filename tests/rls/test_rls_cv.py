@@ -290,3 +290,25 @@ def test_u_cache_conversion_stopped_early_is_complete(rng):
     np.testing.assert_allclose(model._ucache, model._u_from_x(X, rows), rtol=1e-9, atol=1e-12)
     starts = [a for a, _, _ in model.iter_u_chunks()]
     assert starts == list(range(0, M, 17))
+
+
+@pytest.mark.parametrize("k, folds_at_fit, memory", [(5, True, None), (2, False, "930K")],
+                         ids=["fit-time folds", "streamed n side"])
+def test_uncached_kfold_on_ill_conditioned_basis_equals_refits(rng, k, folds_at_fit, memory):
+    """Without cached rows, fold predictions go through basis coordinates (K~_H C^-T W): still
+    exact on a dense 1-d basis where K_BB is nearly singular (the sinusoid task of Section 6.3)."""
+    m = 400
+    x = rng.uniform(-20, 20, size=(m, 1))
+    y = np.sin(x[:, 0]) + rng.normal(scale=2.0, size=m)
+    kw = dict(n_basis=150, lam=0.5, gamma=0.5, seed=2)
+    model = SparseRLS(folds=k if folds_at_fit else None, cache_u=False, memory=memory,
+                      **kw).fit(x, y)
+    assert np.linalg.cond(model.KBB_) > 1e6
+    f = model.kfold_predict(k, "remove")
+    tags = set(model.cv_stats_["strategies"])
+    assert all(t.endswith("-gram" if folds_at_fit else "-r-streamed") for t in tags), tags
+    cached = SparseRLS(**kw).fit(x, y).kfold_predict(k, "remove")
+    folds = [np.sort(g) for g in np.array_split(np.random.default_rng(2).permutation(m), k)]
+    for H in folds:
+        assert_close(f[H], reference(model, x, y, H, "remove", 0.5)[:, 0])
+        assert_close(cached[H], f[H])
