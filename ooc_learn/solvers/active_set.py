@@ -238,9 +238,12 @@ class ActiveSet:
 
     def window_rows(self) -> int:
         """Rows per traversal window: a sixth of the cap (a spilled S holds only its per-row
-        state, so the caches keep most of the rest), at least 256 rows."""
+        state, so the caches keep most of the rest), less when little of the cap is free."""
         per_row = 4 * self.d if not self.sparse else max(8, 8 * self.nnz // max(self.m, 1))
-        return int(max(256, self.budget.limit // 6 // max(per_row, 1)))
+        # under a very small cap the per-row state may hold much of it: take what is free
+        share = min(self.budget.limit // 6, max(self.budget.available // 3,
+                                                self.budget.limit // 32))
+        return int(max(16, share // max(per_row, 1)))
 
     def windows(self):
         """Yield ``(a, b, X)`` covering S in order: one piece when resident, windows of
@@ -352,8 +355,12 @@ class ActiveSet:
     def _maybe_return(self) -> None:
         """Bring a spilled S back into memory when it fits within half its resident share."""
         need = self.m * (8 * 5 + (4 * self.d if not self.sparse else 0)) + 8 * self.nnz
-        if need > 0.5 * self.resident_share * self.budget.limit or need > self.budget.available:
+        if need > 0.5 * self.resident_share * self.budget.limit:
             return
+        # S takes its quota from the caches: a trial reservation evicts their LRU entries
+        if not self.budget.try_reserve(need + self._reserved):
+            return
+        self.budget.release(need + self._reserved)
         X = self.read(0, self.m)
         rows, y, sqn, alpha = (self.rows[: self.m].copy(), self.y[: self.m].copy(),
                                self.sqn[: self.m].copy(), self.alpha[: self.m].copy())

@@ -426,10 +426,10 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             XN, yN = rows_src.fetch(rows_N)
             nnz = int(XN.indptr[-1]) if S.sparse else 0
             if not S.fits(k, nnz):
-                # §4.2 under a tight cap: rows with alpha = 0 leave S first (the index brings
-                # them back if they violate again; the final unshrunk query checks every
-                # row); if S still does not fit, it spills to disk
-                r = _prune_zero_alpha(S, in_S, stats)
+                # §4.2 under a tight cap: the inactive rows (alpha = 0, y w^T x >= 1) leave S
+                # first (the index brings them back if they violate again; the final check
+                # examines every row); if S still does not fit, it spills to disk
+                r = _prune_inactive(S, in_S, w, bias, stats)
                 if not S.fits(k, nnz):
                     S.spill()
         m_old = S.m
@@ -456,13 +456,14 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         if k >= n and not sampled:
             continue
         # problem (13) on S to eps, then a full check without shrinking (§4.3)
+        resid = 0.0
+        if S.spilled:
+            # shrinking before the solve (§4.2): the inactive rows (alpha = 0, y w^T x >= 1)
+            # leave S, and the check below brings back any that violate later; what is
+            # left comes back into memory when it fits
+            r = _prune_inactive(S, in_S, w, bias, stats)
         if S.m:
-            _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
-            if S.spilled:
-                # §4.2: keep the rows that matter (alpha > 0); the others satisfy the KKT
-                # conditions now and the index brings back any that violate them later.
-                # A spilled S this prunes back under its share returns to memory.
-                r = _prune_zero_alpha(S, in_S, stats)
+            resid = _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
         if sampled:
             # the paper's sampled rule: few fresh rows per row examined means the rest of the
             # data is (nearly) inactive; stop without scanning all of it
@@ -474,8 +475,9 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         stats["full_checks"] = stats.get("full_checks", 0) + 1
         stats["rows_examined"] += int(n_e)
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
-        # projected gradient is within eps of 0): solving again would not move w
-        if len(rows_N) == 0 or worst < eps:
+        # projected gradient is within eps of 0), or by less than what dual CD left on S
+        # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do better
+        if len(rows_N) == 0 or worst < max(eps, resid):
             return added
         S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
         in_S[rows_N] = True
@@ -525,10 +527,11 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     return top, XN, yN, float(viol.max()), examined
 
 
-def _prune_zero_alpha(S, in_S, stats) -> int:
-    """Drop the rows of S whose alpha is 0; return the new cyclic-reader position (0)."""
-    alpha = S.alpha[: S.m]
-    keep = alpha > 0
+def _prune_inactive(S, in_S, w, bias, stats) -> int:
+    """Drop the rows of S at alpha = 0 with y w^T x >= 1; return the cyclic reader's new
+    position (0)."""
+    alpha = S.state()[2]
+    keep = (alpha > 0) | (_S_margins(S, w, bias) < 1.0)
     if keep.all():
         return 0
     in_S[S.rows[: S.m][~keep]] = False
@@ -537,14 +540,16 @@ def _prune_zero_alpha(S, in_S, stats) -> int:
     return 0
 
 
-def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
-    """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread).
+def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000, max_rounds=10) -> float:
+    """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
+    ``max_iter`` dual CD passes; returns the spread reached (below ``eps`` when converged).
 
     In memory: dual CD with shrinking over S. A spilled S is solved by rounds of a working
     set: one pass over its windows computes every projected gradient; if the spread is below
     ``eps`` S is solved; else the rows that can move (alpha > 0, or a violated bound) are read
     back, as many as a window holds (largest violations first), and solved in memory by dual
-    CD with shrinking while the others stay fixed in w.
+    CD with shrinking (to ``eps`` or ``max_iter`` passes) while the others stay fixed in w;
+    at most ``max_rounds`` rounds.
     """
     y, sqn, alpha = S.state()
     if not S.spilled:
@@ -552,30 +557,33 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000):
                             max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
                             sqnorms=sqn)
         stats["S_converged"] = bool(st.converged)
-        return
+        return 0.0 if st.converged else float(st.pg_max - st.pg_min)
     base = get_loss(loss).base()
     upper, diag = base.dual_upper(C), base.dual_diag(C)
-    for _ in range(max_iter):
+    rounds, last = 0, np.inf
+    while True:
         G = _S_margins(S, w, bias) - 1.0 + diag * alpha
         PG = np.where(alpha <= 0, np.minimum(G, 0), np.where(alpha >= upper, np.maximum(G, 0), G))
+        spread = float(PG.max() - PG.min())
         stats["spilled_rounds"] = stats.get("spilled_rounds", 0) + 1
-        if PG.max() - PG.min() < eps:
-            stats["S_converged"] = True
-            return
+        if spread < eps or rounds >= max_rounds:
+            stats["S_converged"] = spread < eps
+            # like the in-memory solve: the spread its last (working-set) pass left
+            return 0.0 if spread < eps else min(spread, last)
         free = np.flatnonzero((alpha > 0) | (PG != 0))
         cap = S.window_rows()
         if free.size > cap:
             free = np.sort(free[np.argsort(-np.abs(PG[free]), kind="stable")[:cap]])
-        _solve_block(S, free, w, loss=loss, C=C, bias=bias, eps=eps, iters=max_iter,
-                     solver="dual", rng=rng, stats=stats, shrinking=True)
-    stats["S_converged"] = False
+        st = _solve_block(S, free, w, loss=loss, C=C, bias=bias, eps=eps, iters=max_iter,
+                          solver="dual", rng=rng, stats=stats, shrinking=True)
+        rounds += 1
+        last = 0.0 if st.converged else float(st.pg_max - st.pg_min)
 
 
 def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shrinking=False):
     if S.spilled:
-        _solve_block_spilled(S, B, w, loss=loss, C=C, bias=bias, eps=eps, iters=iters,
-                             solver=solver, rng=rng, stats=stats, shrinking=shrinking)
-        return
+        return _solve_block_spilled(S, B, w, loss=loss, C=C, bias=bias, eps=eps, iters=iters,
+                                    solver=solver, rng=rng, stats=stats, shrinking=shrinking)
     X, y, sqn, alpha = S.view()
     if solver == "primal":
         from .tron import L2LossPrimal, tron
@@ -596,6 +604,7 @@ def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shri
                             max_iter=iters, shrinking=shrinking,
                             rng=int(rng.integers(1 << 31)), sqnorms=sqn)
         stats["block_updates"] += st.updates
+        return st
 
 
 def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats,
@@ -608,10 +617,11 @@ def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, sta
     nb = XB.nbytes if not hasattr(XB, "indptr") else XB.data.nbytes + XB.indices.nbytes
     with S.budget.reservation(nb, "IBCD block"):
         sub = _BlockView(XB, y[B], sqn[B], alpha[B].copy())
-        _solve_block(sub, np.arange(B.size, dtype=np.int64), w, loss=loss, C=C, bias=bias,
-                     eps=eps, iters=iters, solver=solver, rng=rng, stats=stats,
-                     shrinking=shrinking)
+        st = _solve_block(sub, np.arange(B.size, dtype=np.int64), w, loss=loss, C=C,
+                          bias=bias, eps=eps, iters=iters, solver=solver, rng=rng,
+                          stats=stats, shrinking=shrinking)
         alpha[B] = sub.alpha
+    return st
 
 
 class _BlockView:
