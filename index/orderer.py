@@ -61,7 +61,7 @@ class ForestOrderer:
 def forest_orderer(*, width: int | None = None, leaf_size: int | None = None):
     """A ``block_orderer`` for :func:`ooc_learn.storage.ingest.ingest` (parameters checked now).
 
-    >>> orderer = forest_orderer(width=10, leaf_size=100)
+    >>> orderer = forest_orderer(width=10, leaf_size=16)
     """
     width = DEFAULT_WIDTH if width is None else width
     leaf_size = DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size

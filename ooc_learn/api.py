@@ -26,7 +26,7 @@ def ingest(sources, out, *, build_index: bool = True, width: int | None = None,
     build_index : bool
         Build the metric forest (one tree per block, rows written in leaf order).
     width, leaf_size : int, optional
-        The forest's node width K (default 10) and rows per leaf (default 100).
+        The forest's node width K (default 10) and rows per leaf (default 16).
 
     Examples
     --------
@@ -36,7 +36,11 @@ def ingest(sources, out, *, build_index: bool = True, width: int | None = None,
     orderer = _orderer(build_index, width, leaf_size)
     store = _ingest.ingest(sources, out, block_orderer=orderer, **kwargs)
     if build_index:
-        store.metadata.setdefault("index", {"width": width, "leaf_size": leaf_size})
+        from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
+
+        store.metadata.setdefault("index", {
+            "width": DEFAULT_WIDTH if width is None else width,
+            "leaf_size": DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size})
     return store
 
 

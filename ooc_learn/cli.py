@@ -97,8 +97,10 @@ def _ingest_parser() -> argparse.ArgumentParser:
     zg.add_argument("--one-based", dest="zero_based", action="store_const", const=False,
                     help="LIBSVM indices are 1-based")
     p.add_argument("--no-index", action="store_true", help="skip building the metric-forest index")
-    p.add_argument("--width", type=int, default=10, metavar="K", help="index: children per node")
-    p.add_argument("--leaf-size", type=int, default=None, metavar="L", help="index: rows per leaf")
+    p.add_argument("--width", type=int, default=None, metavar="K",
+                   help="index: children per node (default 10)")
+    p.add_argument("--leaf-size", type=int, default=None, metavar="L",
+                   help="index: rows per leaf (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle and the index")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
     _add_common(p)
@@ -390,8 +392,10 @@ def _index_parser() -> argparse.ArgumentParser:
         description="Build the metric-forest index of an existing store (rewrites every block "
                     "in leaf order; the old store stays intact until the new one is complete).")
     p.add_argument("store", metavar="STORE")
-    p.add_argument("--width", type=int, default=10, metavar="K")
-    p.add_argument("--leaf-size", type=int, default=None, metavar="L")
+    p.add_argument("--width", type=int, default=None, metavar="K",
+                   help="children per node (default 10)")
+    p.add_argument("--leaf-size", type=int, default=None, metavar="L",
+                   help="rows per leaf (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
     _add_common(p)
@@ -400,9 +404,9 @@ def _index_parser() -> argparse.ArgumentParser:
 
 def _index_body(args):
     from ooc_learn.index.build import build_index
-    from ooc_learn.index.tree import DEFAULT_LEAF_SIZE
+    from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
 
-    out = build_index(args.store, width=args.width,
+    out = build_index(args.store, width=DEFAULT_WIDTH if args.width is None else args.width,
                       leaf_size=DEFAULT_LEAF_SIZE if args.leaf_size is None else args.leaf_size,
                       seed=args.seed, memory=_budget(args), overwrite=args.overwrite)
     out = dict(out, store=str(args.store))
