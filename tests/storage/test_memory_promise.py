@@ -70,6 +70,31 @@ def test_ibcd_training_on_a_store_10x_the_cap_stays_within_tiny_run_plus_cap(tmp
     assert peak <= base * 1.03 + cap, (peak - base) / 2**20
 
 
+def test_ibcd_with_a_spilled_active_set_stays_within_tiny_run_plus_cap(tmp_path, rng):
+    # 10 % flipped labels: the support vectors alone exceed S's share of the 4 MB cap, so the
+    # active set spills to disk (§4.2) and is read back in windows; RSS must still hold
+    from ooc_learn.api import ingest_arrays
+    from ooc_learn.model import load_model
+
+    cap = 4 << 20
+    n, d = 60_000, 100  # 24 MB of dense float32 rows, 6x the cap; S alone ~ 1.5x S's share
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = np.where(X[:, :5].sum(1) > 0, 1.0, -1.0)
+    y[rng.random(n) < 0.1] *= -1
+    ingest_arrays(X, y, tmp_path / "big", block_rows=5000, build_index=True).close()
+    ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=True).close()
+    del X
+    common = ["--quiet", "--memory", str(cap), "--block-size", "500", "--C", "0.01",
+              "--spill-dir", str(tmp_path)]
+    child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "w.npz"] + common)  # warm numba
+    base = child_peak_rss(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz"] + common)
+    peak = child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz"] + common)
+    stats = load_model(tmp_path / "b.npz").meta["stats"]
+    assert stats["spills"] >= 1 and stats["rows_read_back"] > 0, stats
+    assert peak <= base * 1.03 + cap, (peak - base) / 2**20
+    assert not list(tmp_path.glob(".ooc-ibcd-spill-*")), "spill folders must be removed"
+
+
 def test_a_cap_below_the_solver_minimum_names_memory(tmp_path, rng):
     from ooc_learn.api import ingest_arrays
 
