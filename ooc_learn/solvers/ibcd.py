@@ -424,14 +424,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         k = len(rows_N)
         if k:
             XN, yN = rows_src.fetch(rows_N)
-            nnz = int(XN.indptr[-1]) if S.sparse else 0
-            if not S.fits(k, nnz):
-                # §4.2 under a tight cap: the inactive rows (alpha = 0, y w^T x >= 1) leave S
-                # first (the index brings them back if they violate again; the final check
-                # examines every row); if S still does not fit, it spills to disk
-                r = _prune_inactive(S, in_S, w, bias, stats)
-                if not S.fits(k, nnz):
-                    S.spill()
+            if _make_room(S, in_S, XN, w, bias, stats):
+                r = 0
         m_old = S.m
         if k:
             S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
@@ -479,6 +473,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do better
         if len(rows_N) == 0 or worst < max(eps, resid):
             return added
+        if _make_room(S, in_S, XN, w, bias, stats):
+            r = 0
         S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
         in_S[rows_N] = True
         added += len(rows_N)
@@ -525,6 +521,21 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     top = np.sort(rows[np.argsort(-viol, kind="stable")[:n]])
     XN, yN = rows_src.fetch(top)
     return top, XN, yN, float(viol.max()), examined
+
+
+def _make_room(S, in_S, XN, w, bias, stats) -> bool:
+    """§4.2 under a tight cap, before rows ``XN`` join S: when they do not fit, the inactive
+    rows (alpha = 0, y w^T x >= 1) leave S first (the index brings them back if they violate
+    again; the final check examines every row); if S still does not fit, it spills to disk.
+    Returns whether S was rearranged (the cyclic reader restarts)."""
+    k = XN.shape[0]
+    nnz = int(XN.indptr[-1]) if S.sparse else 0
+    if S.fits(k, nnz):
+        return False
+    _prune_inactive(S, in_S, w, bias, stats)
+    if not S.fits(k, nnz):
+        S.spill()
+    return True
 
 
 def _prune_inactive(S, in_S, w, bias, stats) -> int:
