@@ -414,7 +414,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     low = outlier_margin(loss, s)
     added = 0
     r = 0  # the cyclic reader over S
-    forest.shrink(shrink_threshold, rows=None)
+    _reshrink(forest, S, shrink_threshold)
     while True:
         rows_src.clear()
         rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
@@ -422,15 +422,18 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         stats["queries"] += 1
         stats["rows_examined"] += int(n_e)
         k = len(rows_N)
+        moved = False
         if k:
             XN, yN = rows_src.fetch(rows_N)
-            if _make_room(S, in_S, XN, w, bias, stats):
+            moved = _make_room(S, in_S, XN, w, bias, stats)
+            if moved:
                 r = 0
         m_old = S.m
         if k:
             S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
             in_S[rows_N] = True
             added += k
+            _mark_in_S(forest, S, rows_N, moved, shrink_threshold)
         # the block: N and the next n_e - |N| rows of the old S, cyclically
         extra = min(max(0, int(n_e) - k), m_old)
         if S.spilled:
@@ -456,6 +459,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             # leave S, and the check below brings back any that violate later; what is
             # left comes back into memory when it fits
             r = _prune_inactive(S, in_S, w, bias, stats)
+            _reshrink(forest, S, shrink_threshold)
         if S.m:
             resid = _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
         if sampled:
@@ -463,7 +467,6 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             # data is (nearly) inactive; stop without scanning all of it
             stats["stopped_by_sample_rule"] = stats.get("stopped_by_sample_rule", 0) + 1
             return added
-        forest.unshrink()
         rows_src.clear()
         rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias, n)
         stats["full_checks"] = stats.get("full_checks", 0) + 1
@@ -478,7 +481,23 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
         in_S[rows_N] = True
         added += len(rows_N)
-        forest.shrink(shrink_threshold)
+        # shrinking starts afresh after a check (§4.3): only S stays marked
+        _reshrink(forest, S, shrink_threshold)
+
+
+def _reshrink(forest, S, threshold) -> None:
+    """Restart shrinking on the index (§4.3) with the rows of S marked: S is excluded from
+    every query anyway, and marked rows let the search skip a node S covers without
+    visiting its leaves (once S holds most of the data that was most of a query's time)."""
+    forest.unshrink()
+    forest.shrink(threshold, rows=S.rows[: S.m])
+
+
+def _mark_in_S(forest, S, rows, moved, threshold) -> None:
+    if moved:  # rows left S: their marks must go
+        _reshrink(forest, S, threshold)
+    else:
+        forest.shrink(threshold, rows=rows)
 
 
 def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
