@@ -543,53 +543,9 @@ def beta_init(train, r, colr, y, beta, gp, G):
     return h
 
 
-@njit(cache=True, nogil=True)
-def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
-    """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint).
-
-    Picks the coordinate with the largest exact gain; returns the gain (0 when optimal).
-    """
-    krr = colr[r]
-    best = 0.0
-    bi = -1
-    bd = 0.0
-    for t in train:
-        grad = 1.0 - gp[t]
-        q = diag[t] - 2.0 * colr[t] + krr
-        if q > 1e-12:
-            d = grad / q
-        elif grad > 0.0:
-            d = C
-        else:
-            d = -C
-        if d > C - beta[t]:
-            d = C - beta[t]
-        if d < -beta[t]:
-            d = -beta[t]
-        gain = d * grad - 0.5 * d * d * max(q, 0.0)
-        if gain > best:
-            best = gain
-            bi = t
-            bd = d
-    if bi < 0:
-        return 0.0
-    col = get_col(kd, kc, bi)
-    w = bd * y[bi]
-    cb = colr[bi]
-    for t in train:
-        gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
-    beta[bi] += bd
-    return best
-
-
-@njit(cache=True, nogil=True)
-def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
-    """Exact maximisation of H(beta) along coordinate v whose kernel column ``col`` is in hand.
-
-    Requests no kernel column; returns the gain (>= 0).
-    """
-    if v == r:
-        return 0.0
+@njit(cache=True, nogil=True, inline="always")
+def _beta_move(v, r, colr, diag, beta, gp, C):
+    """The exact maximiser of H(beta) along coordinate v: ``(step, gain)``."""
     krr = colr[r]
     grad = 1.0 - gp[v]
     q = diag[v] - 2.0 * colr[v] + krr
@@ -603,14 +559,53 @@ def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
         d = C - beta[v]
     if d < -beta[v]:
         d = -beta[v]
-    gain = d * grad - 0.5 * d * d * max(q, 0.0)
-    if gain <= 0.0 or d == 0.0:
-        return 0.0
+    return d, d * grad - 0.5 * d * d * max(q, 0.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _beta_apply(v, d, col, train, r, colr, y, beta, gp):
+    """beta_v += d, updating the gradient of H with the column of k(v, .)."""
+    krr = colr[r]
     w = d * y[v]
     cb = colr[v]
     for t in train:
         gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
     beta[v] += d
+
+
+@njit(cache=True, nogil=True)
+def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
+    """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint).
+
+    Picks the coordinate with the largest exact gain; returns the gain (0 when optimal).
+    """
+    best = 0.0
+    bi = -1
+    bd = 0.0
+    for t in train:
+        d, gain = _beta_move(t, r, colr, diag, beta, gp, C)
+        if gain > best:
+            best = gain
+            bi = t
+            bd = d
+    if bi < 0:
+        return 0.0
+    _beta_apply(bi, bd, get_col(kd, kc, bi), train, r, colr, y, beta, gp)
+    return best
+
+
+@njit(cache=True, nogil=True)
+def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
+    """Exact maximisation of H(beta) along coordinate v whose kernel column ``col`` is in hand.
+
+    Requests no kernel column; returns the gain (>= 0).
+    """
+    if v == r:
+        return 0.0
+    d, gain = _beta_move(v, r, colr, diag, beta, gp, C)
+    if gain <= 0.0 or d == 0.0:
+        return 0.0
+    _beta_apply(v, d, col, train, r, colr, y, beta, gp)
     return gain
 
 
