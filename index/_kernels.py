@@ -561,7 +561,7 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_oute
                 wsq, augment, pivot_row, pv_sqnorm, radius, child_leaf, child_id,
                 child_start, child_stop, parent_pri, mu, lam, fpri, fent, size, order_hi,
                 count, ss, se, tree, take_pivots, shrink_hi, take_now, excl, shrunk, seen,
-                need, max_examine, out, state):
+                need, max_examine, out, state, fen, shrink_on):
     """Score a node's pivots and push its children on the frontier; return the new size.
 
     Pivot j is row ``at[j]`` of the given arrays (labels ``y``), store row ``pivot_row[j]``;
@@ -572,7 +572,8 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_oute
     satisfies eq. 10 is returned at once (counted as examined and added to ``seen``) if it
     lies in its child's rows and is not excluded, shrunk or seen; the others are left to the
     leaf scans. ``state`` is as in :func:`scan_leaf`. The caller made room for every child
-    (frontier) and pivot (``seen``).
+    (frontier) and pivot (``seen``). A child whose rows are all shrunk (Fenwick ``fen``) is
+    not pushed: the frontier holds only partitions a search can still use.
     """
     k = at.shape[0]
     for j in range(k):
@@ -613,8 +614,10 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_oute
                 state[0] += 1
             if take_now:
                 pv = np.int64(-1)  # never examined again when its partition is reached
-        size = frontier_push(fpri, fent, size, pri, order, child_start[j], child_stop[j],
-                             ss, se, tcode, pv)
+        c0, c1 = child_start[j], child_stop[j]
+        if shrink_on and fenwick_prefix(fen, c1) - fenwick_prefix(fen, c0) == c1 - c0:
+            continue
+        size = frontier_push(fpri, fent, size, pri, order, c0, c1, ss, se, tcode, pv)
     return size
 
 

@@ -634,7 +634,8 @@ class Forest:
                                   node.child_id, node.child_start, node.child_stop, pri,
                                   RANK_MU, RANK_LAM, fr.pri, fr.ent, fr.size,
                                   order & ~_ORDER_MASK, count, ss, se, t, take, hi, now,
-                                  excl, shrunk, fr.seen, limit, max_ex, out, state)
+                                  excl, shrunk, fr.seen, limit, max_ex, out, state, fen,
+                                  shrink_on)
             count += k
             stats["pivots_scored"] += k
         n_out, n_ex = int(state[0]), int(state[1])
