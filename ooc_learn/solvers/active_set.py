@@ -226,15 +226,26 @@ class ActiveSet:
             return self.read(0, 0)
         order = np.argsort(pos, kind="stable")
         sp_ = pos[order]
-        cut = np.flatnonzero(np.diff(sp_) > 1) + 1
-        parts = []
-        for run in np.split(sp_, cut):
-            parts.append(self.read(int(run[0]), int(run[-1]) + 1))
-        inv = np.empty_like(order)
-        inv[order] = np.arange(order.size)
+        runs = np.split(np.arange(sp_.size), np.flatnonzero(np.diff(sp_) > 1) + 1)
         if self.sparse:
+            parts = [None] * len(runs)
+            for j, run in enumerate(runs):
+                parts[j] = self.read(int(sp_[run[0]]), int(sp_[run[-1]]) + 1)
+            inv = np.empty_like(order)
+            inv[order] = np.arange(order.size)
             return sp.vstack(parts, format="csr")[inv]
-        return np.concatenate(parts)[inv]
+        # dense: each run is read straight into its rows of the output (no concatenation)
+        out = np.empty((pos.size, self.d), np.float32)
+        for run in runs:
+            out[order[run]] = self.read(int(sp_[run[0]]), int(sp_[run[-1]]) + 1)
+        return out
+
+    def bytes_of(self, pos: np.ndarray) -> int:
+        """Bytes the rows at ``pos`` take in memory (what :meth:`take` allocates)."""
+        pos = np.asarray(pos, dtype=np.int64)
+        if self.sparse:
+            return int(8 * (self.indptr[pos + 1] - self.indptr[pos]).sum() + 8 * pos.size)
+        return 4 * self.d * int(pos.size)
 
     def window_rows(self) -> int:
         """Rows per traversal window: a sixth of the cap (a spilled S holds only its per-row

@@ -511,6 +511,7 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     offsets = np.asarray(store.block_offsets, dtype=np.int64)
     row_bytes = max(1, store.estimated_bytes(1))
     chunk = int(max(256, store.budget.limit // 8 // row_bytes))
+    chunk_bytes = 2 * chunk * row_bytes  # the rows and the margins' temporaries
     rows, viol = [], []
     examined = 0
     for b in range(store.n_blocks):
@@ -522,6 +523,8 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
             if whole:
                 X, y, _ = store.read_block(b)
             else:
+                # the chunk is paid for while it is scanned (the caches give way)
+                store.budget.reserve(chunk_bytes, "IBCD check chunk")
                 X, y, _ = store.read_range(a, z_, ids=False)
             free = ~in_S[a:z_]
             y64 = y.astype(np.float64)
@@ -534,6 +537,9 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
             if hit.size:
                 rows.append(a + hit)
                 viol.append(1.0 - m[hit])
+            if not whole:
+                del X, y
+                store.budget.release(chunk_bytes)
     if not rows:
         return np.empty(0, np.int64), None, None, 0.0, examined
     rows, viol = np.concatenate(rows), np.concatenate(viol)
@@ -643,9 +649,9 @@ def _solve_block_spilled(S, B, w, *, loss, C, bias, eps, iters, solver, rng, sta
     the cyclic reader's next run of S), solved as a small problem, and their alpha written
     back; w carries every other row's contribution."""
     y, sqn, alpha = S.state()
-    XB = S.take(B)
-    nb = XB.nbytes if not hasattr(XB, "indptr") else XB.data.nbytes + XB.indices.nbytes
-    with S.budget.reservation(nb, "IBCD block"):
+    # reserved before the read (a run read and the block coexist): 2x the block's rows
+    with S.budget.reservation(2 * S.bytes_of(B), "IBCD block"):
+        XB = S.take(B)
         sub = _BlockView(XB, y[B], sqn[B], alpha[B].copy())
         st = _solve_block(sub, np.arange(B.size, dtype=np.int64), w, loss=loss, C=C,
                           bias=bias, eps=eps, iters=iters, solver=solver, rng=rng,
