@@ -16,7 +16,6 @@ directory that :meth:`ActiveSet.release` removes.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,6 +30,8 @@ __all__ = ["ActiveSet"]
 
 # share of the cap S may hold in memory before it spills: the rest is the caches' floor
 RESIDENT_SHARE = 0.8
+# per-row state kept in memory: row id, label, norm, alpha (8 bytes each), CSR offset (8)
+STATE_BYTES = 40
 
 
 class ActiveSet:
@@ -84,17 +85,15 @@ class ActiveSet:
         self.rows_read_back = 0    #: rows read back from it
 
     # ---- capacity ----------------------------------------------------------------------
-    def _row_bytes(self) -> int:
-        """Per-row bytes held in memory: the state, CSR offsets, and dense rows if resident."""
-        state = 8 + 8 + 8 + 8 + 8
-        return state + (4 * self.d if not (self.sparse or self.spilled) else 0)
-
-    def _bytes_for(self, cap_rows: int, cap_nnz: int) -> int:
-        return self._bytes_for_caps(cap_rows, cap_nnz)
-
-    def _bytes_for_caps(self, cap_rows: int, cap_nnz: int) -> int:
-        nnz_bytes = cap_nnz * 8 if (self.sparse and not self.spilled) else 0
-        return cap_rows * self._row_bytes() + nnz_bytes
+    def _bytes_for(self, cap_rows: int, cap_nnz: int, spilled: bool | None = None) -> int:
+        """Bytes held in memory for these capacities: the per-row state (row id, label, norm,
+        alpha, CSR offset) and, while resident, the rows themselves."""
+        spilled = self.spilled if spilled is None else spilled
+        if spilled:
+            return cap_rows * STATE_BYTES
+        if self.sparse:
+            return cap_rows * STATE_BYTES + cap_nnz * 8
+        return cap_rows * (STATE_BYTES + 4 * self.d)
 
     def _caps_for(self, need_rows: int, need_nnz: int) -> tuple[int, int]:
         # grow by half: the copy holds old + new, so doubling would need 3x the content
@@ -106,7 +105,7 @@ class ActiveSet:
             cap_nnz = max(self._cap_nnz, 1 << 14)
             while cap_nnz < need_nnz:
                 cap_nnz = cap_nnz * 3 // 2
-        if (not self.spilled and self._bytes_for_caps(cap_rows, cap_nnz)
+        if (not self.spilled and self._bytes_for(cap_rows, cap_nnz)
                 > self.resident_share * self.budget.limit):
             # near the share, grow to the need (+1/16) rather than by half
             cap_rows = max(need_rows, min(cap_rows, need_rows + need_rows // 16))
@@ -265,14 +264,9 @@ class ActiveSet:
         step = self.window_rows()
         for a in range(0, self.m, step):
             b = min(self.m, a + step)
-            nb = self._window_bytes(a, b)
+            nb = _range_bytes(self.sparse, self.d, self.indptr, a, b)
             with self.budget.reservation(nb, "IBCD active-set window"):
                 yield a, b, self.read(a, b)
-
-    def _window_bytes(self, a: int, b: int) -> int:
-        if self.sparse:
-            return 8 * int(self.indptr[b] - self.indptr[a]) + 8 * (b - a + 1)
-        return 4 * self.d * (b - a)
 
     # ---- spilling ----------------------------------------------------------------------
     def spill(self) -> None:
@@ -286,37 +280,29 @@ class ActiveSet:
                 "Raise --memory (or OOC_MEMORY), or allow spilling to disk.")
         base = self.spill_dir if self.spill_dir is not None else tempfile.gettempdir()
         try:
-            self._dir = Path(tempfile.mkdtemp(prefix=".ooc-ibcd-spill-", dir=base))
+            self._dir = self._new_folder(base)
         except OSError as exc:
             raise BudgetExceededError(
                 f"The IBCD active set must spill to disk but {base} is not writable "
                 f"({exc.strerror}).", "Pass a writable --spill-dir, or raise --memory.") from exc
-        X = self.X
-        if self.sparse:
-            names = ("data.bin", "indices.bin")
-        else:
-            names = ("X.bin",)
-        for name in names:
-            (self._dir / name).touch()
-        self._append_file(X)
-        m, nnz = self.m, self.nnz
-        old_reserved = self._reserved
-        # from now on only the per-row state is held: shrink the buffers to it
+        self._append_file(self.X)
+        # from now on only the per-row state is held (its arrays keep their capacity)
         self.spilled = True
-        state = (self.rows[:m].copy(), self.y[:m].copy(), self.sqn[:m].copy(),
-                 self.alpha[:m].copy(), self.indptr[: m + 1].copy())
         self.Xbuf = np.empty((0, self.d), np.float32)
         self.indices = np.empty(0, np.int32)
         self.data = np.empty(0, np.float32)
-        self.m, self._cap_rows, self._cap_nnz, self._reserved = 0, 0, 0, 0
-        self.budget.release(old_reserved)
-        self.rows, self.indptr = np.empty(0, np.int64), np.zeros(1, np.int64)
-        self.y, self.sqn, self.alpha = np.empty(0), np.empty(0), np.empty(0)
-        self._grow(m, 0)
-        self.rows[:m], self.y[:m], self.sqn[:m], self.alpha[:m] = state[:4]
-        self.indptr[: m + 1] = state[4]
-        self.m, self.nnz = m, nnz
+        self._cap_nnz = 0
+        self.budget.release(self._reserved)
+        self._reserved = self._bytes_for(self._cap_rows, 0)
+        self.budget.reserve(self._reserved, "IBCD active set")
         self.spills += 1
+
+    def _new_folder(self, base) -> Path:
+        """A private spill folder under ``base`` with empty row files."""
+        folder = Path(tempfile.mkdtemp(prefix=".ooc-ibcd-spill-", dir=base))
+        for name in (("data.bin", "indices.bin") if self.sparse else ("X.bin",)):
+            (folder / name).touch()
+        return folder
 
     def _append_file(self, X) -> None:
         if self.sparse:
@@ -344,17 +330,14 @@ class ActiveSet:
             return
         old, indptr_old, m_old = self._dir, self.indptr[: self.m + 1].copy(), self.m
         step = self.window_rows()
-        self._dir = Path(tempfile.mkdtemp(prefix=".ooc-ibcd-spill-", dir=old.parent))
-        for name in os.listdir(old):
-            (self._dir / name).touch()
+        self._dir = self._new_folder(old.parent)
         self.m, self.nnz = 0, 0
         for a in range(0, m_old, step):
             b = min(m_old, a + step)
             sel = keep[(keep >= a) & (keep < b)]
             if sel.size == 0:
                 continue
-            nb = (8 * int(indptr_old[b] - indptr_old[a]) if self.sparse
-                  else 4 * self.d * (b - a))
+            nb = _range_bytes(self.sparse, self.d, indptr_old, a, b)
             with self.budget.reservation(2 * nb, "IBCD active-set window"):
                 X = _read_file(old, self.sparse, self.d, indptr_old, a, b)[sel - a]
                 self.rows_read_back += b - a
@@ -365,7 +348,7 @@ class ActiveSet:
 
     def _maybe_return(self) -> None:
         """Bring a spilled S back into memory when it fits within half its resident share."""
-        need = self.m * (8 * 5 + (4 * self.d if not self.sparse else 0)) + 8 * self.nnz
+        need = self._bytes_for(self.m, self.nnz, spilled=False)
         if need > 0.5 * self.resident_share * self.budget.limit:
             return
         # S takes its quota from the caches: a trial reservation evicts their LRU entries
@@ -393,6 +376,13 @@ class ActiveSet:
     @property
     def nbytes(self) -> int:
         return self._reserved
+
+
+def _range_bytes(sparse: bool, d: int, indptr: np.ndarray, a: int, b: int) -> int:
+    """Bytes the rows a:b take in memory once read (CSR: values, indices and offsets)."""
+    if sparse:
+        return 8 * int(indptr[b] - indptr[a]) + 8 * (b - a + 1)
+    return 4 * d * (b - a)
 
 
 def _read_file(folder: Path, sparse: bool, d: int, indptr: np.ndarray, a: int, b: int):
