@@ -340,6 +340,23 @@ class Store:
         for b in (range(self.n_blocks) if order is None else order):
             yield self.read_block(b)
 
+    def iter_chunks(self, max_rows: int, *, ids: bool = True):
+        """Yield ``(start, X, y, row_ids)`` covering the store in order, under the read policy
+        of :meth:`reads_whole_block`: a whole block through the cache when it takes one, else
+        ranges of at most ``max_rows`` rows, each paid from the budget while it is held
+        (``ids=False`` skips the row ids)."""
+        self._check_open()
+        step = max(1, int(max_rows))
+        for b in range(self.n_blocks):
+            lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+            if self.reads_whole_block(b):
+                yield (lo,) + tuple(self.read_block(b))
+                continue
+            for a in range(lo, hi, step):
+                z = min(hi, a + step)
+                with self.budget.reservation(self.estimated_bytes(z - a), "store chunk"):
+                    yield (a,) + tuple(self.read_range(a, z, ids=ids))
+
     def gather(self, rows):
         """Rows at store positions ``rows`` as ``(X, y, row_ids)``, in the order given.
 

@@ -422,18 +422,12 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         stats["queries"] += 1
         stats["rows_examined"] += int(n_e)
         k = len(rows_N)
-        moved = False
-        if k:
-            XN, yN = rows_src.fetch(rows_N)
-            moved = _make_room(S, in_S, XN, w, bias, stats)
-            if moved:
-                r = 0
         m_old = S.m
         if k:
-            S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
-            in_S[rows_N] = True
+            XN, yN = rows_src.fetch(rows_N)
+            if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats):
+                r, m_old = 0, S.m - k  # S was rearranged: the new rows are its last k
             added += k
-            _mark_in_S(forest, S, rows_N, moved, shrink_threshold)
         # the block: N and the next n_e - |N| rows of the old S, cyclically
         extra = min(max(0, int(n_e) - k), m_old)
         if S.spilled:
@@ -476,10 +470,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do better
         if len(rows_N) == 0 or worst < max(eps, resid):
             return added
-        if _make_room(S, in_S, XN, w, bias, stats):
+        if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats):
             r = 0
-        S.add(rows_N, XN, yN.astype(np.float64), _row_sqn(XN))
-        in_S[rows_N] = True
         added += len(rows_N)
         # shrinking starts afresh after a check (§4.3): only S stays marked
         _reshrink(forest, S, shrink_threshold)
@@ -493,13 +485,6 @@ def _reshrink(forest, S, threshold) -> None:
     forest.shrink(threshold, rows=S.rows[: S.m])
 
 
-def _mark_in_S(forest, S, rows, moved, threshold) -> None:
-    if moved:  # rows left S: their marks must go
-        _reshrink(forest, S, threshold)
-    else:
-        forest.shrink(threshold, rows=rows)
-
-
 def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     """The convergence check of §4.3 on every row outside S: a sequential pass over the
     blocks (the whole data must be examined, so the index's best-first order buys nothing
@@ -508,38 +493,21 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none) and the
     number of rows examined."""
     store = rows_src.store
-    offsets = np.asarray(store.block_offsets, dtype=np.int64)
-    row_bytes = max(1, store.estimated_bytes(1))
-    chunk = int(max(256, store.budget.limit // 8 // row_bytes))
-    chunk_bytes = 2 * chunk * row_bytes  # the rows and the margins' temporaries
+    chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
     rows, viol = [], []
     examined = 0
-    for b in range(store.n_blocks):
-        lo, hi = int(offsets[b]), int(offsets[b + 1])
-        whole = store.reads_whole_block(b)
-        step = hi - lo if whole else chunk
-        for a in range(lo, hi, step):
-            z_ = min(hi, a + step)
-            if whole:
-                X, y, _ = store.read_block(b)
-            else:
-                # the chunk is paid for while it is scanned (the caches give way)
-                store.budget.reserve(chunk_bytes, "IBCD check chunk")
-                X, y, _ = store.read_range(a, z_, ids=False)
-            free = ~in_S[a:z_]
-            y64 = y.astype(np.float64)
-            m = _margins(X, y64, w, bias)
-            ok = free & (m < 1.0)
-            if math.isfinite(low) and ok.any():
-                ok &= _margins(X, y64, w_t, bias) >= low
-            examined += int(free.sum())
-            hit = np.flatnonzero(ok)
-            if hit.size:
-                rows.append(a + hit)
-                viol.append(1.0 - m[hit])
-            if not whole:
-                del X, y
-                store.budget.release(chunk_bytes)
+    for a, X, y, _ in store.iter_chunks(chunk, ids=False):
+        free = ~in_S[a:a + X.shape[0]]
+        y64 = y.astype(np.float64)
+        m = _margins(X, y64, w, bias)
+        ok = free & (m < 1.0)
+        if math.isfinite(low) and ok.any():
+            ok &= _margins(X, y64, w_t, bias) >= low
+        examined += int(free.sum())
+        hit = np.flatnonzero(ok)
+        if hit.size:
+            rows.append(a + hit)
+            viol.append(1.0 - m[hit])
     if not rows:
         return np.empty(0, np.int64), None, None, 0.0, examined
     rows, viol = np.concatenate(rows), np.concatenate(viol)
@@ -548,19 +516,26 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     return top, XN, yN, float(viol.max()), examined
 
 
-def _make_room(S, in_S, XN, w, bias, stats) -> bool:
-    """§4.2 under a tight cap, before rows ``XN`` join S: when they do not fit, the inactive
-    rows (alpha = 0, y w^T x >= 1) leave S first (the index brings them back if they violate
-    again; the final check examines every row); if S still does not fit, it spills to disk.
-    Returns whether S was rearranged (the cyclic reader restarts)."""
+def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats) -> bool:
+    """Rows ``rows`` (``XN``, ``yN``) join S and are marked on the index. §4.2 under a tight
+    cap: when they do not fit, the inactive rows (alpha = 0, y w^T x >= 1) leave S first (the
+    index brings them back if they violate again; the final check examines every row); if S
+    still does not fit, it spills to disk. Returns whether S was rearranged (the cyclic
+    reader restarts)."""
     k = XN.shape[0]
     nnz = int(XN.indptr[-1]) if S.sparse else 0
-    if S.fits(k, nnz):
-        return False
-    _prune_inactive(S, in_S, w, bias, stats)
-    if not S.fits(k, nnz):
-        S.spill()
-    return True
+    moved = not S.fits(k, nnz)
+    if moved:
+        _prune_inactive(S, in_S, w, bias, stats)
+        if not S.fits(k, nnz):
+            S.spill()
+    S.add(rows, XN, yN.astype(np.float64), _row_sqn(XN))
+    in_S[rows] = True
+    if moved:  # rows left S: their marks must go
+        _reshrink(forest, S, threshold)
+    else:
+        forest.shrink(threshold, rows=rows)
+    return moved
 
 
 def _prune_inactive(S, in_S, w, bias, stats) -> int:

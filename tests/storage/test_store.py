@@ -113,6 +113,27 @@ def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse):
             store.gather([store.n_samples])
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("memory", [None, 40_000], ids=["whole-blocks", "chunks"])
+def test_iter_chunks_covers_the_store_in_order(tmp_path, rng, sparse, memory):
+    X, y = make_data(rng, n=2000, d=50, sparse=sparse)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4).close()
+    budget = MemoryBudget(memory)
+    with open_store(tmp_path / "s", memory=budget) as store:
+        Xall, yall, idall = store.read_range(0, store.n_samples)
+        starts, parts = [], []
+        for a, Xc, yc, ic in store.iter_chunks(100):
+            starts.append(a)
+            parts.append((dense(Xc), yc, ic))
+            assert budget.used <= budget.limit
+        assert starts[0] == 0 and all(np.diff(starts) > 0)
+        assert np.array_equal(np.vstack([p[0] for p in parts]), dense(Xall))
+        assert np.array_equal(np.concatenate([p[1] for p in parts]), yall)
+        assert np.array_equal(np.concatenate([p[2] for p in parts]), idall)
+        # a small cap reads ranges of at most 100 rows, never whole 500-row blocks
+        assert (max(p[0].shape[0] for p in parts) <= 100) == (memory is not None)
+
+
 def test_block_cache_stays_inside_budget(tmp_path, rng):
     X, y = make_data(rng, n=2000, d=50)
     budget = MemoryBudget(3 * 60_000)  # about 3 blocks of 250 rows x 50 float32
