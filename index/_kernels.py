@@ -520,32 +520,29 @@ def _seen_slot(seen, g):
     return np.int64(h & np.uint64(mask))
 
 
-@njit(cache=True, nogil=True)
-def seen_contains(seen, g):
+@njit(cache=True, nogil=True, inline="always")
+def _seen_probe(seen, g):
+    """The slot holding g, or the empty slot where it would go (linear probing)."""
     mask = seen.shape[0] - 1
     i = _seen_slot(seen, g)
-    while True:
-        x = seen[i]
-        if x == g:
-            return True
-        if x < 0:
-            return False
+    while seen[i] != g and seen[i] >= 0:
         i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True, nogil=True)
+def seen_contains(seen, g):
+    return seen[_seen_probe(seen, g)] == g
 
 
 @njit(cache=True, nogil=True)
 def seen_add(seen, g):
     """Add g; return False if it was there already."""
-    mask = seen.shape[0] - 1
-    i = _seen_slot(seen, g)
-    while True:
-        x = seen[i]
-        if x == g:
-            return False
-        if x < 0:
-            seen[i] = g
-            return True
-        i = (i + 1) & mask
+    i = _seen_probe(seen, g)
+    if seen[i] == g:
+        return False
+    seen[i] = g
+    return True
 
 
 @njit(cache=True, nogil=True)
