@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import lzma
 import tarfile
-from pathlib import Path
 
 import numpy as np
 from sklearn.datasets import load_svmlight_file
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from _bench_data import DATA, fashion_mnist
+
 
 
 def libsvm(name, n_features=None, subset=None, seed=0, scale=False):
@@ -28,10 +27,7 @@ def libsvm(name, n_features=None, subset=None, seed=0, scale=False):
 
 
 def fashion(cls=0, subset=2000, seed=0):
-    with gzip.open(DATA / "fashion-mnist" / "train-images-idx3-ubyte.gz") as f:
-        imgs = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
-    with gzip.open(DATA / "fashion-mnist" / "train-labels-idx1-ubyte.gz") as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    imgs, labels = fashion_mnist("train")
     idx = np.sort(np.random.default_rng(seed).choice(len(labels), subset, replace=False))
     return (imgs[idx] / 255.0).astype(np.float32), np.where(labels[idx] == cls, 1.0, -1.0)
 

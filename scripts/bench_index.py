@@ -24,7 +24,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import lzma
 import shutil
@@ -39,14 +38,12 @@ import scipy.sparse as sp
 from ooc_learn.index.lmdb_io import index_nbytes
 from ooc_learn.index.orderer import forest_orderer
 from ooc_learn.storage.ingest import ingest, ingest_arrays
-from ooc_learn.storage.store import open_store
+
+from _bench_data import fashion_mnist
 
 
 def load_fmnist(root: Path, k: int):
-    with gzip.open(root / "fashion-mnist" / "train-images-idx3-ubyte.gz") as fh:
-        X = np.frombuffer(fh.read(), np.uint8, offset=16).reshape(-1, 784)
-    with gzip.open(root / "fashion-mnist" / "train-labels-idx1-ubyte.gz") as fh:
-        lab = np.frombuffer(fh.read(), np.uint8, offset=8)
+    X, lab = fashion_mnist("train", root)
     return (X.astype(np.float32) / 255.0), np.where(lab == k, 1.0, -1.0).astype(np.float32)
 
 

@@ -13,7 +13,6 @@ peak RSS(big) <= peak RSS(tiny) + cap.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import lzma
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ooc_learn.storage.resources import measure_command
+
+from _bench_data import fashion_mnist
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,14 +50,9 @@ def ingest_cmd(path: Path, out: Path, memory: str, index: bool) -> list[str]:
 
 
 def write_fashion_mnist(shared: Path, out: Path) -> Path | None:
-    d = shared / "fashion-mnist"
-    img, lab = d / "train-images-idx3-ubyte.gz", d / "train-labels-idx1-ubyte.gz"
-    if not img.exists():
+    if not (shared / "fashion-mnist" / "train-images-idx3-ubyte.gz").exists():
         return None
-    with gzip.open(img) as fh:
-        X = np.frombuffer(fh.read(), np.uint8, offset=16).reshape(-1, 784)
-    with gzip.open(lab) as fh:
-        y = np.frombuffer(fh.read(), np.uint8, offset=8)
+    X, y = fashion_mnist("train", shared)
     with open(out, "w") as fh:
         for i in range(X.shape[0]):
             nz = np.flatnonzero(X[i])

@@ -88,7 +88,7 @@ import numpy as np
 
 from ooc_learn.rls import SparseRLS, cawley_talbot_loo
 
-DATA = Path(os.environ.get("OOC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from _bench_data import DATA  # noqa: E402  (../shared/data, or OOC_DATA)
 LAMS = np.logspace(-4, 3, 20)
 
 

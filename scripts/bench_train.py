@@ -33,10 +33,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import lzma
 import math
-import struct
 import sys
 import time
 import warnings
@@ -49,7 +47,8 @@ import ooc_learn
 from ooc_learn.storage.budget import parse_size
 from ooc_learn.storage.store import open_store
 
-DATA = Path("/work/shared/data")
+from _bench_data import DATA, fashion_mnist
+
 OUT = Path(__file__).resolve().parent.parent / "bench_out"
 SETS = ("fashion", "generated", "ijcnn1", "w8a", "a9a")
 LIBSVM = {"ijcnn1": 22, "w8a": 300, "a9a": 123}
@@ -68,19 +67,10 @@ LIBLINEAR = {"ll L1-dual": 3, "ll L2-dual": 1, "ll L2-primal": 2}
 
 
 # ---------------------------------------------------------------- data
-def _idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    ndim = raw[3]
-    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
 def _fashion(split: str):
-    d = DATA / "fashion-mnist"
-    X = _idx(d / f"{split}-images-idx3-ubyte.gz").reshape(-1, 784)
+    X, labels = fashion_mnist(split)
     # scaled to [0, 1] as in the paper (§5)
-    return (X / 255.0).astype(np.float32), _idx(d / f"{split}-labels-idx1-ubyte.gz")
+    return (X / 255.0).astype(np.float32), labels
 
 
 def _svmlight(path: Path, n_features: int):
@@ -172,7 +162,6 @@ def run_ours(store_path, kw, args, Xt, yt, memory=None):
     st = open_store(store_path, memory=memory)
     curve = []
     try:
-        t_cb = [0.0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             extra = {"sample_eps": args.sample_eps} if kw["solver"] == "ibcd" else {}
@@ -278,7 +267,6 @@ def plot(name, desc, curves, path):
 
 def bench(name, args):
     store, X, y, Xt, yt, desc = prepare(name, args)
-    n = X.shape[0]
     data_bytes = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes if sp.issparse(X) \
         else X.nbytes
     rows, curves, peers = [], {}, {}

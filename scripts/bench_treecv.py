@@ -25,11 +25,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import lzma
 import math
-import struct
 import sys
 import tempfile
 import time
@@ -42,15 +40,8 @@ from ooc_learn.cv.kfold import kfold_cv
 from ooc_learn.cv.treecv import tree_cv
 from ooc_learn.learners import LeastSquaresSGD, Pegasos
 
-DATA = Path("/work/shared/data")
+from _bench_data import DATA, fashion_mnist
 
-
-def _idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    ndim = raw[3]
-    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def _standardise(X: np.ndarray) -> np.ndarray:
@@ -61,11 +52,8 @@ def _standardise(X: np.ndarray) -> np.ndarray:
 
 
 def load_fashion(cls: int = 0):
-    d = DATA / "fashion-mnist"
-    X = np.vstack([_idx(d / "train-images-idx3-ubyte.gz").reshape(-1, 784),
-                   _idx(d / "t10k-images-idx3-ubyte.gz").reshape(-1, 784)])
-    lab = np.concatenate([_idx(d / "train-labels-idx1-ubyte.gz"),
-                          _idx(d / "t10k-labels-idx1-ubyte.gz")])
+    (Xa, la), (Xb, lb) = fashion_mnist("train"), fashion_mnist("t10k")
+    X, lab = np.vstack([Xa, Xb]), np.concatenate([la, lb])
     return _standardise(X), np.where(lab == cls, 1.0, -1.0)
 
 
