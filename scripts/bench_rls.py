@@ -79,7 +79,6 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import os
 import sys
 import time
 from pathlib import Path
