@@ -311,8 +311,7 @@ class Forest:
         if h is None or h.n_internal == 0:
             return
         node = self.node(0, 0)
-        parts = [self._read_range(int(r), int(r) + 1)[0] for r in node.pivot_row]
-        P = sp.vstack(parts) if sp.issparse(parts[0]) else np.vstack(parts)
+        P, _ = self._read_pivots(node)
         if rows_crc(P) != h.pivot_crc:
             raise self._error(f"The index of store {self.name} does not match the store: "
                               f"pivot row {int(node.pivot_row[0])} (or another root pivot) "
@@ -383,15 +382,20 @@ class Forest:
             return (arrays, y), nbytes
         return self.cache.get_or_load(key, load)
 
+    def _read_pivots(self, node):
+        """A node's pivot rows ``(X, y)``, read one by one from the store."""
+        parts = [self._read_range(int(r), int(r) + 1) for r in node.pivot_row]
+        Xs = [p[0] for p in parts]
+        P = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
+        return P, np.concatenate([p[1] for p in parts])
+
     def _pivot_rows(self, t: int, v: int, node):
-        """The pivot rows of an upper node (read one by one), as kernel arrays and labels."""
+        """The pivot rows of an upper node as kernel arrays and labels, through the cache."""
         def load():
-            parts = [self._read_range(int(r), int(r) + 1) for r in node.pivot_row]
-            Xs = [p[0] for p in parts]
-            P = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
+            P, y = self._read_pivots(node)
             arrays = row_arrays(P)
-            y = np.ascontiguousarray(np.concatenate([p[1] for p in parts]), dtype=np.float32)
-            self.last_query["rows_read"] += len(parts)
+            y = np.ascontiguousarray(y, dtype=np.float32)
+            self.last_query["rows_read"] += y.shape[0]
             return (arrays, y), (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4])
                                  + y.nbytes + _ARRAY_OVERHEAD + _ENTRY_OVERHEAD)
         return self.cache.get_or_load(("pivots", t, v), load)
