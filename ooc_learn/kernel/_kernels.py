@@ -424,11 +424,12 @@ def _select(kd, kc, diag, act, n_act, y, alpha, G, C):
 
 
 @njit(cache=True, nogil=True)
-def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter):
+def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter, phase):
     """C-SVM dual by SMO with WSS 2 and shrinking; see ``ooc_learn.kernel.smo``.
 
     ``alpha`` must be feasible and ``G`` = Q alpha - 1 on ``train`` on entry. Returns
-    (rho, iterations, converged).
+    (rho, iterations, converged). ``phase[p]`` (p < len(phase)) receives the iteration at
+    which the violating-pair gap (over the active rows) first fell below 10^-p.
     """
     n = y.shape[0]
     l = train.shape[0]
@@ -444,6 +445,8 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter):
     counter = period
     it = 0
     converged = False
+    for p in range(phase.shape[0]):
+        phase[p] = -1
     while it < max_iter:
         counter -= 1
         if shrinking and counter == 0:
@@ -460,6 +463,9 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter):
                 is_act[train] = True
             n_act = _shrink(act, n_act, is_act, y, alpha, G, C, gm1, gm2)
         i, j, gap, coli = _select(kd, kc, diag, act, n_act, y, alpha, G, C)
+        for p in range(phase.shape[0]):
+            if phase[p] < 0 and gap < 10.0 ** (-p):
+                phase[p] = it
         if gap < eps or j < 0:
             if n_act == l:
                 converged = True

@@ -129,6 +129,7 @@ def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
     fold_rows = [np.flatnonzero(folds == h) for h in range(k)]
     fold_scores = np.zeros(k)
     iters = np.zeros(k, dtype=np.int64)
+    phases = np.zeros((k, 3), dtype=np.int64)
     init_s = train_s = pred_s = 0.0
     changed_total = 0
     rho = 0.0
@@ -149,7 +150,7 @@ def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
             changed_total += _apply_change(km, y, alpha, new, G, train)
         t1 = time.perf_counter()
         rho, it = solve(km, train, y, alpha, G, C, tol, shrinking=shrinking,
-                        caller=f"svm_cv fold {h}")
+                        caller=f"svm_cv fold {h}", phase=phases[h])
         t2 = time.perf_counter()
         sv = train[alpha[train] > 0]
         dec = decision_on(km, sv, alpha[sv] * y[sv], test, rho)
@@ -161,7 +162,12 @@ def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
         train_s += t2 - t1
         pred_s += time.perf_counter() - t2
     correct = np.where(pred > 0, 1.0, -1.0) == y
+    # iterations spent per phase: until the pair gap < 1, then < 0.1, < 0.01, < tol
+    marks = np.where(phases < 0, 0, phases)
+    marks = np.maximum.accumulate(np.column_stack([marks, iters]), axis=1)
+    phase_iters = np.diff(np.column_stack([np.zeros(k, np.int64), marks]), axis=1)
     stats = {"smo_iterations": int(iters.sum()), "fold_iterations": iters.tolist(),
+             "phase_iterations": phase_iters.sum(axis=0).tolist(),
              "init_seconds": init_s, "train_seconds": train_s, "predict_seconds": pred_s,
              "seconds": time.perf_counter() - t_all, "seed_changed_alphas": changed_total,
              "cache_columns": km.n_slots, **km.counters(), **info}

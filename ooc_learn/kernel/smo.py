@@ -140,16 +140,18 @@ def default_max_iter(l: int) -> int:
 
 
 def solve(km: KernelMatrix, train, y, alpha, G, C: float, eps: float, *, shrinking=True,
-          max_iter=None, caller="SMO"):
+          max_iter=None, caller="SMO", phase=None):
     """Run SMO in place on the rows ``train``; returns (rho, iterations).
 
     ``alpha`` (length n, feasible) and ``G`` (Q alpha - 1 on ``train``) are updated in place.
-    A run that hits ``max_iter`` warns, naming the parameter to change.
+    A run that hits ``max_iter`` warns, naming the parameter to change. ``phase`` (optional
+    int64 array) receives the iterations at which the pair gap first fell below 1, 0.1, ...
     """
     train = np.asarray(train, dtype=np.int64)
     mi = default_max_iter(len(train)) if max_iter is None else int(max_iter)
+    phase = _EMPTY_I64 if phase is None else phase
     rho, it, ok = K.smo_solve(km.kd, km.kc, km.diag, train, y, alpha, G, float(C), float(eps),
-                              bool(shrinking), mi)
+                              bool(shrinking), mi, phase)
     if not ok:
         warnings.warn(f"{caller}: SMO stopped after {it} iterations without reaching the "
                       f"eps-KKT tolerance; raise max_iter or tol, or scale the features.",
