@@ -1,8 +1,11 @@
 """k-fold CV of a kernel SVM: cold start vs ATO / MIR / SIR seeding vs LIBSVM and scikit-learn.
 
 Usage: python scripts/bench_svm_cv.py [--k 10 100] [--subset 2000] [--datasets heart splice ...]
+       [--clock wall|cpu] [--phases]
 
-Every method uses the same folds; times are wall seconds on this machine. LIBSVM
+Every method uses the same folds; "total s" is wall seconds, or with ``--clock cpu`` this
+process's CPU seconds (steadier on a shared machine; every solver runs on one thread, in this
+process), for our methods and the peers alike; "init s" / "train s" are always wall. LIBSVM
 (libsvm-official) is trained per fold on the same folds (cache 100 MB, eps 1e-3); scikit-learn
 runs cross_val_score(SVC) with a PredefinedSplit of the same folds.
 
@@ -10,6 +13,8 @@ All solvers run on one thread: the libsvm-official wheel is built with OpenMP, a
 machine its spinning threads made it 10-100x slower than one thread (german: 21.7 s vs 0.25 s
 for the same 10 folds), so OMP_NUM_THREADS defaults to 1 here, as for our SMO and sklearn.
 ATO's path costs O(|free SV|^3) per step; ``--ato-max-n`` skips it on larger sets.
+``--phases`` adds the SMO iterations of rounds 1..k-1 (round 0 is a cold start for every
+method) split by the pair gap: > 1, 1..0.1, 0.1..0.01, 0.01..tol.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ DATASETS = {
 }
 
 
+CLOCK = time.perf_counter
+
+
 def run_libsvm(X, y, folds, C, gamma):
     """Train + predict time only; building the ctypes problems is left out of the clock."""
     spent = 0.0
@@ -50,20 +58,26 @@ def run_libsvm(X, y, folds, C, gamma):
         tr, te = folds != h, folds == h
         prob = svm_problem(y[tr].tolist(), X[tr].astype(np.float64).tolist())
         Xte = X[te].astype(np.float64).tolist()
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         m = svm_train(prob, param)
         p = svm_predict(y[te].tolist(), Xte, m, "-q")[0]
-        spent += time.perf_counter() - t0
+        spent += CLOCK() - t0
         correct += int(np.sum(np.array(p) == y[te]))
     return spent, correct / len(y)
 
 
 def run_sklearn(X, y, folds, C, gamma):
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     s = cross_val_score(SVC(C=C, gamma=gamma, tol=1e-3, cache_size=100), X, y,
                         cv=PredefinedSplit(folds))
     sizes = np.bincount(folds)
-    return time.perf_counter() - t0, float(np.dot(s, sizes) / sizes.sum())
+    return CLOCK() - t0, float(np.dot(s, sizes) / sizes.sum())
+
+
+def _phases(r):
+    """SMO iterations of rounds 1..k-1 by phase (round 0 is cold for every method)."""
+    ph = np.asarray(r.stats["fold_phase_iterations"])[1:].sum(axis=0)
+    return "  " + " / ".join(f"{int(v)}" for v in ph) + f"  (= {int(ph.sum())})"
 
 
 def main():
@@ -75,12 +89,20 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--ato-max-n", type=int, default=0,
                     help="skip ATO on sets with more rows (0 = never skip)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="total s as wall time or as this process's CPU time")
+    ap.add_argument("--phases", action="store_true",
+                    help="print SMO iterations of rounds 1..k-1 per pair-gap phase")
     args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     Xw, yw = np.eye(4, dtype=np.float32), np.array([-1.0, 1.0, -1.0, 1.0])
     svm_cv(Xw, yw, C=1.0, k=2)                         # JIT warm-up
     run_libsvm(Xw, yw, np.array([0, 0, 1, 1]), 1.0, 1.0)   # first-call library load
     hdr = (f"{'data':8} {'n':>5} {'k':>4} {'method':8} {'init s':>8} {'train s':>8} "
-           f"{'total s':>8} {'SMO iters':>10} {'iters/cold':>10} {'accuracy':>8}")
+           f"{'total s':>8} {'SMO iters':>10} {'iters/cold':>10} {'accuracy':>8}"
+           + (f"  {'rounds 1..k-1 by gap: >1 / 1-.1 / .1-.01 / .01-tol':>30}"
+              if args.phases else ""))
     print(hdr)
     print("-" * len(hdr))
     for name in args.datasets:
@@ -94,16 +116,16 @@ def main():
                 if meth == "ato" and args.ato_max_n and len(y) > args.ato_max_n:
                     print(f"{name:8} {len(y):5d} {k:4d} {meth:8} skipped (n > --ato-max-n)")
                     continue
-                t0 = time.perf_counter()
+                t0 = CLOCK()
                 r = svm_cv(X, y, kernel="rbf", C=C, gamma=gamma, folds=folds,
                            seeding=None if meth == "cold" else meth)
-                tot = time.perf_counter() - t0
+                tot = CLOCK() - t0
                 it = r.stats["smo_iterations"]
                 cold_it = it if meth == "cold" else cold_it
                 ratio = f"{it / cold_it:.2f}" if cold_it else "-"
                 print(f"{name:8} {len(y):5d} {k:4d} {meth:8} {r.stats['init_seconds']:8.3f} "
                       f"{r.stats['train_seconds']:8.3f} {tot:8.3f} {it:10d} {ratio:>10} "
-                      f"{r.estimate:8.4f}", flush=True)
+                      f"{r.estimate:8.4f}" + (_phases(r) if args.phases else ""), flush=True)
             if not args.no_peers:
                 for peer, fn in (("libsvm", run_libsvm), ("sklearn", run_sklearn)):
                     tot, acc = fn(X, y, folds, C, gamma)

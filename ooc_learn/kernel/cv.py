@@ -168,6 +168,7 @@ def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
     phase_iters = np.diff(np.column_stack([np.zeros(k, np.int64), marks]), axis=1)
     stats = {"smo_iterations": int(iters.sum()), "fold_iterations": iters.tolist(),
              "phase_iterations": phase_iters.sum(axis=0).tolist(),
+             "fold_phase_iterations": phase_iters.tolist(),
              "init_seconds": init_s, "train_seconds": train_s, "predict_seconds": pred_s,
              "seconds": time.perf_counter() - t_all, "seed_changed_alphas": changed_total,
              "cache_columns": km.n_slots, **km.counters(), **info}

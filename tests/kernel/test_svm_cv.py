@@ -48,6 +48,12 @@ def test_sir_needs_fewer_iterations(cancer, cold_runs):
     sir = svm_cv(X, y, kernel="rbf", C=10.0, gamma=0.05, k=10, seeding="sir")
     assert sir.stats["smo_iterations"] < cold.stats["smo_iterations"]
     assert sir.stats["fold_iterations"][0] == cold.stats["fold_iterations"][0]  # round 0 cold
+    # per-phase counts (pair gap > 1, 1..0.1, 0.1..0.01, 0.01..tol) add up to the totals
+    for res in (cold, sir):
+        ph = np.asarray(res.stats["fold_phase_iterations"])
+        assert ph.shape == (10, 4) and ph.min() >= 0
+        np.testing.assert_array_equal(ph.sum(axis=1), res.stats["fold_iterations"])
+        assert res.stats["phase_iterations"] == ph.sum(axis=0).tolist()
 
 
 def test_matches_libsvm_per_fold(cancer):
