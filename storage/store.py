@@ -32,6 +32,49 @@ def _nbytes(X, y, row_ids) -> int:
     return int(xb + y.nbytes + (0 if row_ids is None else row_ids.nbytes))
 
 
+class _Slicer:
+    """Row slices ``[a:b]`` of one contiguous, uncompressed HDF5 dataset read straight from
+    the file with ``os.preadv`` into a fresh array: one system call, none of h5py's
+    per-call selection work (~15 us, most of a 16-row leaf read's cost). The file is only
+    read, and what a read returns lives in this process's heap like any other array (no
+    mapping that would count in RSS)."""
+
+    __slots__ = ("fd", "offset", "dtype", "row_shape", "row_bytes", "n")
+
+    def __init__(self, fd: int, ds):
+        self.fd = fd
+        self.offset = int(ds.id.get_offset())
+        self.dtype = ds.dtype
+        self.row_shape = tuple(ds.shape[1:])
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * ds.dtype.itemsize
+        self.n = int(ds.shape[0])
+
+    @classmethod
+    def of(cls, fd: int, ds):
+        """A slicer for ``ds``, or ``ds`` itself when it is not stored as plain bytes."""
+        try:
+            plain = (ds.chunks is None and ds.compression is None and ds.dtype.isnative
+                     and ds.dtype.kind in "fiub" and ds.id.get_offset() is not None)
+        except Exception:  # an HDF5 build that cannot say: keep h5py's reads
+            plain = False
+        return cls(fd, ds) if plain else ds
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b, _ = sl.indices(self.n)
+        b = max(a, b)
+        out = np.empty((b - a,) + self.row_shape, self.dtype)
+        want = out.nbytes
+        got = 0
+        if want:
+            buf = memoryview(out).cast("B")
+            while got < want:
+                k = os.preadv(self.fd, [buf[got:]], self.offset + a * self.row_bytes + got)
+                if k <= 0:
+                    raise OSError(f"short read of {want} bytes at row {a} (file truncated?)")
+                got += k
+        return out
+
+
 class StoreWriter:
     """Write ``data.h5`` of a new store, block after block.
 
@@ -188,6 +231,11 @@ class Store:
         # dataset handles looked up once: a lookup by name costs as much as a small read
         self._ds = {name: self._file[name] for name in
                     ("y", "row_id", "X", "indptr", "data", "indices") if name in self._file}
+        # row slices straight from the file where a dataset is plain contiguous bytes (the
+        # writer's layout); h5py otherwise
+        self._fd = os.open(data, os.O_RDONLY) if hasattr(os, "preadv") else None
+        if self._fd is not None:
+            self._ds = {k: _Slicer.of(self._fd, v) for k, v in self._ds.items()}
         self._cache = LRUCache(self.budget, name=f"blocks of {self.path.name}")
         self._index = None
         self.rows_read = 0
@@ -226,6 +274,9 @@ class Store:
             self._index.close()
         self._cache.close()
         self._file.close()
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self):
         return self

@@ -1,6 +1,7 @@
 """Store writer/reader, external shuffle and the store's failure modes (from arrays)."""
 
 import json
+import os
 import multiprocessing as mp
 
 import h5py
@@ -270,3 +271,49 @@ def test_meta_json_mirrors_attributes(tmp_path, rng):
         meta = json.loads((tmp_path / "s" / "meta.json").read_text())
         assert meta["n_samples"] == s.n_samples and meta["format_version"] == 1
         assert meta["metadata"]["params"]["n_blocks"] == 3
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_direct_reads_equal_h5py_reads(tmp_path, rng, sparse):
+    # read_range takes row slices straight from the file (os.preadv at the dataset's offset)
+    # where a dataset is plain contiguous bytes; every slice must equal h5py's own read
+    from ooc_learn.storage.store import _Slicer
+
+    X, y = make_data(rng, sparse=sparse)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=5, seed=1,
+                       layout="csr" if sparse else "dense") as store:
+        names = ["y", "row_id"] + (["indptr", "data", "indices"] if sparse else ["X"])
+        with h5py.File(tmp_path / "s" / "data.h5", "r") as f:
+            for name in names:
+                sl = store._ds[name]
+                assert isinstance(sl, _Slicer), name  # the writer's layout is plain bytes
+                n = f[name].shape[0]
+                for a, b in [(0, n), (0, 0), (n - 1, n), (3, 4), (17, 211), (n, n)]:
+                    got = sl[a:b]
+                    ref = f[name][a:b]
+                    assert got.dtype == ref.dtype and got.shape == ref.shape, (name, a, b)
+                    assert np.array_equal(got, ref), (name, a, b)
+        for a, b in [(0, 1), (250, 330), (599, 600)]:
+            Xs, ys, ids = store.read_range(a, b)
+            assert np.array_equal(dense(Xs), dense(X)[ids])
+            assert np.array_equal(ys, y[ids].astype(np.float32))
+
+
+def test_chunked_or_compressed_dataset_keeps_h5py_reads(tmp_path):
+    from ooc_learn.storage.store import _Slicer
+
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f.create_dataset("c", data=np.arange(100.0).reshape(50, 2), chunks=(10, 2))
+        f.create_dataset("z", data=np.arange(100.0), compression="gzip")
+        f.create_dataset("p", data=np.arange(100.0).reshape(50, 2))
+    fd = os.open(tmp_path / "f.h5", os.O_RDONLY)
+    try:
+        with h5py.File(tmp_path / "f.h5", "r") as f:
+            c, z = f["c"], f["z"]
+            assert _Slicer.of(fd, c) is c
+            assert _Slicer.of(fd, z) is z
+            p = _Slicer.of(fd, f["p"])
+            assert isinstance(p, _Slicer)
+            assert np.array_equal(p[7:19], f["p"][7:19])
+    finally:
+        os.close(fd)
