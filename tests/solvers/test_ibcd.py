@@ -50,12 +50,18 @@ def full_kkt_violation(store, w, sv_rows, sv_alpha, C, bias=1.0):
     return worst
 
 
+@pytest.mark.parametrize("query_share", [None, 0.0, 1.0], ids=["default-share", "cut", "exhaustive"])
 @pytest.mark.parametrize("leaf_size", [None, 50], ids=["default-leaf", "leaf50"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size):
+def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_share,
+                                     monkeypatch):
     # C = 0.1: dual CD on S converges within its 1000 passes (at C = 1 with 5 % flipped
     # labels it may not, and then IBCD warns, as LIBLINEAR does, that its answer is
     # approximate); a converged IBCD must be eps-optimal on every row of the store
+    # query_share 0: every query stops at 2n rows examined (the cut path to the scan check);
+    # 1: queries run until exhausted (the index alone proves no qualifying row is left)
+    if query_share is not None:
+        monkeypatch.setattr("ooc_learn.solvers.ibcd.QUERY_SHARE", query_share)
     X, y = problem(rng, sparse=sparse)
     C, eps = 0.1, 0.01
     extra = {} if leaf_size is None else {"leaf_size": leaf_size}
@@ -78,6 +84,10 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size):
 
         assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
         assert res.stats["rows_read"] > 0 and res.stats["outer_iterations"] == 1
+        if query_share == 0.0:
+            assert res.stats["queries_cut"] > 0
+        if query_share == 1.0:
+            assert res.stats["queries_cut"] == 0
 
 
 def test_ibcd_warns_when_dual_cd_on_S_stops_at_max_iter(tmp_path):
