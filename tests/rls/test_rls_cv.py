@@ -262,7 +262,7 @@ def test_single_lambda_kfold_removal_equals_refits(rng, k, side, state):
     model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1,
                       cache_u=state != "uncached").fit(Xin, Y)
     if state == "u-cached":
-        model.loo_predict()
+        model.loo_predict_path([LAM, 2 * LAM])     # (a one-lambda LOO leaves R^T rows)
         assert model._ucache_is_u
     f = model.kfold_predict(k, "remove")
     used = set(model.cv_stats_["strategies"])
@@ -312,3 +312,69 @@ def test_uncached_kfold_on_ill_conditioned_basis_equals_refits(rng, k, folds_at_
     for H in folds:
         assert_close(f[H], reference(model, x, y, H, "remove", 0.5)[:, 0])
         assert_close(cached[H], f[H])
+
+
+@pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss"])
+@pytest.mark.parametrize("state", ["rt-cached", "uncached"])
+def test_kfold_small_side_in_cholesky_coordinates_equals_refits(rng, monkeypatch, mode, state):
+    """The |H| side with P^-1 factored by one Cholesky of A + lam I shared by all folds
+    (X_H = L^-1 R_H, J = X_H^T Pi X_H), forced here for every fold size: equals refitting, for
+    a lambda path, folds smaller and larger than n, and the three basis treatments."""
+    from ooc_learn.rls import crossval
+    monkeypatch.setattr(crossval, "_small_chol_cost", lambda *a: -1.0)
+    Xin, X, Y = make_data(rng, m=M, v=2)
+    model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1,
+                      cache_u=state != "uncached").fit(Xin, Y)
+    lams = [0.02, 1.0]
+    for k in (12, 4):                        # |H| = 20 < n = 30, |H| = 60 > n
+        path = model.kfold_predict_path(k, lams, mode)
+        assert model.cv_stats_["strategies"] == {"small-chol": k}
+        assert model._ucache is None or not model._ucache_is_u
+        folds = [np.sort(g) for g in np.array_split(np.random.default_rng(1).permutation(M), k)]
+        assert sum(np.intersect1d(H, model.basis_).size > 0 for H in folds) >= 2
+        for j, lam in enumerate(lams):
+            for H in folds:
+                assert_close(path[j, H], reference(model, X, Y, H, mode, lam))
+
+
+def test_kfold_small_side_in_cholesky_coordinates_ill_conditioned_basis(rng, monkeypatch):
+    """The Cholesky-coordinate |H| side with removal on a nearly singular K_BB (the sinusoid
+    task of Section 6.3): (C^-1)_E columns are large, the result is still the refit's."""
+    from ooc_learn.rls import crossval
+    m = 400
+    x = rng.uniform(-20, 20, size=(m, 1))
+    y = np.sin(x[:, 0]) + rng.normal(scale=2.0, size=m)
+    model = SparseRLS(n_basis=150, lam=0.5, gamma=0.5, seed=2).fit(x, y)
+    assert np.linalg.cond(model.KBB_) > 1e6
+    general = model.kfold_predict(10, "remove")
+    monkeypatch.setattr(crossval, "_small_chol_cost", lambda *a: -1.0)
+    f = model.kfold_predict(10, "remove")
+    assert model.cv_stats_["strategies"] == {"small-chol": 10}
+    folds = [np.sort(g) for g in np.array_split(np.random.default_rng(2).permutation(m), 10)]
+    for H in folds:
+        assert_close(f[H], reference(model, x, y, H, "remove", 0.5)[:, 0])
+    assert_close(f, general)
+
+
+@pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss", "skip"])
+@pytest.mark.parametrize("cache", [True, False], ids=["rt-cached", "uncached"])
+def test_single_lambda_loo_by_cholesky_equals_refits(rng, mode, cache):
+    """One lambda: the hat diagonal from a Cholesky of A + lam I (h_i = |L^-1 r_i|^2, one
+    triangular solve over the rows) instead of the rotation U = R^T V; cached R^T rows are
+    left as they are; equals refits and the eigen (lambda path) LOO."""
+    Xin, X, Y = make_data(rng, m=M, v=2)
+    model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1, cache_u=cache).fit(Xin, Y)
+    f = model.loo_predict(mode)
+    assert model.cv_stats_["strategy"] == "chol"
+    assert model._ucache is None or not model._ucache_is_u
+    B = model.basis_
+    rows = np.r_[B[:4], np.setdiff1d(np.arange(M), B)[:6]]
+    for i in rows:
+        if mode == "skip" and i in B:
+            assert np.isnan(f[i]).all()
+            continue
+        ref = reference(model, X, Y, np.array([i]), "remove" if mode == "skip" else mode, LAM)
+        assert_close(f[i], ref[0])
+    path = model.loo_predict_path([LAM, 1.0], mode)
+    assert model.cv_stats_["strategy"] == "eig"
+    np.testing.assert_allclose(f, path[0], rtol=1e-9, atol=1e-12)
