@@ -22,7 +22,7 @@ What limits SIR and MIR (measured, scripts/bench_svm_cv.py data, 1000-row subset
 both keep alpha_S, but the optimal alpha of the shared rows moves by 8-38 % (L1, relative)
 between consecutive rounds. Even an oracle that keeps alpha_S and gives T its exact optimal
 alphas needs 0.57-0.89x cold start's SMO iterations on rounds 1..k-1 (SIR: 0.58-0.89x);
-optimal alpha_S with alpha_T = 0 needs 0.10-0.50x. The replacement rule barely matters
+optimal alpha_S with alpha_T = 0 needs 0.08-0.50x. The replacement rule barely matters
 (dropping R's alphas and letting T enter at 0 is within 0.03 of SIR except on a9a), and
 neither does seeding from the full-data solution, a Newton step on the free rows after SIR
 (0.54-0.83x with box line search, 0.51-1.31x clipped), or shrinking. SMO's iterations below
