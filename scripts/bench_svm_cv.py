@@ -15,6 +15,10 @@ for the same 10 folds), so OMP_NUM_THREADS defaults to 1 here, as for our SMO an
 ATO's path costs O(|free SV|^3) per step; ``--ato-max-n`` skips it on larger sets.
 ``--phases`` adds the SMO iterations of rounds 1..k-1 (round 0 is a cold start for every
 method) split by the pair gap: > 1, 1..0.1, 0.1..0.01, 0.01..tol.
+``--oracle`` adds two seeds built from each round's exact optimum (eps 1e-9), to bound what a
+seeder can save: "keep-S" keeps the previous round's alpha on the shared rows and gives T its
+optimal alphas (the best SIR or MIR could do: both keep alpha_S), "opt-S" starts from the
+optimal alpha_S with alpha_T = 0. Their iterations cover rounds 1..k-1 plus cold round 0.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from sklearn.svm import SVC  # noqa: E402
 
 from _kernel_bench_data import fashion, libsvm  # noqa: E402
 from ooc_learn.kernel import make_folds, svm_cv  # noqa: E402
+from ooc_learn.kernel.seeding import restore_equality  # noqa: E402
+from ooc_learn.kernel.smo import KernelMatrix, solve  # noqa: E402
+from ooc_learn.storage.budget import MemoryBudget  # noqa: E402
 
 # (loader, C, gamma): Wen et al. Table 2 where it applies (Heart, Adult = a9a); otherwise C=1..10
 # and LIBSVM's gamma = 1/d on [-1, 1]-scaled features.
@@ -74,6 +81,44 @@ def run_sklearn(X, y, folds, C, gamma):
     return CLOCK() - t0, float(np.dot(s, sizes) / sizes.sum())
 
 
+def _solve_from(km, y, train, a, C):
+    """SMO iterations from the feasible seed ``a`` (its gradient computed from its columns)."""
+    a = a.copy()
+    nz = np.flatnonzero(a)
+    G = np.zeros(km.n)
+    km.add_columns(nz, a[nz] * y[nz], train, G)
+    G[train] = y[train] * G[train] - 1.0
+    return solve(km, train, y, a, G, C, 1e-3)[1]
+
+
+def run_oracles(X, y, folds, C, gamma):
+    """Iterations of the keep-S and opt-S oracle seeds (see the module docstring)."""
+    n, k = len(y), int(folds.max()) + 1
+    with KernelMatrix(X, "rbf", gamma, 3, 0.0, MemoryBudget.coerce(None)) as km:
+        opt, first = [], 0
+        for h in range(k):
+            train = np.flatnonzero(folds != h)
+            a, G = np.zeros(n), np.zeros(n)
+            G[train] = -1.0
+            it = solve(km, train, y, a, G, C, 1e-3)[1]
+            first = it if h == 0 else first
+            solve(km, train, y, a, G, C, 1e-9)
+            opt.append(a)
+        keep_s = opt_s = first
+        for h in range(1, k):
+            train, T = np.flatnonzero(folds != h), np.flatnonzero(folds == h - 1)
+            a = opt[h - 1].copy()
+            a[folds == h] = 0.0
+            a[T] = opt[h][T]
+            restore_equality(a, y, C, train, T)
+            keep_s += _solve_from(km, y, train, a, C)
+            a = opt[h].copy()
+            a[T] = 0.0
+            restore_equality(a, y, C, train, T)
+            opt_s += _solve_from(km, y, train, a, C)
+    return keep_s, opt_s
+
+
 def _phases(r):
     """SMO iterations of rounds 1..k-1 by phase (round 0 is cold for every method)."""
     ph = np.asarray(r.stats["fold_phase_iterations"])[1:].sum(axis=0)
@@ -91,6 +136,8 @@ def main():
                     help="skip ATO on sets with more rows (0 = never skip)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="total s as wall time or as this process's CPU time")
+    ap.add_argument("--oracle", action="store_true",
+                    help="also run the keep-S / opt-S oracle seeds (bounds on seeding)")
     ap.add_argument("--phases", action="store_true",
                     help="print SMO iterations of rounds 1..k-1 per pair-gap phase")
     args = ap.parse_args()
@@ -126,6 +173,11 @@ def main():
                 print(f"{name:8} {len(y):5d} {k:4d} {meth:8} {r.stats['init_seconds']:8.3f} "
                       f"{r.stats['train_seconds']:8.3f} {tot:8.3f} {it:10d} {ratio:>10} "
                       f"{r.estimate:8.4f}" + (_phases(r) if args.phases else ""), flush=True)
+            if args.oracle:
+                for label, it in zip(("keep-S", "opt-S"), run_oracles(X, y, folds, C, gamma)):
+                    print(f"{name:8} {len(y):5d} {k:4d} {label:8} {'-':>8} {'-':>8} {'-':>8} "
+                          f"{it:10d} {it / cold_it:10.2f} {'-':>8}" if cold_it else "",
+                          flush=True)
             if not args.no_peers:
                 for peer, fn in (("libsvm", run_libsvm), ("sklearn", run_sklearn)):
                     tot, acc = fn(X, y, folds, C, gamma)
