@@ -84,6 +84,8 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
 
         assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
         assert res.stats["rows_read"] > 0 and res.stats["outer_iterations"] == 1
+        if query_share is None:  # S doubled at least once: the re-solve and prune ran
+            assert res.stats["S_resolves"] >= 1 and res.stats["pruned"] > 0
         if query_share == 0.0:
             assert res.stats["queries_cut"] > 0
         if query_share == 1.0:
