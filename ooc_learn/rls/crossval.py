@@ -217,7 +217,7 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
     with model._budget.reservation(8 * lams.size * m * v, "k-fold predictions"):
         out = np.full((lams.size, m, v), np.nan)
         fold_list = [_check_rows(H, m, owner) for H in fold_list]
-        done = _kfold_small_chol(model, fold_list, lams, basis_mode, pre, stats, out)
+        done = _kfold_chol(model, fold_list, lams, basis_mode, pre, stats, out)
         for g, H in enumerate(fold_list):
             if done[g]:
                 continue
@@ -244,34 +244,60 @@ def _general_fold_cost(model, H, c: int, v: int) -> float:
     return min(small, min(costs.values()))
 
 
-def _small_chol_cost(n: int, hs, es, c: int, v: int) -> float:
-    """Estimated flops of :func:`_kfold_small_chol` for folds of sizes ``hs`` (rows leaving
-    training) with ``es`` removed basis rows each: per lambda one Cholesky of A + lam I
-    (n^3 / 3), per fold and lambda X_H = L^-1 R_H (|H| n^2), I - X_H^T X_H (|H|^2 n), its
-    Cholesky (|H|^3 / 3) and the a_E = 0 projection (n^2 e + 2 n e |H| + |H|^2 e); C^-1 once
-    (n^3 / 3) when basis rows are removed."""
-    per_fold = sum(h * n * n + h * h * n + h ** 3 / 3.0 + h * n * v
-                   + (n * n * e + 2.0 * n * e * e + 2.0 * n * e * h + h * h * e)
-                   for h, e in zip(hs, es))
-    return c * (n ** 3 / 3.0 + per_fold) + (n ** 3 / 3.0 if any(es) else 0.0)
+def _chol_fold_costs(n: int, h: int, e: int, c: int, v: int) -> tuple:
+    """Estimated flops of one fold in :func:`_kfold_chol`, (|H| side, n side), for |H| = h rows
+    leaving training and e removed basis rows. |H| side per lambda: X_H = L^-1 R_H (h n^2),
+    I - X_H^T X_H (h^2 n), its Cholesky (h^3 / 3), the a_E = 0 projection (n^2 e + 2 n e^2 +
+    2 n e h + h^2 e). n side: the Gram (h n^2) once, per lambda the Cholesky of the hold-in
+    matrix (n^3 / 3), the constraint (n^2 e + 2 n e^2) and the solves and predictions."""
+    small = c * (h * n * n + h * h * n + h ** 3 / 3.0 + h * n * v
+                 + n * n * e + 2.0 * n * e * e + 2.0 * n * e * h + h * h * e)
+    nside = h * n * n + c * (n ** 3 / 3.0 + n * n * e + 2.0 * n * e * e + 2.0 * n * n * v
+                             + h * n * v)
+    return small, nside
 
 
-def _kfold_small_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
-    """The |H| side of eq. 36 with P^-1 factored by a Cholesky instead of the eigenvectors:
-    in R coordinates (R = C^-1 K~_B, A = R R^T) P^-1 = C^-T (A + lam I)^-1 C^-1, so with
-    A + lam I = L L^T and X_H = L^-1 R_H the paper's J = K_HL W K_LH is X_H^T Pi X_H and
-    r = X_H^T Pi L^-1 z~ (z~ = C^-1 K_B y - R_H y_H), f_H = (I - J)^-1 r (Proposition 1).
-    Pi projects off range(L^-1 G_E^T), G_E = (C^-T)_E the rows of the constraint a_E = 0
-    (the L-coordinate form of the Lam~^(1/2) Pi Lam~^(1/2) of :mod:`.holdout`).
+def _chol_plan(n: int, hs, es, c: int, v: int):
+    """(side per fold, total estimated flops) of :func:`_kfold_chol`: the shared Cholesky
+    factors of A + lam I (c n^3 / 3) are charged when a fold takes the |H| side, C^-1 (n^3 / 3)
+    when basis rows are removed. ``FORCE_CHOL_SIDE`` ("small" / "n") overrides (tests)."""
+    sides, total = [], 0.0
+    for h, e in zip(hs, es):
+        small, nside = _chol_fold_costs(n, h, e, c, v)
+        side = FORCE_CHOL_SIDE or ("small" if small < nside else "n")
+        sides.append(side)
+        total += small if side == "small" else nside
+    total += (c * n ** 3 / 3.0 if "small" in sides else 0.0) + (n ** 3 / 3.0 if any(es) else 0.0)
+    return sides, total
 
-    Per fold this costs |H| n^2 (one triangular solve) + |H|^2 n instead of the n side's
-    |H| n^2 Gram + n^3 / 3 Cholesky + 4 n^2 |E| projection, or the U-coordinate |H| side's
-    2 |H| n^2 rotation U_H = R_H^T V: one Cholesky of A + lam I (n^3 / 3) serves all folds.
-    Taken for the whole k-fold when the flop model says it is cheaper than the per-fold choice
-    (a few lambdas, folds not much larger than n) and R^T rows are cached or formed from X;
-    with U itself cached the U-coordinate |H| side is the same computation (A is diagonal
+
+FORCE_CHOL_SIDE = None
+
+
+def _kfold_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
+    """k-fold CV with P^-1 factored by Cholesky factors instead of the eigenvectors (few lambdas).
+
+    In R coordinates (R = C^-1 K~_B, A = R R^T = V Lam V^T) P^-1 = C^-T (A + lam I)^-1 C^-1, and
+    the constraint a_E = 0 of a removed basis subset reads G_E w = 0 with G_E = (C^-T)_E, i.e.
+    w orthogonal to the columns E of C^-1. Both sides of eq. 36 (Proposition 1):
+
+    * ``small-chol``, the |H| side: with A + lam I = L L^T (one factor per lambda, shared by all
+      folds) and X_H = L^-1 R_H the paper's J = K_HL W K_LH is X_H^T Pi X_H and
+      r = X_H^T Pi L^-1 z~ (z~ = C^-1 K_B y - R_H y_H), f_H = (I - J)^-1 r; Pi projects off
+      range(L^-1 (C^-1)_E) (the L-coordinate form of :mod:`.holdout`'s Lam~^(1/2) Pi
+      Lam~^(1/2)). Per fold |H| n^2 + |H|^2 n: no U_H = R_H^T V rotation (2 |H| n^2).
+    * ``chol-rs``, the n side: the hold-in matrix M = A - R_H R_H^T by one dsyrk onto a copy of
+      A, M + lam I = U^T U, and the constraint by the range-space step in U coordinates:
+      w = U^-1 Pi_Z U^-T z~, Pi_Z the projector off range(U^-T (C^-1)_E) (orthonormalised),
+      i.e. n^2 |E| per fold instead of forming (C^-T)_E (2 n^2 |E|) and projecting M
+      (4 n^2 |E|); upper triangles only, no n x n mirror or copy besides A's.
+
+    The side is picked per fold by flops; the whole k-fold goes this way when that beats the
+    per-fold general path (``SMALL_CHOL_WEIGHT``) and R^T rows are cached or formed from X.
+    With U itself cached the U-coordinate |H| side is the same computation (A is diagonal
     there), and folds given at fit time keep their Grams (the n side without the |H| n^2
-    product, and without forming R_H when nothing is cached). Returns, per fold, whether it was done (predictions written into ``out``)."""
+    product, and without forming R_H when nothing is cached). Returns, per fold, whether it
+    was done (predictions written into ``out``)."""
     k = len(fold_list)
     done = [False] * k
     if (model._ucache is not None and model._ucache_is_u) or pre is not None:
@@ -285,48 +311,97 @@ def _kfold_small_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
         es.append(hE.size if mode == "remove" else 0)
     if min(hs) == 0:
         return done
+    sides, total = _chol_plan(n, hs, es, c, v)
     general = sum(_general_fold_cost(model, H, c, v) for H in fold_list)
-    if _small_chol_cost(n, hs, es, c, v) >= SMALL_CHOL_WEIGHT * general:
+    if total >= SMALL_CHOL_WEIGHT * general and FORCE_CHOL_SIDE is None:
         return done
     hmax = max(hs)
-    need = 8 * ((c + (1 if any(es) else 0)) * n * n + 2 * hmax * n + hmax * hmax)
+    need = 8 * (((c if "small" in sides else 0) + (1 if any(es) else 0) + 2) * n * n
+                + 2 * hmax * n + hmax * hmax)
     if not model._budget.try_reserve(need):
         return done
     try:
         Ls = []
-        for lam in lams:
-            Ap = model._AR.copy(order="F")
-            Ap[np.diag_indices(n)] += lam
-            try:
-                Ls.append(la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False))
-            except la.LinAlgError:          # lam below the rounding level of A: general path
-                return done
+        if "small" in sides:
+            for lam in lams:
+                Ap = model._AR.copy(order="F")
+                Ap[np.diag_indices(n)] += lam
+                try:
+                    Ls.append(la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False))
+                except la.LinAlgError:      # lam below the rounding level of A: general path
+                    return done
         Cinv = None
         if any(es):
             Cinv, info = lapack.dtrtri(C, lower=1)
             if info != 0:
                 return done
         for g, H in enumerate(fold_list):
-            out[:, H] = _small_chol_fold(model, H, Ls, Cinv, mode)
-            stats["small-chol"] += 1
+            if sides[g] == "small":
+                out[:, H] = _small_chol_fold(model, H, Ls, Cinv, mode)
+                stats["small-chol"] += 1
+            else:
+                f = _nside_chol_fold(model, H, lams, Cinv, mode)
+                if f is None:               # not numerically PD: the general path
+                    continue
+                out[:, H] = f
+                stats["chol-rs"] += 1
             done[g] = True
     finally:
         model._budget.release(need)
     return done
 
 
-def _small_chol_fold(model, H, Ls, Cinv, mode):
-    """One fold of :func:`_kfold_small_chol`: predictions (c, |H|, v)."""
-    Y = model._Y
-    v = Y.shape[1]
+def _split_held(model, H, mode):
+    """(rows leaving training, positions in H of basis rows kept in training or None, their
+    basis columns, basis columns removed by the constraint a_E = 0) of one fold."""
     hE, Ecols = model.basis_hits(H)
-    held, keep_rows = H, None
+    none = Ecols[:0]
     if mode == "keep" and hE.size:
         mask = np.ones(H.size, dtype=bool)
         mask[hE] = False
-        held, keep_rows = H[mask], hE
-    elif mode != "remove":
-        Ecols = Ecols[:0]
+        return H[mask], hE, Ecols, none
+    return H, None, none, (Ecols if mode == "remove" else none)
+
+
+def _nside_chol_fold(model, H, lams, Cinv, mode):
+    """One n-side fold of :func:`_kfold_chol`: predictions (c, |H|, v), None if a hold-in
+    matrix + lam I is not numerically positive definite."""
+    Y = model._Y
+    held, keep_rows, keep_cols, Ecols = _split_held(model, H, mode)
+    RT = model.rt_rows(held)                    # (h, n): R_H^T
+    RH = RT.T                                   # F-ordered view, n x h
+    M = syrk(-1.0, RH, beta=1.0, c=model._AR.copy(order="F"), trans=0, lower=0,
+             overwrite_c=1)                     # upper triangle of A - R_H R_H^T
+    bt = model._KyR - RH @ Y[held]
+    n = M.shape[0]
+    out = np.empty((lams.size, H.size, Y.shape[1]))
+    rest = None if keep_rows is None else np.setdiff1d(np.arange(H.size), keep_rows)
+    for k, lam in enumerate(lams):
+        Mk = M if k == lams.size - 1 else M.copy(order="F")
+        Mk[np.diag_indices(n)] += lam
+        Uf, info = lapack.dpotrf(Mk, lower=0, clean=0, overwrite_a=1)
+        if info != 0:
+            return None
+        beta = la.solve_triangular(Uf, bt, trans="T", lower=False, check_finite=False)
+        if Ecols.size:
+            Z = la.solve_triangular(Uf, Cinv[:, Ecols], trans="T", lower=False,
+                                    check_finite=False)
+            Zq, _ = la.qr(Z, mode="economic", overwrite_a=True, check_finite=False)
+            beta -= Zq @ (Zq.T @ beta)
+        w = la.solve_triangular(Uf, beta, lower=False, check_finite=False)
+        if keep_rows is None:
+            out[k] = RT @ w
+        else:
+            out[k, rest] = RT @ w
+            out[k, keep_rows] = model._C[keep_cols] @ w   # R^T rows of E are rows of C
+    return out
+
+
+def _small_chol_fold(model, H, Ls, Cinv, mode):
+    """One |H|-side fold of :func:`_kfold_chol`: predictions (c, |H|, v)."""
+    Y = model._Y
+    v = Y.shape[1]
+    held, keep_rows, keep_cols, Ecols = _split_held(model, H, mode)
     RT = model.rt_rows(held)                    # (h, n): R_H^T
     RH = RT.T                                   # F-ordered view, n x h
     bt = model._KyR - RH @ Y[held]
@@ -337,7 +412,7 @@ def _small_chol_fold(model, H, Ls, Cinv, mode):
         lb = la.solve_triangular(L, bt, lower=True, check_finite=False)
         IJ = syrk(-1.0, X, beta=1.0, c=np.eye(h, order="F"), trans=1, lower=0, overwrite_c=1)
         r = X.T @ lb
-        if mode == "remove" and Ecols.size:
+        if Ecols.size:
             G = la.solve_triangular(L, Cinv[:, Ecols], lower=True, check_finite=False)
             Z, _ = la.qr(G, mode="economic", overwrite_a=True, check_finite=False)
             W = Z.T @ X                         # (e, h): J = X^T X - W^T W
@@ -348,7 +423,7 @@ def _small_chol_fold(model, H, Ls, Cinv, mode):
             out[k] = f
             continue
         w = la.solve_triangular(L, lb + X @ f, trans="T", lower=True, check_finite=False)
-        out[k, keep_rows] = model._C[Ecols] @ w      # R^T rows of E are rows of C
+        out[k, keep_rows] = model._C[keep_cols] @ w   # R^T rows of E are rows of C
         out[k, np.setdiff1d(np.arange(H.size), keep_rows)] = f
     return out
 

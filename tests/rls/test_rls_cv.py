@@ -314,21 +314,24 @@ def test_uncached_kfold_on_ill_conditioned_basis_equals_refits(rng, k, folds_at_
         assert_close(cached[H], f[H])
 
 
+@pytest.mark.parametrize("side, tag", [("small", "small-chol"), ("n", "chol-rs")])
 @pytest.mark.parametrize("mode", ["remove", "keep", "keep_no_loss"])
 @pytest.mark.parametrize("state", ["rt-cached", "uncached"])
-def test_kfold_small_side_in_cholesky_coordinates_equals_refits(rng, monkeypatch, mode, state):
-    """The |H| side with P^-1 factored by one Cholesky of A + lam I shared by all folds
-    (X_H = L^-1 R_H, J = X_H^T Pi X_H), forced here for every fold size: equals refitting, for
-    a lambda path, folds smaller and larger than n, and the three basis treatments."""
+def test_kfold_in_cholesky_coordinates_equals_refits(rng, monkeypatch, side, tag, mode, state):
+    """k-fold with P^-1 factored by Cholesky factors in R coordinates, each side forced for
+    every fold size: the |H| side (one Cholesky of A + lam I shared by all folds, X_H = L^-1
+    R_H, J = X_H^T Pi X_H) and the n side (A - R_H R_H^T + lam I = U^T U, the constraint
+    a_E = 0 by a range-space projection in U coordinates) equal refitting, for a lambda path,
+    folds smaller and larger than n, and the three basis treatments."""
     from ooc_learn.rls import crossval
-    monkeypatch.setattr(crossval, "_small_chol_cost", lambda *a: -1.0)
+    monkeypatch.setattr(crossval, "FORCE_CHOL_SIDE", side)
     Xin, X, Y = make_data(rng, m=M, v=2)
     model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1,
                       cache_u=state != "uncached").fit(Xin, Y)
     lams = [0.02, 1.0]
     for k in (12, 4):                        # |H| = 20 < n = 30, |H| = 60 > n
         path = model.kfold_predict_path(k, lams, mode)
-        assert model.cv_stats_["strategies"] == {"small-chol": k}
+        assert model.cv_stats_["strategies"] == {tag: k}
         assert model._ucache is None or not model._ucache_is_u
         folds = [np.sort(g) for g in np.array_split(np.random.default_rng(1).permutation(M), k)]
         assert sum(np.intersect1d(H, model.basis_).size > 0 for H in folds) >= 2
@@ -337,8 +340,9 @@ def test_kfold_small_side_in_cholesky_coordinates_equals_refits(rng, monkeypatch
                 assert_close(path[j, H], reference(model, X, Y, H, mode, lam))
 
 
-def test_kfold_small_side_in_cholesky_coordinates_ill_conditioned_basis(rng, monkeypatch):
-    """The Cholesky-coordinate |H| side with removal on a nearly singular K_BB (the sinusoid
+@pytest.mark.parametrize("side, tag", [("small", "small-chol"), ("n", "chol-rs")])
+def test_kfold_in_cholesky_coordinates_ill_conditioned_basis(rng, monkeypatch, side, tag):
+    """Both Cholesky-coordinate sides with removal on a nearly singular K_BB (the sinusoid
     task of Section 6.3): (C^-1)_E columns are large, the result is still the refit's."""
     from ooc_learn.rls import crossval
     m = 400
@@ -347,9 +351,9 @@ def test_kfold_small_side_in_cholesky_coordinates_ill_conditioned_basis(rng, mon
     model = SparseRLS(n_basis=150, lam=0.5, gamma=0.5, seed=2).fit(x, y)
     assert np.linalg.cond(model.KBB_) > 1e6
     general = model.kfold_predict(10, "remove")
-    monkeypatch.setattr(crossval, "_small_chol_cost", lambda *a: -1.0)
+    monkeypatch.setattr(crossval, "FORCE_CHOL_SIDE", side)
     f = model.kfold_predict(10, "remove")
-    assert model.cv_stats_["strategies"] == {"small-chol": 10}
+    assert model.cv_stats_["strategies"] == {tag: 10}
     folds = [np.sort(g) for g in np.array_split(np.random.default_rng(2).permutation(m), 10)]
     for H in folds:
         assert_close(f[H], reference(model, x, y, H, "remove", 0.5)[:, 0])
