@@ -90,6 +90,10 @@ _FRONTIER_MIN = 256
 _SEEN_MIN = 1024
 
 
+class _FrontierFull(Exception):
+    """The cap holds no larger frontier (a query with ``bounded=True`` stops there)."""
+
+
 class _Frontier:
     """The best-bin-first frontier of one query, and the set of rows examined as pivots.
 
@@ -101,8 +105,11 @@ class _Frontier:
     :class:`BudgetExceededError` naming ``--memory``. :meth:`release` returns everything.
     """
 
-    def __init__(self, budget: MemoryBudget):
+    def __init__(self, budget: MemoryBudget, soft: bool = False):
         self.budget = budget
+        self.soft = soft
+        self.out = np.zeros(0, np.int64)  # the search's result arrays, once it has them
+        self.state = np.zeros(5, np.int64)
         self.size = self.peak = self.reserved = self.peak_bytes = 0
         self.pri = np.zeros(0, np.float64)
         self.ent = np.zeros((0, FRONTIER_WIDTH), np.int64)
@@ -117,14 +124,34 @@ class _Frontier:
         self.budget.release(nbytes)
         self.reserved -= nbytes
 
+    def _reserve_soft(self, want: int, need: int, unit: int) -> int:
+        """Reserve room for between ``need`` and ``want`` items of ``unit`` bytes, as many as
+        the cap gives (halving the surplus after each refusal); raise :class:`_FrontierFull`
+        when not even ``need`` fit."""
+        while True:
+            if self.budget.try_reserve(want * unit):
+                self.reserved += want * unit
+                self.peak_bytes = max(self.peak_bytes, self.reserved)
+                return want
+            if want <= need:
+                raise _FrontierFull
+            want = need + (want - need) // 2
+
     def ensure(self, push: int, seen_items: int) -> None:
-        """Room for ``push`` more entries and a set holding ``seen_items`` rows."""
+        """Room for ``push`` more entries and a set holding ``seen_items`` rows.
+
+        With ``soft`` set, a growth the cap cannot hold takes what fits, or raises
+        :class:`_FrontierFull` (the search then stops early) instead of the ``--memory``
+        error."""
         need = self.size + push
         self.peak = max(self.peak, need)
         cap = self.pri.shape[0]
         if need > cap:
             new = max(2 * cap, need, _FRONTIER_MIN)
-            self._reserve(new * FRONTIER_ENTRY_BYTES)
+            if self.soft:
+                new = self._reserve_soft(new, need, FRONTIER_ENTRY_BYTES)
+            else:
+                self._reserve(new * FRONTIER_ENTRY_BYTES)
             pri = np.empty(new, np.float64)
             ent = np.empty((new, FRONTIER_WIDTH), np.int64)
             pri[:self.size] = self.pri[:self.size]
@@ -136,7 +163,14 @@ class _Frontier:
             new = max(2 * cap, _SEEN_MIN)
             while new < 2 * seen_items:
                 new *= 2
-            self._reserve(new * _SEEN_SLOT_BYTES)
+            if self.soft:
+                # the open-addressing table needs a power of two at least half empty
+                if not self.budget.try_reserve(new * _SEEN_SLOT_BYTES):
+                    raise _FrontierFull
+                self.reserved += new * _SEEN_SLOT_BYTES
+                self.peak_bytes = max(self.peak_bytes, self.reserved)
+            else:
+                self._reserve(new * _SEEN_SLOT_BYTES)
             seen = np.full(new, -1, np.int64)
             if cap:
                 seen_rehash(self.seen, seen)
@@ -470,7 +504,8 @@ class Forest:
         return w, 0.0, False
 
     def query(self, w, *, w_outer=None, s=1.0, n: int | None = 1000, exclude=None,
-              seed: int = 0, loss: str = "hinge", max_examined: int | None = None):
+              seed: int = 0, loss: str = "hinge", max_examined: int | None = None,
+              bounded: bool = False):
         """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined.
 
         Parameters
@@ -499,6 +534,11 @@ class Forest:
             Which L⁻¹(1+s) to use.
         max_examined : int, optional
             Stop after examining this many rows.
+        bounded : bool
+            When the memory cap holds no larger frontier, stop the search there (setting
+            ``last_query["truncated"]``) instead of raising the ``--memory`` error. The rows
+            returned are then still verified, but fewer than ``n`` no longer proves that no
+            other row qualifies: the caller must check another way (IBCD's scan).
 
         Returns
         -------
@@ -534,7 +574,8 @@ class Forest:
         if max_ex < 0:
             raise ParameterError(f"The 'max_examined' parameter of query must be >= 0. Got "
                                  f"{max_examined!r} instead.", "Use None for no limit.")
-        return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed)
+        return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed,
+                            bool(bounded))
 
     def _exclusion(self, exclude):
         """The exclusion as a uint8 mask: a caller's mask as is, row positions copied in.
@@ -555,16 +596,24 @@ class Forest:
         mask[rows] = 1
         return mask, self.n_samples
 
-    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed):
+    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
                      rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
-                     frontier_peak=0)
+                     frontier_peak=0, truncated=False)
         self.last_query = stats
         excl, excl_bytes = self._exclusion(exclude)
-        fr = _Frontier(self.budget)
+        fr = _Frontier(self.budget, soft=bounded)
         try:
             return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
                                         seed, fr, stats)
+        except _FrontierFull:
+            # stopped where the cap held no larger frontier: what was found stands
+            stats["truncated"] = True
+            n_out = int(fr.state[0])
+            stats["rows_examined"] = int(fr.state[1])
+            stats["rows_shrunk"] = int(fr.state[2])
+            stats["pivots_examined"] = int(fr.state[4])
+            return fr.out[:n_out].copy(), int(fr.state[1])
         finally:
             stats["frontier_peak"] = fr.peak
             stats["frontier_bytes"] = fr.peak_bytes
@@ -587,6 +636,7 @@ class Forest:
                                         (t << 32) + (1 if h.n_internal == 0 else 0), -1)
         out = np.empty(min(limit, self.n_samples), np.int64)
         state = np.zeros(5, np.int64)  # returned, examined, newly shrunk, seen, pivots taken
+        fr.out, fr.state = out, state  # what a search stopped by _FrontierFull returns
         shrink_on = self._fen.shape[0] > 0
         shrunk, fen, hi = self._shrunk, self._fen, self._shrink_hi
         if PIVOT_CANDIDATES not in ("qualifying", "reached", "none"):

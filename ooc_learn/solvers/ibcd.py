@@ -438,7 +438,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         rows_src.clear()
         rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
                                    seed=int(rng.integers(1 << 31)), loss=loss,
-                                   max_examined=max_ex)
+                                   max_examined=max_ex, bounded=True)
         stats["queries"] += 1
         stats["rows_examined"] += int(n_e)
         k = len(rows_N)
@@ -471,7 +471,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             stats["S_resolves"] += 1
         # the query stopped at max_ex before finding n rows: the index is no longer the cheap
         # way to find the rest; while it still found half of n, it keeps being asked
-        cut = k < n and n_e >= max_ex
+        # (or where the cap held no larger search frontier: the scan check is exact anyway)
+        cut = k < n and (n_e >= max_ex or forest.last_query.get("truncated", False))
         stats["queries_cut"] += int(cut)
         sampled = ((k >= n or cut) and sample_eps > 0 and n_e > 0
                    and k / n_e < sample_eps)

@@ -79,6 +79,31 @@ def test_a_frontier_the_cap_cannot_hold_names_memory(tmp_path, data_rng):
         assert np.array_equal(np.sort(rows), brute_force(store, w))
 
 
+def test_a_bounded_query_stops_where_the_cap_ends(tmp_path, data_rng):
+    # bounded=True (IBCD's queries): the frontier takes what the cap gives and the search
+    # stops there, flagged, instead of raising; what it returns is still verified
+    X, y = blobs(data_rng, n=2000, d=6)
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=1, width=4, leaf_size=2, budget="64M")
+    w = data_rng.normal(size=6)
+    ref = brute_force(store, w)
+    with store.forest(cache_bytes=1) as f:
+        budget = f.budget
+        before = budget.used
+        filler = budget.available - (20 << 10)
+        budget.reserve(filler, "test filler")
+        rows, n_e = f.query(w, n=None, bounded=True)
+        q = f.last_query
+        assert q["truncated"] and len(rows) < len(ref)
+        assert np.isin(rows, ref).all() and len(np.unique(rows)) == len(rows) <= n_e
+        assert q["frontier_bytes"] <= 20 << 10
+        assert budget.used == before + filler  # the stopped search released its frontier
+        budget.release(filler)
+        assert budget.used == before
+        rows, _ = f.query(w, n=None, bounded=True)   # with room, the same query is exact
+        assert not f.last_query["truncated"]
+        assert np.array_equal(np.sort(rows), ref)
+
+
 def test_a_caller_kept_mask_is_used_as_is(tmp_path, data_rng):
     X, y = blobs(data_rng, n=1200, d=6)
     store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=4, leaf_size=8)
