@@ -332,7 +332,8 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
     store = rows_src.store
     low = outlier_margin(loss, s)
     stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
-             "queries": 0, "queries_cut": 0, "S_resolves": 0,
+             "queries": 0, "queries_cut": 0, "queries_truncated": 0,
+             "S_resolves": 0,
              "outer_log": []}
     outer = 0
     converged_outer = False
@@ -471,12 +472,15 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             stats["S_resolves"] += 1
         # the query stopped at max_ex before finding n rows: the index is no longer the cheap
         # way to find the rest; while it still found half of n, it keeps being asked
-        # (or where the cap held no larger search frontier: the scan check is exact anyway)
-        cut = k < n and (n_e >= max_ex or forest.last_query.get("truncated", False))
+        # (a query that stopped where the cap held no larger search frontier has not reached
+        # the leaves worth reading: the scan check takes over at once)
+        truncated = k < n and forest.last_query.get("truncated", False)
+        cut = k < n and (n_e >= max_ex or truncated)
         stats["queries_cut"] += int(cut)
+        stats["queries_truncated"] += int(truncated)
         sampled = ((k >= n or cut) and sample_eps > 0 and n_e > 0
                    and k / n_e < sample_eps)
-        if (k >= n or (cut and 2 * k >= n)) and not sampled:
+        if (k >= n or (cut and not truncated and 2 * k >= n)) and not sampled:
             continue
         # problem (13) on S to eps, then a full check without shrinking (§4.3)
         resid = 0.0
