@@ -17,6 +17,15 @@ pass 1 accumulates the fold's Gram chunk by chunk, the n-side weights are solved
 the rows again and predicts (:func:`.holdout.n_side_weights`, :func:`_fold_in_r_coords`).
 Single-lambda k-fold therefore costs O(min(|H|^2 n, |H| n^2)) per fold beyond the fold's own
 rows (Corollary 4).
+
+For one (or a few) lambdas P^-1 = C^-T (A + lam I)^-1 C^-1 is factored by Cholesky factors
+instead of the eigenvectors when R^T rows (not U) are at hand (:func:`_kfold_chol`): the |H|
+side with one Cholesky of A + lam I shared by all folds (no U_H rotation), or the n side with
+the hold-in matrix A - R_H R_H^T factored directly and the a_E = 0 constraint as a range-space
+projection (no n x n projection of the hold-in matrix); likewise the one-lambda LOO takes its
+hat diagonal from the Cholesky factor (:func:`_loo_rows_chol`: one triangular solve over the
+rows, m n^2, where the lambda path rotates U = R^T V, 2 m n^2). Same formulas (Proposition 1,
+Corollaries 2-4), another factorisation of the same P^-1.
 """
 
 from __future__ import annotations
