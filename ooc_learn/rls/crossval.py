@@ -622,19 +622,25 @@ def _loo_rows_chol(model, lam: float, out) -> bool:
     rotation U = R^T V (2 m n^2) that the lambda path needs; the cached R^T rows stay as they
     are. Writes ``out`` (m, v); False when A + lam I is not numerically positive definite."""
     n = model._C.shape[0]
-    Ap = model._AR.copy(order="F")
-    Ap[np.diag_indices(n)] += lam
-    try:
-        L = la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False)
-    except la.LinAlgError:
+    need = 8 * n * (n + 2 * max(256, (1 << 22) // n))     # the factor + one chunk's X
+    if not model._budget.try_reserve(need):
         return False
-    w = la.cho_solve((L, True), model._KyR, check_finite=False)
-    Y = model._Y
-    for a, b, RT in _iter_rt_all(model):
-        X = la.solve_triangular(L, RT.T, lower=True, check_finite=False)
-        h = np.einsum("ij,ij->j", X, X)
-        out[a:b] = (RT @ w - h[:, None] * Y[a:b]) / (1.0 - h)[:, None]
-    return True
+    try:
+        Ap = model._AR.copy(order="F")
+        Ap[np.diag_indices(n)] += lam
+        try:
+            L = la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False)
+        except la.LinAlgError:
+            return False
+        w = la.cho_solve((L, True), model._KyR, check_finite=False)
+        Y = model._Y
+        for a, b, RT in _iter_rt_all(model):
+            X = la.solve_triangular(L, RT.T, lower=True, check_finite=False)
+            h = np.einsum("ij,ij->j", X, X)
+            out[a:b] = (RT @ w - h[:, None] * Y[a:b]) / (1.0 - h)[:, None]
+        return True
+    finally:
+        model._budget.release(need)
 
 
 def _iter_rt_all(model):
