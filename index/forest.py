@@ -215,6 +215,9 @@ class Forest:
         ``read_range(start, stop) -> (X, y, row_ids)`` for contiguous store rows; X a
         float32 ndarray or CSR matrix. A :class:`~ooc_learn.storage.store.Store` is one
         provider, an in-memory array another.
+    read_rows : callable, optional
+        ``read_rows(rows) -> (X, y)`` for sorted, scattered store rows (a node's pivot rows)
+        in one call; default: one ``read_range`` per row.
     n_samples, n_features : int
         The store's shape, checked against the index.
     block_offsets : array of int
@@ -229,10 +232,11 @@ class Forest:
 
     def __init__(self, path, *, read_range: Callable, n_samples: int, n_features: int,
                  block_offsets, budget=None, name: str | None = None,
-                 cache_bytes: int | None = None):
+                 cache_bytes: int | None = None, read_rows: Callable | None = None):
         self.path = Path(path)
         self.name = str(name) if name is not None else str(self.path.parent)
         self._read_range = read_range
+        self._read_rows = read_rows
         self.n_samples = int(n_samples)
         self.n_features = int(n_features)
         self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
@@ -417,7 +421,14 @@ class Forest:
         return self.cache.get_or_load(key, load)
 
     def _read_pivots(self, node):
-        """A node's pivot rows ``(X, y)``, read one by one from the store."""
+        """A node's pivot rows ``(X, y)`` (in the node's order)."""
+        if self._read_rows is not None:
+            rows = np.asarray(node.pivot_row, dtype=np.int64)
+            order = np.argsort(rows, kind="stable")
+            X, y = self._read_rows(rows[order])
+            inv = np.empty_like(order)
+            inv[order] = np.arange(order.size)
+            return X[inv], np.asarray(y)[inv]
         parts = [self._read_range(int(r), int(r) + 1) for r in node.pivot_row]
         Xs = [p[0] for p in parts]
         P = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)

@@ -59,6 +59,17 @@ class _Slicer:
             plain = False
         return cls(fd, ds) if plain else ds
 
+    def take(self, rows) -> np.ndarray:
+        """Rows at the positions ``rows`` (in range), one read each into one array."""
+        out = np.empty((len(rows),) + self.row_shape, self.dtype)
+        if out.nbytes:
+            buf = memoryview(out).cast("B")
+            rb = self.row_bytes
+            for i, r in enumerate(rows):
+                if os.preadv(self.fd, [buf[i * rb:(i + 1) * rb]], self.offset + int(r) * rb) != rb:
+                    raise OSError(f"short read of row {int(r)} (file truncated?)")
+        return out
+
     def __getitem__(self, sl: slice) -> np.ndarray:
         a, b, _ = sl.indices(self.n)
         b = max(a, b)
@@ -360,6 +371,30 @@ class Store:
         nb = _nbytes(X, y, row_ids)
         self.bytes_read += nb
         return X, y, row_ids
+
+    def read_rows(self, rows):
+        """Rows at sorted store positions ``rows`` as ``(X, y)``: scattered single rows (a
+        node's pivot rows) in one call; on a dense store one direct read per row into one
+        array, otherwise one :meth:`read_range` per row."""
+        self._check_open()
+        rows = np.asarray(rows, dtype=np.int64).ravel()
+        if rows.size and (rows[0] < 0 or rows[-1] >= self.n_samples
+                          or np.any(np.diff(rows) < 0)):
+            raise IndexError(f"row positions must be sorted and in 0:{self.n_samples}")
+        Xs, ys = self._ds.get("X"), self._ds["y"]
+        if self.layout == "dense" and isinstance(Xs, _Slicer) and isinstance(ys, _Slicer):
+            X = Xs.take(rows)
+            y = ys[int(rows[0]):int(rows[-1]) + 1][rows - rows[0]] if rows.size else ys[0:0]
+            self.rows_read += rows.size
+            self.bytes_read += X.nbytes + y.nbytes
+            return X, y
+        parts = [self.read_range(int(r), int(r) + 1, ids=False) for r in rows]
+        if not parts:
+            X, y, _ = self.read_range(0, 0, ids=False)
+            return X, y
+        Xp = [p[0] for p in parts]
+        X = sp.vstack(Xp, format="csr") if sp.issparse(Xp[0]) else np.vstack(Xp)
+        return X, np.concatenate([p[1] for p in parts])
 
     def read_block(self, b: int):
         """Block ``b`` as ``(X, y, row_ids)``, through the LRU block cache."""

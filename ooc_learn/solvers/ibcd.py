@@ -71,6 +71,7 @@ QUERY_SHARE = 0.1
 # 100 store: |S| 331k of which 32k support vectors; with it 14k, 54 s -> 15 s); the doubling
 # keeps the extra solves within about one more solve of the final S
 RESOLVE_GROWTH = 2.0
+CHECK_GROWTH = 1
 
 
 @dataclass
@@ -245,7 +246,8 @@ class _RowSource:
             return st.index  # raises the store's own "no index" error
         return Forest(Path(st.path) / INDEX_DIR, read_range=self.read_range,
                       n_samples=st.n_samples, n_features=st.n_features,
-                      block_offsets=st.block_offsets, budget=st.budget, name=str(st.path))
+                      block_offsets=st.block_offsets, budget=st.budget, name=str(st.path),
+                      read_rows=self.read_rows)
 
     def read_range(self, start: int, stop: int):
         b = int(np.searchsorted(self.offsets, start, side="right") - 1)
@@ -261,6 +263,17 @@ class _RowSource:
             self._memo[int(start)] = (int(stop), X, y)
             self._memo_bytes += nb
         return X, y, ids
+
+    def read_rows(self, rows):
+        """Sorted scattered rows (a node's pivot rows): from the block cache when their block
+        is cached, else one direct read each."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size:
+            b = int(np.searchsorted(self.offsets, rows[0], side="right") - 1)
+            if rows[-1] < self.offsets[b + 1] and self.store.block_is_cached(b):
+                X, y, _ = self.store.read_block(b)
+                return X[rows - self.offsets[b]], y[rows - self.offsets[b]]
+        return self.store.read_rows(rows)
 
     def clear(self) -> None:
         self._memo.clear()
@@ -498,7 +511,9 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             stats["stopped_by_sample_rule"] = stats.get("stopped_by_sample_rule", 0) + 1
             return added
         rows_src.clear()
-        rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias, n)
+        # the most violating rows join S: up to |S| of them (S at most doubles), at least n
+        rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias,
+                                                     max(n, CHECK_GROWTH * S.m))
         stats["full_checks"] = stats.get("full_checks", 0) + 1
         stats["rows_examined"] += int(n_e)
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its

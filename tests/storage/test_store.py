@@ -317,3 +317,20 @@ def test_chunked_or_compressed_dataset_keeps_h5py_reads(tmp_path):
             assert np.array_equal(p[7:19], f["p"][7:19])
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_read_rows_takes_scattered_sorted_rows(tmp_path, rng, sparse):
+    X, y = make_data(rng, sparse=sparse)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=3, seed=1,
+                       layout="csr" if sparse else "dense") as store:
+        Xa, ya, _ = store.read_range(0, store.n_samples)
+        for rows in ([0], [5, 6, 7], [1, 90, 333, 599], []):
+            before = store.rows_read
+            Xr, yr = store.read_rows(rows)
+            assert np.array_equal(dense(Xr), dense(Xa)[rows]) and Xr.shape[0] == len(rows)
+            assert np.array_equal(yr, ya[rows])
+            assert store.rows_read - before == len(rows)
+        for bad in ([3, 2], [-1], [600]):
+            with pytest.raises(IndexError):
+                store.read_rows(bad)
