@@ -72,6 +72,8 @@ QUERY_SHARE = 0.1
 # keeps the extra solves within about one more solve of the final S
 RESOLVE_GROWTH = 2.0
 CHECK_GROWTH = 1
+# TRON's stopping rule on S for the primal block solver (LIBLINEAR's -s 2 default)
+PRIMAL_EPS = 0.01
 
 
 @dataclass
@@ -478,7 +480,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                          solver=block_solver, rng=rng, stats=stats)
         stats["inner_iterations"] += 1
         if not S.spilled and S.m >= RESOLVE_GROWTH * m_solved:
-            _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
+            _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
+                     solver=block_solver)
             r = _prune_inactive(S, in_S, w, bias, stats)
             _reshrink(forest, S, shrink_threshold)
             m_solved = max(S.m, n)
@@ -504,7 +507,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             r = _prune_inactive(S, in_S, w, bias, stats)
             _reshrink(forest, S, shrink_threshold)
         if S.m:
-            resid = _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats)
+            resid = _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
+                             solver=block_solver)
         if sampled:
             # the paper's sampled rule: few fresh rows per row examined means the rest of the
             # data is (nearly) inactive; stop without scanning all of it
@@ -602,9 +606,11 @@ def _prune_inactive(S, in_S, w, bias, stats) -> int:
     return 0
 
 
-def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000, max_rounds=10) -> float:
+def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000, max_rounds=10,
+             solver="dual") -> float:
     """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
     ``max_iter`` dual CD passes; returns the spread reached (below ``eps`` when converged).
+    With the primal block solver (squared hinge) a resident S is solved by TRON instead.
 
     In memory: dual CD with shrinking over S. A spilled S is solved by rounds of a working
     set: one pass over its windows computes every projected gradient; if the spread is below
@@ -614,6 +620,17 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000, max_rounds=
     at most ``max_rounds`` rounds.
     """
     y, sqn, alpha = S.state()
+    if solver == "primal" and not S.spilled:
+        # the L2 primal by TRON on all of S (rows outside S have alpha = 0: v_B̄ = 0), to
+        # LIBLINEAR's primal rule |grad f(w)| <= 0.01 |grad f(0)|; alpha from the KKT of (16)
+        from .tron import L2LossPrimal, tron
+
+        prob = L2LossPrimal(S.X, y, C=C, loss="sqhinge", bias=bias)
+        res = tron(prob, w.copy(), eps=PRIMAL_EPS, max_iter=max_iter)
+        w[:] = res.w
+        alpha[:] = prob.dual(res.w)
+        stats["S_converged"] = bool(res.stats.converged)
+        return 0.0
     if not S.spilled:
         st = dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
                             max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
