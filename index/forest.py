@@ -227,7 +227,8 @@ class Forest:
     name : str, optional
         How errors name the store (default: the parent directory of ``path``).
     cache_bytes : int, optional
-        A bound on the node/leaf cache alone (default: whatever the budget allows).
+        A bound on each of the two caches (leaf and pivot rows; node records) alone
+        (default: whatever the budget allows).
     """
 
     def __init__(self, path, *, read_range: Callable, n_samples: int, n_features: int,
@@ -277,7 +278,11 @@ class Forest:
         except BaseException:
             self.close()
             raise
-        self.cache = LRUCache(self.budget, cache_bytes, name="index nodes")
+        # leaf and pivot rows; node records apart, in a cache registered later with the
+        # budget, so pressure (S growing, the block cache) takes rows first: the records
+        # (a few hundred bytes each, every query walks the upper ones) are evicted last
+        self.cache = LRUCache(self.budget, cache_bytes, name="index rows")
+        self.node_cache = LRUCache(self.budget, cache_bytes, name="index nodes")
         try:
             self._check_rows()
         except BaseException:
@@ -379,6 +384,8 @@ class Forest:
         """Release the cache, the shrink state and the LMDB handle. Closing twice is fine."""
         if getattr(self, "cache", None) is not None:
             self.cache.close()
+        if getattr(self, "node_cache", None) is not None:
+            self.node_cache.close()
         self.unshrink()
         if self._env is not None:
             self._env.close()
@@ -404,7 +411,7 @@ class Forest:
                 raise self._error(f"The index of store {self.name} is corrupted: {exc}.") \
                     from None
             return rec, rec.nbytes + _ENTRY_OVERHEAD
-        return self.cache.get_or_load(("node", t, v), load)
+        return self.node_cache.get_or_load(("node", t, v), load)
 
     def _rows(self, key, start: int, stop: int):
         """Rows ``start:stop`` as kernel arrays and labels, through the LRU cache."""
@@ -712,6 +719,7 @@ class Forest:
     def stats(self) -> dict:
         """Cache statistics and the last query's work counters."""
         return {"cache": self.cache.stats() if not self.closed else {},
+                "node_cache": self.node_cache.stats() if not self.closed else {},
                 "last_query": dict(self.last_query), "n_shrunk": self.n_shrunk}
 
 

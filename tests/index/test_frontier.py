@@ -57,8 +57,9 @@ def test_frontier_is_paid_from_the_budget_and_released(tmp_path, data_rng):
         frontier = [nb for what, nb in seen if what == "index search frontier"]
         assert frontier and max(frontier) >= f.last_query["frontier_peak"] * 64
         # everything the search reserved is back once the query returns
-        assert budget.used == f.cache.nbytes + f.map_window_bytes
-        assert budget.peak >= f.cache.nbytes + f.map_window_bytes + max(frontier)
+        cached = f.cache.nbytes + f.node_cache.nbytes
+        assert budget.used == cached + f.map_window_bytes
+        assert budget.peak >= cached + f.map_window_bytes + max(frontier)
 
 
 def test_a_frontier_the_cap_cannot_hold_names_memory(tmp_path, data_rng):

@@ -142,11 +142,14 @@ def test_cache_reserves_from_the_budget_and_releases(tmp_path, data_rng):
     w = data_rng.normal(size=6)
     f = store.forest()
     rows, _ = f.query(w, n=None)
-    assert budget.used == f.cache.nbytes + f.map_window_bytes and f.cache.nbytes > 0
-    misses = f.cache.misses
-    assert np.array_equal(f.query(w, n=None)[0], rows) and f.cache.misses == misses
+    cached = f.cache.nbytes + f.node_cache.nbytes  # leaf/pivot rows, and node records apart
+    assert budget.used == cached + f.map_window_bytes
+    assert f.cache.nbytes > 0 and f.node_cache.nbytes > 0
+    misses = f.cache.misses, f.node_cache.misses
+    assert np.array_equal(f.query(w, n=None)[0], rows)
+    assert (f.cache.misses, f.node_cache.misses) == misses
     f.shrink()
-    assert budget.used == f.cache.nbytes + f.map_window_bytes + 5 * 800
+    assert budget.used == cached + f.map_window_bytes + 5 * 800
     f.close()
     assert budget.used == 0
     f.close()  # closing twice is fine
@@ -154,7 +157,23 @@ def test_cache_reserves_from_the_budget_and_releases(tmp_path, data_rng):
         f.query(w)
     # a cache too small for anything still answers correctly, reading every leaf each time
     with store.forest(cache_bytes=1) as tiny:
-        assert np.array_equal(tiny.query(w, n=None)[0], rows) and len(tiny.cache) == 0
+        assert np.array_equal(tiny.query(w, n=None)[0], rows)
+        assert len(tiny.cache) == 0 and len(tiny.node_cache) == 0
+
+
+def test_node_records_outlast_rows_under_pressure(tmp_path, data_rng):
+    # the node-record cache registers with the budget after the row cache, so a reservation
+    # that needs room takes leaf and pivot rows first (every query walks the upper nodes)
+    X, y = blobs(data_rng, n=800, d=6)
+    budget = MemoryBudget("8M")
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=4, leaf_size=10, budget=budget)
+    with store.forest() as f:
+        f.query(data_rng.normal(size=6), n=None)
+        rows_b, nodes_b = f.cache.nbytes, f.node_cache.nbytes
+        assert rows_b > 0 and nodes_b > 0
+        budget.reserve(budget.available + rows_b // 2, "pressure")
+        assert f.cache.nbytes <= rows_b // 2 + 1 and f.node_cache.nbytes == nodes_b
+        budget.release(budget.used - f.cache.nbytes - nodes_b - f.map_window_bytes)
 
 
 def test_outlier_margin():
