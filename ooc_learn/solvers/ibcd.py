@@ -450,6 +450,10 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     _reshrink(forest, S, shrink_threshold)
     max_ex = max(2 * n, int(QUERY_SHARE * forest.n_samples))
     m_solved = max(S.m, n)
+
+    def resolve():
+        _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
+                 solver=block_solver)
     while True:
         rows_src.clear()
         rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
@@ -461,7 +465,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         m_old = S.m
         if k:
             XN, yN = rows_src.fetch(rows_N)
-            if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats):
+            if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
+                      resolve):
                 r, m_old = 0, S.m - k  # S was rearranged: the new rows are its last k
             added += k
         # the block: N and the next n_e - |N| rows of the old S, cyclically
@@ -515,9 +520,13 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             stats["stopped_by_sample_rule"] = stats.get("stopped_by_sample_rule", 0) + 1
             return added
         rows_src.clear()
-        # the most violating rows join S: up to |S| of them (S at most doubles), at least n
-        rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias,
-                                                     max(n, CHECK_GROWTH * S.m))
+        # the most violating rows join S: up to |S| of them (S at most doubles) as long as
+        # they fit without spilling, at least n
+        want = max(n, CHECK_GROWTH * S.m)
+        per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
+        while want > n and not S.spilled and not S.fits(want, int(want * per_row)):
+            want = max(n, want // 2)
+        rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want)
         stats["full_checks"] = stats.get("full_checks", 0) + 1
         stats["rows_examined"] += int(n_e)
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
@@ -525,7 +534,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do better
         if len(rows_N) == 0 or worst < max(eps, resid):
             return added
-        if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats):
+        if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
+                  resolve):
             r = 0
         added += len(rows_N)
         # shrinking starts afresh after a check (§4.3): only S stays marked
@@ -571,7 +581,7 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     return top, XN, yN, float(viol.max()), examined
 
 
-def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats) -> bool:
+def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve=None) -> bool:
     """Rows ``rows`` (``XN``, ``yN``) join S and are marked on the index. §4.2 under a tight
     cap: when they do not fit, the inactive rows (alpha = 0, y w^T x >= 1) leave S first (the
     index brings them back if they violate again; the final check examines every row); if S
@@ -582,6 +592,12 @@ def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats) -> bool:
     moved = not S.fits(k, nnz)
     if moved:
         _prune_inactive(S, in_S, w, bias, stats)
+        if not S.fits(k, nnz) and not S.spilled and resolve is not None:
+            # before spilling, problem (13) on S (still in memory) and a second prune: the
+            # rows a block's solve left at alpha > 0 on the way often settle at 0
+            resolve()
+            _prune_inactive(S, in_S, w, bias, stats)
+            stats["S_resolves_before_spill"] = stats.get("S_resolves_before_spill", 0) + 1
         if not S.fits(k, nnz):
             S.spill()
     S.add(rows, XN, yN.astype(np.float64), _row_sqn(XN))
