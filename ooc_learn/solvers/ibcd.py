@@ -454,12 +454,19 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     def resolve():
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
                  solver=block_solver)
+    # once a query is cut with fewer than n/2 rows, the rest of this convex problem's
+    # violators are sparse: the scan check alone finds them (a query would examine max_ex
+    # rows for a handful)
+    scan_only = False
     while True:
         rows_src.clear()
-        rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
-                                   seed=int(rng.integers(1 << 31)), loss=loss,
-                                   max_examined=max_ex, bounded=True)
-        stats["queries"] += 1
+        if scan_only:
+            rows_N, n_e = np.empty(0, np.int64), 0
+        else:
+            rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=n, exclude=in_S,
+                                       seed=int(rng.integers(1 << 31)), loss=loss,
+                                       max_examined=max_ex, bounded=True)
+            stats["queries"] += 1
         stats["rows_examined"] += int(n_e)
         k = len(rows_N)
         m_old = S.m
@@ -495,14 +502,15 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # way to find the rest; while it still found half of n, it keeps being asked
         # (a query that stopped where the cap held no larger search frontier has not reached
         # the leaves worth reading: the scan check takes over at once)
-        truncated = k < n and forest.last_query.get("truncated", False)
-        cut = k < n and (n_e >= max_ex or truncated)
+        truncated = not scan_only and k < n and forest.last_query.get("truncated", False)
+        cut = not scan_only and k < n and (n_e >= max_ex or truncated)
         stats["queries_cut"] += int(cut)
         stats["queries_truncated"] += int(truncated)
         sampled = ((k >= n or cut) and sample_eps > 0 and n_e > 0
                    and k / n_e < sample_eps)
         if (k >= n or (cut and not truncated and 2 * k >= n)) and not sampled:
             continue
+        scan_only = scan_only or cut
         # problem (13) on S to eps, then a full check without shrinking (§4.3)
         resid = 0.0
         if S.spilled:
