@@ -647,16 +647,8 @@ def _iter_rt_all(model):
     """(start, stop, R^T rows) covering all rows in order: cached R^T rows in chunks, or
     formed from the source's chunks."""
     if model._ucache is not None and not model._ucache_is_u:
-        m, step = model._ucache.shape[0], model._u_step()
-        for a in range(0, m, step):
-            yield a, min(a + step, m), model._ucache[a:a + step]
-        return
-    src = model._source
-    for j in range(len(src.offsets) - 1):
-        a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-        RT = model._rt_from_x(src.chunk(j), np.arange(a, b))
-        model.stats_["kernel_evaluations"] = model.stats_.get("kernel_evaluations", 0) + RT.size
-        yield a, b, RT
+        return model._iter_cached()
+    return model._iter_formed(model._rt_from_x)
 
 
 def _score(pred: np.ndarray, Y: np.ndarray, metric: str) -> np.ndarray:

@@ -422,16 +422,26 @@ class SparseRLS:
                 for a, b in self._convert_u_chunks():
                     yield a, b, self._ucache[a:b]
                 return
-            m, step = self._ucache.shape[0], self._u_step()
-            for a in range(0, m, step):
-                yield a, min(a + step, m), self._ucache[a:a + step]
+            yield from self._iter_cached()
             return
+        yield from self._iter_formed(self._u_from_x)
+
+    def _iter_cached(self):
+        """(start, stop, cached rows) over the whole row cache, in chunks of ``_u_step()``."""
+        m, step = self._ucache.shape[0], self._u_step()
+        for a in range(0, m, step):
+            yield a, min(a + step, m), self._ucache[a:a + step]
+
+    def _iter_formed(self, form):
+        """(start, stop, rows) formed by ``form(X, row ids)`` from each chunk of the source
+        (store blocks or array slices), kernel evaluations counted."""
         src = self._source
         for j in range(len(src.offsets) - 1):
             a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-            U = self._u_from_x(src.chunk(j), np.arange(a, b))
-            self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
-            yield a, b, U
+            rows = form(src.chunk(j), np.arange(a, b))
+            self.stats_["kernel_evaluations"] = (self.stats_.get("kernel_evaluations", 0)
+                                                 + rows.size)
+            yield a, b, rows
 
     def release_cache(self) -> None:
         """Drop the cached U (or K_B^T) rows and give their bytes back to the budget."""
