@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+from numba import njit
 
 from ooc_learn.storage.budget import MemoryBudget, format_size
 from ooc_learn.storage.errors import BudgetExceededError
@@ -324,9 +325,15 @@ class ActiveSet:
         rows, y, sqn, alpha = (self.rows[keep].copy(), self.y[keep].copy(),
                                self.sqn[keep].copy(), self.alpha[keep].copy())
         if not self.spilled:
-            X = self.X[keep]
-            self.m, self.nnz = 0, 0
-            self.add(rows, X, y, sqn, alpha)
+            # rows move forward inside the buffers: no copy of S (it would be unpaid for,
+            # and as large as S's share of the cap)
+            k = keep.size
+            if self.sparse:
+                self.nnz = int(_compact_csr(self.indptr, self.indices, self.data, keep))
+            else:
+                _compact_dense(self.Xbuf, keep)
+            self.rows[:k], self.y[:k], self.sqn[:k], self.alpha[:k] = rows, y, sqn, alpha
+            self.m = k
             return
         old, indptr_old, m_old = self._dir, self.indptr[: self.m + 1].copy(), self.m
         step = self.window_rows()
@@ -393,3 +400,32 @@ def _read_file(folder: Path, sparse: bool, d: int, indptr: np.ndarray, a: int, b
         return sp.csr_matrix((data, idx, indptr[a:b + 1] - lo), shape=(b - a, d))
     X = np.fromfile(folder / "X.bin", np.float32, (b - a) * d, offset=4 * d * a)
     return X.reshape(b - a, d)
+
+
+@njit(cache=True)
+def _compact_dense(X, keep):
+    """Rows ``keep`` (ascending) of X moved to its first ``len(keep)`` rows, in place."""
+    d = X.shape[1]
+    for i in range(keep.shape[0]):
+        r = keep[i]
+        if r != i:
+            for j in range(d):
+                X[i, j] = X[r, j]
+
+
+@njit(cache=True)
+def _compact_csr(indptr, indices, data, keep):
+    """CSR rows ``keep`` (ascending) moved to the front of the buffers, in place; returns
+    the new nnz (``indptr[:len(keep) + 1]`` rewritten: row r >= i is read before row i is
+    written, and values only move forward)."""
+    out = 0
+    for i in range(keep.shape[0]):
+        r = keep[i]
+        a, b = indptr[r], indptr[r + 1]
+        indptr[i] = out
+        for p in range(a, b):
+            indices[out] = indices[p]
+            data[out] = data[p]
+            out += 1
+    indptr[keep.shape[0]] = out
+    return out

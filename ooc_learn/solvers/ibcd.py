@@ -46,6 +46,7 @@ import numpy as np
 
 from ooc_learn.losses import get_loss
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.resources import release_free_heap
 from ooc_learn.storage.store import row_sqnorms
 
 from .active_set import ActiveSet
@@ -529,12 +530,14 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             return added
         rows_src.clear()
         # the most violating rows join S: up to |S| of them (S at most doubles) as long as
-        # they fit without spilling, at least n
+        # they fit without spilling, at least n; the rows read and S's grown buffers coexist
+        # for a moment, so room for twice as many is asked
         want = max(n, CHECK_GROWTH * S.m)
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
-        while want > n and not S.spilled and not S.fits(want, int(want * per_row)):
+        while want > n and not S.spilled and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(n, want // 2)
         rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want)
+        release_free_heap()  # the check and the solve before it freed many arrays
         stats["full_checks"] = stats.get("full_checks", 0) + 1
         stats["rows_examined"] += int(n_e)
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
@@ -627,6 +630,7 @@ def _prune_inactive(S, in_S, w, bias, stats) -> int:
     in_S[S.rows[: S.m][~keep]] = False
     stats["pruned"] = stats.get("pruned", 0) + int((~keep).sum())
     S.keep(keep)
+    release_free_heap()
     return 0
 
 

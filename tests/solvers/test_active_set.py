@@ -51,6 +51,34 @@ def test_spilled_set_reads_back_exactly_what_was_added(tmp_path, rng, sparse):
     assert not list(tmp_path.iterdir()), "the spill folder must be removed"
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_resident_keep_compacts_in_place_without_a_copy(rng, sparse):
+    d = 25
+    budget = MemoryBudget("64M")
+    S = ActiveSet(d, sparse, budget)
+    X = _rows(rng, 900, d, sparse)
+    ref = _dense(X)
+    S.add(np.arange(900) * 3, X, np.where(rng.random(900) < 0.5, 1.0, -1.0),
+          (ref.astype(np.float64) ** 2).sum(1), rng.random(900))
+    y0, a0 = S.y[:900].copy(), S.alpha[:900].copy()
+    buf = S.data if sparse else S.Xbuf
+    used = budget.used
+    for _ in range(3):  # repeated compactions, the first row dropped or kept
+        mask = rng.random(S.m) < 0.6
+        before_rows = S.rows[: S.m].copy()
+        S.keep(mask)
+        keep = np.flatnonzero(mask)
+        np.testing.assert_array_equal(S.rows[: S.m], before_rows[keep])
+        idx = S.rows[: S.m] // 3
+        np.testing.assert_array_equal(_dense(S.X), ref[idx])
+        np.testing.assert_array_equal(S.y[: S.m], y0[idx])
+        np.testing.assert_array_equal(S.alpha[: S.m], a0[idx])
+    # the same buffers, nothing more reserved
+    assert (S.data if sparse else S.Xbuf) is buf and budget.used == used
+    S.keep(np.zeros(S.m, bool))
+    assert S.m == 0 and S.nnz == 0
+
+
 def test_keep_brings_a_small_spilled_set_back_into_memory(tmp_path, rng):
     S = ActiveSet(10, False, MemoryBudget("16M"), spill_dir=tmp_path)
     X = _rows(rng, 2000, 10, False)

@@ -91,10 +91,12 @@ def test_ibcd_with_a_spilled_active_set_stays_within_tiny_run_plus_cap(tmp_path,
     peak = child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz"] + common)
     stats = load_model(tmp_path / "b.npz").meta["stats"]
     assert stats["spills"] >= 1 and stats["rows_read_back"] > 0, stats
-    # measured: 8.7-9.0 MB over the tiny run at a 4 MB cap and 11.1-11.2 MB at 6 MB, i.e. a
-    # fixed ~5 MB that stays resident after the first spilled run (no new modules or numba
-    # specializations load; small-object arenas and library buffers keep it). The 3 % slack
-    # holds it only just, so this test allows 1 MB more (known gap, issue #4 note)
+    # measured: 9.0-9.3 MB over the tiny run at a 4 MB cap, i.e. ~5 MB beyond the cap that
+    # does not grow with it (no new modules load; one numba specialization more). glibc's
+    # mallinfo2 after the run shows 4.3 MB *free* inside the heap arena (holes between
+    # long-lived small objects); IBCD returns such pages with malloc_trim after each check
+    # and prune (10.0 -> 9.1 MB). The 3 % slack holds the rest only just, so this test
+    # allows 1 MB more (known gap, issue #4 note)
     assert peak <= base * 1.03 + cap + (1 << 20), (peak - base) / 2**20
     assert not list(tmp_path.glob(".ooc-ibcd-spill-*")), "spill folders must be removed"
 
