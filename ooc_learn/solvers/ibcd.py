@@ -518,9 +518,14 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         sampled = ((k >= nq or cut) and sample_eps > 0 and n_e > 0
                    and k / n_e < sample_eps)
         if (k >= nq or (cut and not truncated and 2 * k >= nq)) and not sampled:
-            if k >= nq and k >= DENSE_QUERY * n_e and nq < nq_max:
-                nq = min(nq_max, 2 * nq)
+            # the rows a query returns are read into memory (and, with S spilled, read back
+            # with the block): a larger query stays within one window of the cap
+            top = n if S.spilled else min(nq_max, max(n, S.window_rows()))
+            if k >= nq and k >= DENSE_QUERY * n_e and nq < top:
+                nq = min(top, 2 * nq)
                 stats["queries_grown"] += 1
+            elif S.spilled:
+                nq = n
             elif k < nq:
                 nq = n
             continue
