@@ -467,6 +467,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     scan_only = False
     nq = n  # rows asked of the next query: grows while the index finds violators densely
     nq_max = max(n, int(QUERY_SHARE * forest.n_samples) // 2)
+    row_bytes = max(1, rows_src.store.estimated_bytes(1))
     while True:
         rows_src.clear()
         if scan_only:
@@ -518,9 +519,10 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         sampled = ((k >= nq or cut) and sample_eps > 0 and n_e > 0
                    and k / n_e < sample_eps)
         if (k >= nq or (cut and not truncated and 2 * k >= nq)) and not sampled:
-            # the rows a query returns are read into memory (and, with S spilled, read back
-            # with the block): a larger query stays within one window of the cap
-            top = n if S.spilled else min(nq_max, max(n, S.window_rows()))
+            # the rows a query returns are read into memory (with a copy or two on the way
+            # into S): a larger query only where the free part of the cap holds that 4 times
+            room = rows_src.store.budget.available // (4 * row_bytes)
+            top = n if S.spilled else min(nq_max, max(n, min(S.window_rows(), room)))
             if k >= nq and k >= DENSE_QUERY * n_e and nq < top:
                 nq = min(top, 2 * nq)
                 stats["queries_grown"] += 1
