@@ -458,9 +458,10 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     max_ex = max(2 * n, int(QUERY_SHARE * forest.n_samples))
     m_solved = max(S.m, n)
 
-    def resolve():
+    def resolve():  # problem (13) on S: B = S
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
                  solver=block_solver)
+
     # once a query is cut with fewer than n/2 rows, the rest of this convex problem's
     # violators are sparse: the scan check alone finds them (a query would examine max_ex
     # rows for a handful)
@@ -502,8 +503,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                          solver=block_solver, rng=rng, stats=stats)
         stats["inner_iterations"] += 1
         if not S.spilled and S.m >= RESOLVE_GROWTH * m_solved:
-            _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                     solver=block_solver)
+            resolve()
             r = _prune_inactive(S, in_S, w, bias, stats)
             _reshrink(forest, S, shrink_threshold)
             m_solved = max(S.m, n)
@@ -526,9 +526,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             if k >= nq and k >= DENSE_QUERY * n_e and nq < top:
                 nq = min(top, 2 * nq)
                 stats["queries_grown"] += 1
-            elif S.spilled:
-                nq = n
-            elif k < nq:
+            elif S.spilled or k < nq:
                 nq = n
             continue
         scan_only = scan_only or cut
