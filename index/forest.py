@@ -31,11 +31,11 @@ from typing import Callable
 
 import lmdb
 import numpy as np
-import scipy.sparse as sp
 
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterError
+from ooc_learn.storage.store import rows_one_by_one
 
 from ._kernels import (_ORDER_MASK, _ORDER_SHIFT, FRONTIER_WIDTH, expand_node,
                        fenwick_mark, fenwick_prefix, frontier_push, frontier_pop, scan_leaf,
@@ -436,10 +436,7 @@ class Forest:
             inv = np.empty_like(order)
             inv[order] = np.arange(order.size)
             return X[inv], np.asarray(y)[inv]
-        parts = [self._read_range(int(r), int(r) + 1) for r in node.pivot_row]
-        Xs = [p[0] for p in parts]
-        P = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
-        return P, np.concatenate([p[1] for p in parts])
+        return rows_one_by_one(self._read_range, node.pivot_row)
 
     def _pivot_rows(self, t: int, v: int, node):
         """The pivot rows of an upper node as kernel arrays and labels, through the cache."""
@@ -734,4 +731,4 @@ def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
     return Forest(Path(store.path) / INDEX_DIR, read_range=store.read_range,
                   n_samples=store.n_samples, n_features=store.n_features,
                   block_offsets=store.block_offsets, budget=store.budget,
-                  name=str(store.path), cache_bytes=cache_bytes)
+                  name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows)

@@ -59,31 +59,42 @@ class _Slicer:
             plain = False
         return cls(fd, ds) if plain else ds
 
+    def _read_into(self, buf: memoryview, row: int) -> None:
+        """Fill ``buf`` with the bytes from row ``row`` on (preadv may return fewer)."""
+        got, want = 0, len(buf)
+        while got < want:
+            k = os.preadv(self.fd, [buf[got:]], self.offset + row * self.row_bytes + got)
+            if k <= 0:
+                raise OSError(f"short read of {want} bytes at row {row} (file truncated?)")
+            got += k
+
     def take(self, rows) -> np.ndarray:
         """Rows at the positions ``rows`` (in range), one read each into one array."""
         out = np.empty((len(rows),) + self.row_shape, self.dtype)
         if out.nbytes:
-            buf = memoryview(out).cast("B")
-            rb = self.row_bytes
+            buf, rb = memoryview(out).cast("B"), self.row_bytes
             for i, r in enumerate(rows):
-                if os.preadv(self.fd, [buf[i * rb:(i + 1) * rb]], self.offset + int(r) * rb) != rb:
-                    raise OSError(f"short read of row {int(r)} (file truncated?)")
+                self._read_into(buf[i * rb:(i + 1) * rb], int(r))
         return out
 
     def __getitem__(self, sl: slice) -> np.ndarray:
         a, b, _ = sl.indices(self.n)
-        b = max(a, b)
-        out = np.empty((b - a,) + self.row_shape, self.dtype)
-        want = out.nbytes
-        got = 0
-        if want:
-            buf = memoryview(out).cast("B")
-            while got < want:
-                k = os.preadv(self.fd, [buf[got:]], self.offset + a * self.row_bytes + got)
-                if k <= 0:
-                    raise OSError(f"short read of {want} bytes at row {a} (file truncated?)")
-                got += k
+        out = np.empty((max(a, b) - a,) + self.row_shape, self.dtype)
+        if out.nbytes:
+            self._read_into(memoryview(out).cast("B"), a)
         return out
+
+
+def rows_one_by_one(read_range, rows):
+    """``(X, y)`` of the rows ``rows`` (in that order), one ``read_range(r, r + 1)`` each:
+    for scattered rows where nothing reads them faster (a CSR store, an in-memory provider)."""
+    parts = [read_range(int(r), int(r) + 1) for r in rows]
+    if not parts:
+        X, y, _ = read_range(0, 0)
+        return X, y
+    Xs = [p[0] for p in parts]
+    X = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
+    return X, np.concatenate([p[1] for p in parts])
 
 
 class StoreWriter:
@@ -383,18 +394,11 @@ class Store:
             raise IndexError(f"row positions must be sorted and in 0:{self.n_samples}")
         Xs, ys = self._ds.get("X"), self._ds["y"]
         if self.layout == "dense" and isinstance(Xs, _Slicer) and isinstance(ys, _Slicer):
-            X = Xs.take(rows)
-            y = ys[int(rows[0]):int(rows[-1]) + 1][rows - rows[0]] if rows.size else ys[0:0]
+            X, y = Xs.take(rows), ys.take(rows)
             self.rows_read += rows.size
             self.bytes_read += X.nbytes + y.nbytes
             return X, y
-        parts = [self.read_range(int(r), int(r) + 1, ids=False) for r in rows]
-        if not parts:
-            X, y, _ = self.read_range(0, 0, ids=False)
-            return X, y
-        Xp = [p[0] for p in parts]
-        X = sp.vstack(Xp, format="csr") if sp.issparse(Xp[0]) else np.vstack(Xp)
-        return X, np.concatenate([p[1] for p in parts])
+        return rows_one_by_one(lambda a, b: self.read_range(a, b, ids=False), rows)
 
     def read_block(self, b: int):
         """Block ``b`` as ``(X, y, row_ids)``, through the LRU block cache."""
