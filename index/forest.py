@@ -90,10 +90,6 @@ _FRONTIER_MIN = 256
 _SEEN_MIN = 1024
 
 
-class _FrontierFull(Exception):
-    """The cap holds no larger frontier (a query with ``bounded=True`` stops there)."""
-
-
 class _Frontier:
     """The best-bin-first frontier of one query, and the set of rows examined as pivots.
 
@@ -102,56 +98,47 @@ class _Frontier:
     open-addressing int64 table kept at most half full. Both grow by doubling, reserving the
     new arrays from the budget before allocating them (the old ones are released once
     copied), so a search's memory is counted; a growth the cap cannot hold raises
-    :class:`BudgetExceededError` naming ``--memory``. :meth:`release` returns everything.
+    :class:`BudgetExceededError` naming ``--memory``, or with ``soft`` takes what fits (the
+    frontier) or declines (:meth:`ensure` returns False). :meth:`release` returns everything.
     """
 
     def __init__(self, budget: MemoryBudget, soft: bool = False):
         self.budget = budget
         self.soft = soft
-        self.out = np.zeros(0, np.int64)  # the search's result arrays, once it has them
-        self.state = np.zeros(5, np.int64)
         self.size = self.peak = self.reserved = self.peak_bytes = 0
         self.pri = np.zeros(0, np.float64)
         self.ent = np.zeros((0, FRONTIER_WIDTH), np.int64)
         self.seen = np.zeros(0, np.int64)
 
-    def _reserve(self, nbytes: int) -> None:
-        self.budget.reserve(nbytes, "index search frontier")
+    def _reserve(self, nbytes: int) -> bool:
+        """Pay ``nbytes`` from the budget: the ``--memory`` error when it cannot, or False
+        with ``soft``."""
+        if self.soft:
+            if not self.budget.try_reserve(nbytes):
+                return False
+        else:
+            self.budget.reserve(nbytes, "index search frontier")
         self.reserved += nbytes
         self.peak_bytes = max(self.peak_bytes, self.reserved)
+        return True
 
     def _free(self, nbytes: int) -> None:
         self.budget.release(nbytes)
         self.reserved -= nbytes
 
-    def _reserve_soft(self, want: int, need: int, unit: int) -> int:
-        """Reserve room for between ``need`` and ``want`` items of ``unit`` bytes, as many as
-        the cap gives (halving the surplus after each refusal); raise :class:`_FrontierFull`
-        when not even ``need`` fit."""
-        while True:
-            if self.budget.try_reserve(want * unit):
-                self.reserved += want * unit
-                self.peak_bytes = max(self.peak_bytes, self.reserved)
-                return want
-            if want <= need:
-                raise _FrontierFull
-            want = need + (want - need) // 2
-
-    def ensure(self, push: int, seen_items: int) -> None:
-        """Room for ``push`` more entries and a set holding ``seen_items`` rows.
-
-        With ``soft`` set, a growth the cap cannot hold takes what fits, or raises
-        :class:`_FrontierFull` (the search then stops early) instead of the ``--memory``
-        error."""
+    def ensure(self, push: int, seen_items: int) -> bool:
+        """Room for ``push`` more entries and a set holding ``seen_items`` rows; False (with
+        ``soft`` only) when the cap holds no such room: the search stops there."""
         need = self.size + push
         self.peak = max(self.peak, need)
         cap = self.pri.shape[0]
         if need > cap:
             new = max(2 * cap, need, _FRONTIER_MIN)
-            if self.soft:
-                new = self._reserve_soft(new, need, FRONTIER_ENTRY_BYTES)
-            else:
-                self._reserve(new * FRONTIER_ENTRY_BYTES)
+            # soft: as much of the doubling as the cap gives, halving the surplus each time
+            while not self._reserve(new * FRONTIER_ENTRY_BYTES):
+                if new == need:
+                    return False
+                new = need + (new - need) // 2
             pri = np.empty(new, np.float64)
             ent = np.empty((new, FRONTIER_WIDTH), np.int64)
             pri[:self.size] = self.pri[:self.size]
@@ -163,19 +150,15 @@ class _Frontier:
             new = max(2 * cap, _SEEN_MIN)
             while new < 2 * seen_items:
                 new *= 2
-            if self.soft:
-                # the open-addressing table needs a power of two at least half empty
-                if not self.budget.try_reserve(new * _SEEN_SLOT_BYTES):
-                    raise _FrontierFull
-                self.reserved += new * _SEEN_SLOT_BYTES
-                self.peak_bytes = max(self.peak_bytes, self.reserved)
-            else:
-                self._reserve(new * _SEEN_SLOT_BYTES)
+            # the open-addressing table needs a power of two at least half empty
+            if not self._reserve(new * _SEEN_SLOT_BYTES):
+                return False
             seen = np.full(new, -1, np.int64)
             if cap:
                 seen_rehash(self.seen, seen)
             self.seen = seen
             self._free(cap * _SEEN_SLOT_BYTES)
+        return True
 
     def release(self) -> None:
         self.pri = np.zeros(0, np.float64)
@@ -621,14 +604,6 @@ class Forest:
         try:
             return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
                                         seed, fr, stats)
-        except _FrontierFull:
-            # stopped where the cap held no larger frontier: what was found stands
-            stats["truncated"] = True
-            n_out = int(fr.state[0])
-            stats["rows_examined"] = int(fr.state[1])
-            stats["rows_shrunk"] = int(fr.state[2])
-            stats["pivots_examined"] = int(fr.state[4])
-            return fr.out[:n_out].copy(), int(fr.state[1])
         finally:
             stats["frontier_peak"] = fr.peak
             stats["frontier_bytes"] = fr.peak_bytes
@@ -640,10 +615,11 @@ class Forest:
         wsq = float(wv @ wv) + (b * b if aug else 0.0)
         bq = b if aug else 0.0
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
-        fr.ensure(self.n_blocks, 0)
+        # a bounded search that the cap cannot start returns nothing, flagged truncated
+        stats["truncated"] = not fr.ensure(self.n_blocks, 0)
         stats["frontier_entry_bytes"] = FRONTIER_ENTRY_BYTES
         for t, h in enumerate(self.headers):
-            if h.n_rows:
+            if h.n_rows and not stats["truncated"]:
                 # roots: priority 0, the tree's rank, pushed before any child
                 fr.size = frontier_push(fr.pri, fr.ent, fr.size, 0.0,
                                         (int(rank[t]) << _ORDER_SHIFT) + _ORDER_MASK,
@@ -651,7 +627,6 @@ class Forest:
                                         (t << 32) + (1 if h.n_internal == 0 else 0), -1)
         out = np.empty(min(limit, self.n_samples), np.int64)
         state = np.zeros(5, np.int64)  # returned, examined, newly shrunk, seen, pivots taken
-        fr.out, fr.state = out, state  # what a search stopped by _FrontierFull returns
         shrink_on = self._fen.shape[0] > 0
         shrunk, fen, hi = self._shrunk, self._fen, self._shrink_hi
         if PIVOT_CANDIDATES not in ("qualifying", "reached", "none"):
@@ -663,8 +638,9 @@ class Forest:
         pops = 0  # an upper bound on the rows in the seen set (one per pop at most)
         while fr.size and state[0] < limit and state[1] < max_ex:
             pops += 1
-            if take and not now and 2 * pops > fr.seen.shape[0]:
-                fr.ensure(0, pops)
+            if take and not now and 2 * pops > fr.seen.shape[0] and not fr.ensure(0, pops):
+                stats["truncated"] = True  # bounded: stopped where the cap ends
+                break
             fr.size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
                 fr.pri, fr.ent, fr.size, fen, shrink_on, take, excl, shrunk, fr.seen, limit,
                 max_ex, out, state)
@@ -696,7 +672,9 @@ class Forest:
                 P, yP = self._pivot_rows(t, v, node)
                 at = np.arange(node.pivot_row.shape[0], dtype=np.int64)
             k = int(at.shape[0])
-            fr.ensure(k, int(state[3]) + k if now else pops)
+            if not fr.ensure(k, int(state[3]) + k if now else pops):
+                stats["truncated"] = True  # bounded: stopped where the cap ends
+                break
             fr.size = expand_node(*P, yP, at, wv, bq, wt, bt, same, low, wsq, aug,
                                   node.pivot_row, node.pivot_sqnorm,
                                   node.radius_aug if aug else node.radius, node.child_leaf,

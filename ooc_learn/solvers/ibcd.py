@@ -512,7 +512,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # way to find the rest; while it still found half of n, it keeps being asked
         # (a query that stopped where the cap held no larger search frontier has not reached
         # the leaves worth reading: the scan check takes over at once)
-        truncated = not scan_only and k < nq and forest.last_query.get("truncated", False)
+        truncated = not scan_only and k < nq and forest.last_query["truncated"]
         cut = not scan_only and k < nq and (n_e >= max_ex or truncated)
         stats["queries_cut"] += int(cut)
         stats["queries_truncated"] += int(truncated)
@@ -610,18 +610,18 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     return top, XN, yN, float(viol.max()), examined
 
 
-def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve=None) -> bool:
+def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve) -> bool:
     """Rows ``rows`` (``XN``, ``yN``) join S and are marked on the index. §4.2 under a tight
     cap: when they do not fit, the inactive rows (alpha = 0, y w^T x >= 1) leave S first (the
     index brings them back if they violate again; the final check examines every row); if S
     still does not fit, it spills to disk. Returns whether S was rearranged (the cyclic
-    reader restarts)."""
+    reader restarts). ``resolve()`` solves problem (13) on S (tried once before spilling)."""
     k = XN.shape[0]
     nnz = int(XN.indptr[-1]) if S.sparse else 0
     moved = not S.fits(k, nnz)
     if moved:
         _prune_inactive(S, in_S, w, bias, stats)
-        if not S.fits(k, nnz) and not S.spilled and resolve is not None:
+        if not S.fits(k, nnz) and not S.spilled:
             # before spilling, problem (13) on S (still in memory) and a second prune: the
             # rows a block's solve left at alpha > 0 on the way often settle at 0
             resolve()
