@@ -38,7 +38,6 @@ import numpy as np
 import scipy.linalg as la
 from scipy.linalg import lapack
 from scipy.linalg.blas import dsyrk
-from scipy.linalg.blas import dsyrk as syrk
 
 from ooc_learn.storage.errors import ParameterError
 
@@ -57,6 +56,8 @@ METRICS = ("mse", "mae", "error")
 # benchmark sets (bench_rls, one lambda, 10 folds, n = 500..2000) it is as fast as the general
 # path at 1.33x its estimated flops and up to 1.8x faster at about equal estimates.
 SMALL_CHOL_WEIGHT = 1.5
+# "small" / "n" forces the side of every fold in _kfold_chol (tests); None: by flops
+FORCE_CHOL_SIDE = None
 
 
 class LambdaSelection(NamedTuple):
@@ -280,8 +281,6 @@ def _chol_plan(n: int, hs, es, c: int, v: int):
     return sides, total
 
 
-FORCE_CHOL_SIDE = None
-
 
 def _kfold_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
     """k-fold CV with P^-1 factored by Cholesky factors instead of the eigenvectors (few lambdas).
@@ -330,15 +329,9 @@ def _kfold_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
     if not model._budget.try_reserve(need):
         return done
     try:
-        Ls = []
-        if "small" in sides:
-            for lam in lams:
-                Ap = model._AR.copy(order="F")
-                Ap[np.diag_indices(n)] += lam
-                try:
-                    Ls.append(la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False))
-                except la.LinAlgError:      # lam below the rounding level of A: general path
-                    return done
+        Ls = [_chol_shifted(model._AR, lam) for lam in lams] if "small" in sides else []
+        if any(L is None for L in Ls):      # lam below the rounding level of A: general path
+            return done
         Cinv = None
         if any(es):
             Cinv, info = lapack.dtrtri(C, lower=1)
@@ -360,6 +353,17 @@ def _kfold_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
     return done
 
 
+def _chol_shifted(A: np.ndarray, lam: float):
+    """The lower Cholesky factor of A + lam I (A untouched), None when it is not
+    numerically positive definite."""
+    Ap = A.copy(order="F")
+    Ap[np.diag_indices(A.shape[0])] += lam
+    try:
+        return la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False)
+    except la.LinAlgError:
+        return None
+
+
 def _split_held(model, H, mode):
     """(rows leaving training, positions in H of basis rows kept in training or None, their
     basis columns, basis columns removed by the constraint a_E = 0) of one fold."""
@@ -379,7 +383,7 @@ def _nside_chol_fold(model, H, lams, Cinv, mode):
     held, keep_rows, keep_cols, Ecols = _split_held(model, H, mode)
     RT = model.rt_rows(held)                    # (h, n): R_H^T
     RH = RT.T                                   # F-ordered view, n x h
-    M = syrk(-1.0, RH, beta=1.0, c=model._AR.copy(order="F"), trans=0, lower=0,
+    M = dsyrk(-1.0, RH, beta=1.0, c=model._AR.copy(order="F"), trans=0, lower=0,
              overwrite_c=1)                     # upper triangle of A - R_H R_H^T
     bt = model._KyR - RH @ Y[held]
     n = M.shape[0]
@@ -419,13 +423,13 @@ def _small_chol_fold(model, H, Ls, Cinv, mode):
     for k, L in enumerate(Ls):
         X = la.solve_triangular(L, RH, lower=True, check_finite=False)
         lb = la.solve_triangular(L, bt, lower=True, check_finite=False)
-        IJ = syrk(-1.0, X, beta=1.0, c=np.eye(h, order="F"), trans=1, lower=0, overwrite_c=1)
+        IJ = dsyrk(-1.0, X, beta=1.0, c=np.eye(h, order="F"), trans=1, lower=0, overwrite_c=1)
         r = X.T @ lb
         if Ecols.size:
             G = la.solve_triangular(L, Cinv[:, Ecols], lower=True, check_finite=False)
             Z, _ = la.qr(G, mode="economic", overwrite_a=True, check_finite=False)
             W = Z.T @ X                         # (e, h): J = X^T X - W^T W
-            IJ = syrk(1.0, W, beta=1.0, c=IJ, trans=1, lower=0, overwrite_c=1)
+            IJ = dsyrk(1.0, W, beta=1.0, c=IJ, trans=1, lower=0, overwrite_c=1)
             r -= W.T @ (Z.T @ lb)
         f = _spd_solve_upper(IJ, r)
         if keep_rows is None:
@@ -626,11 +630,8 @@ def _loo_rows_chol(model, lam: float, out) -> bool:
     if not model._budget.try_reserve(need):
         return False
     try:
-        Ap = model._AR.copy(order="F")
-        Ap[np.diag_indices(n)] += lam
-        try:
-            L = la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False)
-        except la.LinAlgError:
+        L = _chol_shifted(model._AR, lam)
+        if L is None:
             return False
         w = la.cho_solve((L, True), model._KyR, check_finite=False)
         Y = model._Y
