@@ -447,6 +447,7 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter, pha
     converged = False
     for p in range(phase.shape[0]):
         phase[p] = -1
+    mark, below = 0, 1.0  # the next phase mark and the gap it waits for (10^-mark)
     while it < max_iter:
         counter -= 1
         if shrinking and counter == 0:
@@ -463,9 +464,10 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter, pha
                 is_act[train] = True
             n_act = _shrink(act, n_act, is_act, y, alpha, G, C, gm1, gm2)
         i, j, gap, coli = _select(kd, kc, diag, act, n_act, y, alpha, G, C)
-        for p in range(phase.shape[0]):
-            if phase[p] < 0 and gap < 10.0 ** (-p):
-                phase[p] = it
+        while mark < phase.shape[0] and gap < below:
+            phase[mark] = it
+            mark += 1
+            below = 10.0 ** (-mark)
         if gap < eps or j < 0:
             if n_act == l:
                 converged = True
