@@ -12,7 +12,6 @@ from sklearn.datasets import load_svmlight_file
 from _bench_data import DATA, fashion_mnist
 
 
-
 def libsvm(name, n_features=None, subset=None, seed=0, scale=False):
     X, y = load_svmlight_file(lzma.open(DATA / name), n_features=n_features)
     X = X.toarray().astype(np.float32)
