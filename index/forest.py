@@ -503,7 +503,7 @@ class Forest:
 
     def query(self, w, *, w_outer=None, s=1.0, n: int | None = 1000, exclude=None,
               seed: int = 0, loss: str = "hinge", max_examined: int | None = None,
-              bounded: bool = False):
+              bounded: bool = False, min_precision: float = 0.0):
         """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined.
 
         Parameters
@@ -532,6 +532,11 @@ class Forest:
             Which L⁻¹(1+s) to use.
         max_examined : int, optional
             Stop after examining this many rows.
+        min_precision : float
+            Stop once at least 2·``n`` rows were examined and fewer than this share of them
+            qualified (``last_query["low_precision"]``): the best-first order examines the
+            likeliest partitions first, so the share only falls from there, and a caller with
+            a cheaper way to find sparse rows (IBCD's sequential check) takes over. 0: never.
         bounded : bool
             When the memory cap holds no larger frontier, stop the search there (setting
             ``last_query["truncated"]``) instead of raising the ``--memory`` error. The rows
@@ -572,8 +577,11 @@ class Forest:
         if max_ex < 0:
             raise ParameterError(f"The 'max_examined' parameter of query must be >= 0. Got "
                                  f"{max_examined!r} instead.", "Use None for no limit.")
+        if not 0.0 <= float(min_precision) < 1.0:
+            raise ParameterError(f"The 'min_precision' parameter of query must be in [0, 1). "
+                                 f"Got {min_precision!r} instead.", "0 disables it.")
         return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed,
-                            bool(bounded))
+                            bool(bounded), float(min_precision))
 
     def _exclusion(self, exclude):
         """The exclusion as a uint8 mask: a caller's mask as is, row positions copied in.
@@ -594,16 +602,17 @@ class Forest:
         mask[rows] = 1
         return mask, self.n_samples
 
-    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded):
+    def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded,
+                min_prec=0.0):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
                      rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
-                     frontier_peak=0, truncated=False)
+                     frontier_peak=0, truncated=False, low_precision=False)
         self.last_query = stats
         excl, excl_bytes = self._exclusion(exclude)
         fr = _Frontier(self.budget, soft=bounded)
         try:
             return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
-                                        seed, fr, stats)
+                                        seed, fr, stats, min_prec)
         finally:
             stats["frontier_peak"] = fr.peak
             stats["frontier_bytes"] = fr.peak_bytes
@@ -611,7 +620,7 @@ class Forest:
             self.budget.release(excl_bytes)
 
     def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
-                        stats):
+                        stats, min_prec=0.0):
         wsq = float(wv @ wv) + (b * b if aug else 0.0)
         bq = b if aug else 0.0
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
@@ -636,7 +645,11 @@ class Forest:
         now = PIVOT_CANDIDATES == "qualifying"
         count = 0
         pops = 0  # an upper bound on the rows in the seen set (one per pop at most)
+        prec_from = 2 * limit if min_prec > 0.0 else max_ex
         while fr.size and state[0] < limit and state[1] < max_ex:
+            if state[1] >= prec_from and state[0] < min_prec * state[1]:
+                stats["low_precision"] = True
+                break
             pops += 1
             if take and not now and 2 * pops > fr.seen.shape[0] and not fr.ensure(0, pops):
                 stats["truncated"] = True  # bounded: stopped where the cap ends

@@ -81,6 +81,26 @@ def test_limited_queries_return_valid_fresh_rows(tmp_path, data_rng, csr):
         _check_valid(store, rows, w)
 
 
+def test_min_precision_stops_a_sparse_query_early(tmp_path, data_rng):
+    X, y = blobs(data_rng, n=3000, d=6)
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=5, leaf_size=10)
+    # a steep w: qualifying rows (0 <= y w^T x < 1 at s = 0) lie in a thin band
+    w = 50 * np.linalg.lstsq(X, y, rcond=None)[0]
+    ref = brute_force(store, w, s=0.0)
+    assert 0 < len(ref) < 300
+    with store.forest() as f:
+        full, n_full = f.query(w, n=100, s=0.0)
+        assert not f.last_query["low_precision"]
+        rows, n_e = f.query(w, n=100, s=0.0, min_precision=0.9)
+        assert f.last_query["low_precision"]
+        _check_valid(store, rows, w, s=0.0)
+        # it stopped as soon as 2n rows were examined with fewer than 90 % qualifying
+        assert 200 <= n_e < 200 + 2 * 10 + 5 and len(rows) < 0.9 * n_e
+        assert n_e < n_full
+        # the first rows are the ones the unrestricted best-first search returns first
+        assert np.array_equal(rows, full[:len(rows)])
+
+
 def test_best_bin_first_finds_rows_nearer_the_hyperplane(tmp_path, data_rng):
     X, y = blobs(data_rng, n=4000, d=6)
     store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=10, leaf_size=25)
@@ -193,6 +213,7 @@ def test_outlier_margin():
     (dict(exclude=[5000]), r"'exclude' parameter of query must hold row positions in \[0, "),
     (dict(exclude=np.zeros(3, bool)), "'exclude' parameter of query must be a boolean mask"),
     (dict(max_examined=-1), "'max_examined' parameter of query must be >= 0"),
+    (dict(min_precision=1.0), r"'min_precision' parameter of query must be in \[0, 1\)"),
 ])
 def test_bad_query_parameters(tmp_path, data_rng, kw, match):
     X, y = blobs(data_rng, n=200, d=6)

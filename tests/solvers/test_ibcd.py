@@ -59,9 +59,12 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
     # labels it may not, and then IBCD warns, as LIBLINEAR does, that its answer is
     # approximate); a converged IBCD must be eps-optimal on every row of the store
     # query_share 0: every query stops at 2n rows examined (the cut path to the scan check);
-    # 1: queries run until exhausted (the index alone proves no qualifying row is left)
+    # 1 (and no precision floor): queries run until exhausted (the index alone proves no
+    # qualifying row is left)
     if query_share is not None:
         monkeypatch.setattr("ooc_learn.solvers.ibcd.QUERY_SHARE", query_share)
+    if query_share == 1.0:
+        monkeypatch.setattr("ooc_learn.solvers.ibcd.MIN_PRECISION", 0.0)
     X, y = problem(rng, sparse=sparse)
     C, eps = 0.1, 0.01
     extra = {} if leaf_size is None else {"leaf_size": leaf_size}
