@@ -21,8 +21,8 @@ LOO table (20-value lambda grid ``LAMS``):
 
 Ratios: ``20LOO/fit`` = loo20 / fit (our lean training, no U); ``20LOO/fitU (paper)`` =
 loo20 / fitU, the target "20-lambda LOO <= 1.3x one training" with training as the paper's
-Section 6.1 counts it (O(m n^2) including U, then O(m n) per lambda): 0.97..1.28 measured on
-the four sets, n = 500..2000 (1.0..1.1 on most rows).
+Section 6.1 counts it (O(m n^2) including U, then O(m n) per lambda): 0.97..1.10 measured on
+the four sets, n = 500..2000 (cpusmall n = 1000 once read 1.28 on a loaded machine, 1.03 rerun).
 
 Why ``20LOO/fit`` cannot reach 1: every LOO needs U = R^T V (m x n), one m n^2 GEMM (2 m n^2
 flops), while the training itself is a triangular solve (m n^2) and a rank-k update (m n^2)
