@@ -16,16 +16,22 @@ memory (every row with alpha > 0 stays in S); each step asks the metric-forest i
 B = N ∪ the next n_e - |N| rows of S (a cyclic reader; n doubles while queries find violators
 densely, ``DENSE_QUERY``), solves the block sub-problem (11) by
 dual CD (or TRON on the primal (16) for the L2 loss), and grows S by N. Each time S has
-doubled, the block is S itself (problem (13) to ``eps``) and S's inactive rows leave it
+doubled, the block is S itself (problem (13), at most ``QUICK_ITERS`` passes) and S's inactive rows leave it
 (``RESOLVE_GROWTH``). The inner loop stops
 when |N| < n (every qualifying row not in S was found: the index search is exhaustive when it
 runs out of candidates) or by the sampled rule |N| / n_e < ``sample_eps``. A query examines at
-most ``QUERY_SHARE`` of the rows: one that reaches it with fewer than n/2 rows also ends the
-loop (finding the last, sparse violators through the index costs more than the check below).
-Then problem (13) on S is solved to ``eps`` and every row outside S is checked against eq. 10
+most ``QUERY_SHARE`` of the rows, and stops at 2n examined if fewer than ``MIN_PRECISION`` of
+them qualified: one cut so with fewer than n/2 rows ends the loop (finding the last, sparse
+violators through the index costs more than the check below), and so does a query that cost
+more than ``SCAN_MARGIN`` scans (a cost model in stored values touched, ``VISIT_COST`` per
+node or leaf visited; off with the sampled rule). Then problem (13) on S is solved to ``eps``
+(in ``QUICK_ITERS`` dual CD passes first) and every row outside S is checked against eq. 10
 with shrinking undone (§4.3), by a sequential block scan since the whole data is examined; the
-most violating rows it finds join S and the loop resumes; only when it finds nothing (or
-violations below the tolerance) is the convex problem solved on all rows.
+most violating rows it finds (at most |S|) join S. The index is asked again unless a query was
+cut or the scan finds rows ``SCAN_MARGIN`` times cheaper, in which case the scans alone find
+the rest of this convex problem's violators. Only when a check finds nothing (or violations
+below the tolerance) after a solve of S to ``eps`` within LIBLINEAR's 1000 passes is the
+convex problem solved on all rows.
 
 w_0 is the convex solution on a random sample of ``init_sample`` rows (§3.1), whose support
 vectors and alphas start S.
@@ -60,6 +66,12 @@ log = logging.getLogger(__name__)
 # dual CD passes over the initial sample: w_0 only starts the search, its precision is not
 # the answer's (LIBLINEAR's 1000 passes cost seconds on 10,000 rows of Fashion-MNIST)
 INIT_ITERS = 50
+# dual CD passes for a solve of S (problem 13): on the way (S doubled, or a check follows) at
+# most QUICK_ITERS; the solve a stop rests on gets LIBLINEAR's MAX_ITERS. Where dual CD
+# converges slowly (Fashion-MNIST and the generated store, C = 1) S's solves stopped at 1000
+# passes before most checks, which then found more rows anyway
+QUICK_ITERS = 100
+MAX_ITERS = 1000
 # the leaves a query read are remembered for the fetch that follows in at most 1/8 of the cap
 MEMO_SHARE = 8
 # a query examines at most this share of the rows (and at least 2n): once qualifying rows are
@@ -71,7 +83,22 @@ QUERY_SHARE = 0.1
 # ~20x a scanned row's cost per examined row, the check finds sparser violators cheaper (on
 # Fashion-MNIST with s = 1, the queries after w leaves w_t's band found 5-45 rows in 6000)
 MIN_PRECISION = 0.05
+# at each outer iteration of the truncated loss, S's inactive rows (alpha = 0, margin >= 1)
+# leave it (Fashion-MNIST, s = 1: S ended at 7549 rows for 467 support vectors without this)
 PRUNE_EACH_OUTER = True
+# whether the query-or-scan choice below is made (off: the index is asked until a query is
+# cut, as the paper's Algorithm 1; the sampled rule turns it off too)
+COST_MODEL = True
+# the query-or-scan choice in one unit, stored values touched: a scan check touches each row
+# outside S once; a query the rows it examines and the pivots it scores, plus this much per
+# node or leaf it visits (the best-first loop runs in Python: ~40 us a visit, measured on
+# Fashion-MNIST and the generated store, against 0.3-1.2 ns a stored value in the scan)
+VISIT_COST = 100_000
+# ... and the scan is chosen only where it is this many times cheaper: a query's rows go into
+# S through block solves of n_e rows, a check's through a solve of all of S, which costs more
+# where dual CD on S converges slowly (the generated store's L1 problem: 7.5 s against 6.1 s
+# at a margin of 1)
+SCAN_MARGIN = 2.0
 # a query that returns all the rows asked with at least this share of the rows it examined
 # qualifying means violators are dense: the next asks twice as many (up to QUERY_SHARE / 2 of
 # the rows; back to n after a short query), so S is not built 1000 rows at a time when a third
@@ -360,7 +387,7 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
     low = outlier_margin(loss, s)
     stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
              "queries": 0, "queries_cut": 0, "queries_truncated": 0, "queries_imprecise": 0,
-             "queries_grown": 0,
+             "queries_grown": 0, "scans_preferred": 0, "queries_slow": 0,
              "S_resolves": 0,
              "outer_log": []}
     outer = 0
@@ -469,17 +496,54 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     max_ex = max(2 * n, int(QUERY_SHARE * forest.n_samples))
     m_solved = max(S.m, n)
 
-    def resolve():  # problem (13) on S: B = S
+    def resolve():  # problem (13) on S: B = S, on the way (a check follows later)
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                 solver=block_solver)
+                 solver=block_solver, max_iter=QUICK_ITERS)
 
-    # once a query is cut with fewer than n/2 rows, the rest of this convex problem's
-    # violators are sparse: the scan check alone finds them (a query would examine max_ex
-    # rows for a handful)
+    # scan-only: the scan check has taken the index's place for the rest of this convex
+    # problem (a query was cut, or cost more than a scan; see VISIT_COST)
     scan_only = False
+    # the sampled rule is there to stop without scans: with it, the index keeps being asked
+    cost_model = COST_MODEL and sample_eps == 0
+    q_cost = q_found = None  # the last query's cost (stored values touched) and rows found
+    row_work = (rows_src.store.n_features if rows_src.store.layout == "dense"
+                else rows_src.store.nnz / max(1, forest.n_samples)) + 1.0
     nq = n  # rows asked of the next query: grows while the index finds violators densely
     nq_max = max(n, int(QUERY_SHARE * forest.n_samples) // 2)
     row_bytes = max(1, rows_src.store.estimated_bytes(1))
+
+    def scan():
+        """The check of §4.3: the most violating rows outside S, up to |S| of them (S at
+        most doubles) as long as they fit without spilling, at least n; the rows read and
+        S's grown buffers coexist for a moment, so room for twice as many is asked."""
+        rows_src.clear()
+        want = max(n, CHECK_GROWTH * S.m)
+        if S.spilled:  # the rows pass through memory on their way to S's file
+            want = max(n, min(want, S.window_rows()))
+        per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
+        while want > n and not S.fits(2 * want, int(2 * want * per_row)):
+            want = max(n, want // 2)
+        out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want)
+        release_free_heap()  # the check and the solve before it freed many arrays
+        stats["full_checks"] = stats.get("full_checks", 0) + 1
+        stats["rows_examined"] += int(out[4])
+        return out
+
+    def solve_S(max_iter):
+        """Problem (13) on S to eps in at most ``max_iter`` passes; returns what dual CD
+        left (0 when converged)."""
+        nonlocal r
+        if S.spilled:
+            # shrinking before the solve (§4.2): the inactive rows (alpha = 0, y w^T x >= 1)
+            # leave S, and the check brings back any that violate later; what is left comes
+            # back into memory when it fits
+            r = _prune_inactive(S, in_S, w, bias, stats)
+            _reshrink(forest, S, shrink_threshold)
+        if not S.m:
+            return 0.0
+        return _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
+                        solver=block_solver, max_iter=max_iter)
+
     while True:
         rows_src.clear()
         if scan_only:
@@ -489,6 +553,10 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                                        seed=int(rng.integers(1 << 31)), loss=loss,
                                        max_examined=max_ex, bounded=True,
                                        min_precision=MIN_PRECISION)
+            lq = forest.last_query
+            q_cost = ((lq["rows_examined"] + lq["pivots_scored"]) * row_work
+                      + VISIT_COST * (lq["nodes_expanded"] + lq["leaves_scanned"]))
+            q_found = len(rows_N)
             stats["queries"] += 1
         stats["rows_examined"] += int(n_e)
         k = len(rows_N)
@@ -520,67 +588,72 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
             _reshrink(forest, S, shrink_threshold)
             m_solved = max(S.m, n)
             stats["S_resolves"] += 1
-        # the query stopped at max_ex before finding n rows: the index is no longer the cheap
-        # way to find the rest; while it still found half of n, it keeps being asked
-        # (a query that stopped where the cap held no larger search frontier has not reached
-        # the leaves worth reading: the scan check takes over at once)
-        truncated = not scan_only and k < nq and forest.last_query["truncated"]
-        cut = not scan_only and k < nq and (n_e >= max_ex or truncated
-                                            or forest.last_query["low_precision"])
-        stats["queries_cut"] += int(cut)
-        stats["queries_truncated"] += int(truncated)
-        stats["queries_imprecise"] += int(cut and forest.last_query["low_precision"])
-        sampled = ((k >= nq or cut) and sample_eps > 0 and n_e > 0
-                   and k / n_e < sample_eps)
-        if (k >= nq or (cut and not truncated and 2 * k >= nq)) and not sampled:
-            # the rows a query returns are read into memory (with a copy or two on the way
-            # into S): a larger query only where the free part of the cap holds that 4 times
-            room = rows_src.store.budget.available // (4 * row_bytes)
-            top = n if S.spilled else min(nq_max, max(n, min(S.window_rows(), room)))
-            if k >= nq and k >= DENSE_QUERY * n_e and nq < top:
-                nq = min(top, 2 * nq)
-                stats["queries_grown"] += 1
-            elif S.spilled or k < nq:
-                nq = n
-            continue
-        scan_only = scan_only or cut
-        # problem (13) on S to eps, then a full check without shrinking (§4.3)
-        resid = 0.0
-        if S.spilled:
-            # shrinking before the solve (§4.2): the inactive rows (alpha = 0, y w^T x >= 1)
-            # leave S, and the check below brings back any that violate later; what is
-            # left comes back into memory when it fits
-            r = _prune_inactive(S, in_S, w, bias, stats)
-            _reshrink(forest, S, shrink_threshold)
-        if S.m:
-            resid = _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                             solver=block_solver)
+        sampled = False
+        if not scan_only:
+            # the query stopped at max_ex before finding n rows (or at 2n rows examined with
+            # fewer than MIN_PRECISION of them qualifying): the index is no longer the cheap
+            # way to find the rest; while it still found half of n, it keeps being asked (a
+            # query that stopped where the cap held no larger search frontier has not
+            # reached the leaves worth reading: the scan takes over at once)
+            truncated = k < nq and forest.last_query["truncated"]
+            cut = k < nq and (n_e >= max_ex or truncated or forest.last_query["low_precision"])
+            stats["queries_cut"] += int(cut)
+            stats["queries_truncated"] += int(truncated)
+            stats["queries_imprecise"] += int(cut and forest.last_query["low_precision"])
+            sampled = ((k >= nq or cut) and sample_eps > 0 and n_e > 0
+                       and k / n_e < sample_eps)
+            # a query that cost more than SCAN_MARGIN scans: the check comes next (it finds
+            # every row the query would; the costs compared there decide what follows)
+            slow = cost_model and q_cost > SCAN_MARGIN * (forest.n_samples - S.m) * row_work
+            stats["queries_slow"] += int(slow)
+            if ((k >= nq or (cut and not truncated and 2 * k >= nq)) and not sampled
+                    and not slow):
+                # the rows a query returns are read into memory (with a copy or two on the
+                # way into S): a larger query only where the free part of the cap holds that
+                # 4 times
+                room = rows_src.store.budget.available // (4 * row_bytes)
+                top = n if S.spilled else min(nq_max, max(n, min(S.window_rows(), room)))
+                if k >= nq and k >= DENSE_QUERY * n_e and nq < top:
+                    nq = min(top, 2 * nq)
+                    stats["queries_grown"] += 1
+                elif S.spilled or k < nq:
+                    nq = n
+                continue
+            scan_only = cut
         if sampled:
             # the paper's sampled rule: few fresh rows per row examined means the rest of the
             # data is (nearly) inactive; stop without scanning all of it
+            solve_S(MAX_ITERS)
             stats["stopped_by_sample_rule"] = stats.get("stopped_by_sample_rule", 0) + 1
             return added
-        rows_src.clear()
-        # the most violating rows join S: up to |S| of them (S at most doubles) as long as
-        # they fit without spilling, at least n; the rows read and S's grown buffers coexist
-        # for a moment, so room for twice as many is asked
-        want = max(n, CHECK_GROWTH * S.m)
-        per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
-        while want > n and not S.spilled and not S.fits(2 * want, int(2 * want * per_row)):
-            want = max(n, want // 2)
-        rows_N, XN, yN, worst, n_e = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want)
-        release_free_heap()  # the check and the solve before it freed many arrays
-        stats["full_checks"] = stats.get("full_checks", 0) + 1
-        stats["rows_examined"] += int(n_e)
+        # problem (13) on S to eps (at first in QUICK_ITERS passes), then a full check
+        # without shrinking (§4.3)
+        resid = solve_S(QUICK_ITERS)
+        full = resid == 0.0
+        rows_N, XN, yN, worst, n_e, n_viol = scan()
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
         # projected gradient is within eps of 0), or by less than what dual CD left on S
-        # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do better
-        if len(rows_N) == 0 or worst < max(eps, resid):
-            return added
+        # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do
+        # better. A solve cut at QUICK_ITERS passes is first carried on to MAX_ITERS, and
+        # the check repeated
+        while len(rows_N) == 0 or worst < max(eps, resid):
+            if full:
+                return added
+            resid, full = solve_S(MAX_ITERS), True
+            rows_N, XN, yN, worst, n_e, n_viol = scan()
         if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
                   resolve):
             r = 0
         added += len(rows_N)
+        # the index or the scan for the rows still violating? The next scan finds at least
+        # min(left, |S|) of them; the last query found q_found at q_cost. Where the scan
+        # finds rows SCAN_MARGIN times cheaper, or fewer than n/2 are left (a query would be
+        # cut), the rest of this problem is scan-only
+        left = n_viol - len(rows_N)
+        if cost_model and not scan_only and (2 * left < n or min(left, S.m) * q_cost >= (
+                SCAN_MARGIN * max(1, q_found) * (forest.n_samples - S.m) * row_work)):
+            scan_only = True
+            stats["scans_preferred"] += 1
         # shrinking starts afresh after a check (§4.3): only S stays marked
         _reshrink(forest, S, shrink_threshold)
 
@@ -598,8 +671,8 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
     blocks (the whole data must be examined, so the index's best-first order buys nothing
     here and a block scan avoids its per-leaf overhead). Returns the (at most ``n``) rows
     satisfying eq. 10 (not an outlier at w_t, y w^T x < 1) that violate it most, with their
-    ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none) and the
-    number of rows examined."""
+    ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none), the
+    number of rows examined and the number of rows satisfying eq. 10."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
     rows, viol = [], []
@@ -617,11 +690,11 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
             rows.append(a + hit)
             viol.append(1.0 - m[hit])
     if not rows:
-        return np.empty(0, np.int64), None, None, 0.0, examined
+        return np.empty(0, np.int64), None, None, 0.0, examined, 0
     rows, viol = np.concatenate(rows), np.concatenate(viol)
     top = np.sort(rows[np.argsort(-viol, kind="stable")[:n]])
     XN, yN = rows_src.fetch(top)
-    return top, XN, yN, float(viol.max()), examined
+    return top, XN, yN, float(viol.max()), examined, int(rows.size)
 
 
 def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve) -> bool:
@@ -666,7 +739,7 @@ def _prune_inactive(S, in_S, w, bias, stats) -> int:
     return 0
 
 
-def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=1000, max_rounds=10,
+def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_rounds=10,
              solver="dual") -> float:
     """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
     ``max_iter`` dual CD passes; returns the spread reached (below ``eps`` when converged).

@@ -50,7 +50,8 @@ def full_kkt_violation(store, w, sv_rows, sv_alpha, C, bias=1.0):
     return worst
 
 
-@pytest.mark.parametrize("query_share", [None, 0.0, 1.0], ids=["default-share", "cut", "exhaustive"])
+@pytest.mark.parametrize("query_share", [None, 0.0, 1.0, "scan"],
+                         ids=["default-share", "cut", "exhaustive", "scan"])
 @pytest.mark.parametrize("leaf_size", [None, 50], ids=["default-leaf", "leaf50"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_share,
@@ -60,9 +61,14 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
     # approximate); a converged IBCD must be eps-optimal on every row of the store
     # query_share 0: every query stops at 2n rows examined (the cut path to the scan check);
     # 1 (and no precision floor): queries run until exhausted (the index alone proves no
-    # qualifying row is left)
-    if query_share is not None:
+    # qualifying row is left); both without the query-or-scan cost model, which would take
+    # the scan first. "scan": every query costs more than a scan (VISIT_COST), so after the
+    # first query the scans find the rows
+    if query_share == "scan":
+        monkeypatch.setattr("ooc_learn.solvers.ibcd.VISIT_COST", 10 ** 12)
+    elif query_share is not None:
         monkeypatch.setattr("ooc_learn.solvers.ibcd.QUERY_SHARE", query_share)
+        monkeypatch.setattr("ooc_learn.solvers.ibcd.COST_MODEL", False)
     if query_share == 1.0:
         monkeypatch.setattr("ooc_learn.solvers.ibcd.MIN_PRECISION", 0.0)
     X, y = problem(rng, sparse=sparse)
@@ -93,6 +99,9 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
             assert res.stats["queries_cut"] > 0
         if query_share == 1.0:
             assert res.stats["queries_cut"] == 0
+        if query_share == "scan":
+            assert res.stats["queries"] == 1 and res.stats["queries_slow"] == 1
+            assert res.stats["full_checks"] >= 2
 
 
 def test_ibcd_warns_when_dual_cd_on_S_stops_at_max_iter(tmp_path):
@@ -242,17 +251,24 @@ def test_sampled_stopping_rule_reads_less_and_stays_close(tmp_path, rng):
             train(store, sample_eps=1.5)
 
 
+@pytest.mark.parametrize("cost_model", [False, True], ids=["index", "cost-model"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_ibcd_grows_queries_where_violators_are_dense(tmp_path, rng, sparse):
-    # 30 % flipped labels and the squared hinge: nearly every row is a support vector, the
-    # index finds violators densely and the queries double in size (DENSE_QUERY); the answer
-    # is still the full problem's optimum (in-memory dual CD to 1e-6 relative)
+def test_ibcd_where_violators_are_dense(tmp_path, rng, sparse, cost_model, monkeypatch):
+    # 30 % flipped labels and the squared hinge: nearly every row is a support vector. With
+    # the index alone, it finds violators densely and the queries double in size
+    # (DENSE_QUERY); with the cost model, a scan finds them cheaper and takes over. Either
+    # way the answer is the full problem's optimum (in-memory dual CD to 1e-6 relative)
+    monkeypatch.setattr("ooc_learn.solvers.ibcd.COST_MODEL", cost_model)
     X, y = problem(rng, sparse=sparse, flip=0.3)
     C = 0.1
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True,
                        layout="csr" if sparse else "dense") as store:
         res = solve_ibcd(store, C=C, n=50, eps=0.01, init_sample=100, seed=1, loss="sqhinge")
-        assert res.stats["queries_grown"] >= 1
+        if cost_model:
+            assert res.stats["queries_slow"] + res.stats["scans_preferred"] >= 1
+            assert res.stats["queries"] <= 3
+        else:
+            assert res.stats["queries_grown"] >= 1
         Xa, ya, _ = store.read_range(0, store.n_samples)
         ya = ya.astype(float)
         ref = solve_dcd(Xa, ya, C=C, eps=0.01, loss="sqhinge", max_iter=5000)
