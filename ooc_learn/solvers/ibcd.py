@@ -16,10 +16,10 @@ memory (every row with alpha > 0 stays in S); each step asks the metric-forest i
 B = N ∪ the next n_e - |N| rows of S (a cyclic reader; n doubles while queries find violators
 densely, ``DENSE_QUERY``), solves the block sub-problem (11) by
 dual CD (or TRON on the primal (16) for the L2 loss), and grows S by N. Each time S has
-doubled, the block is S itself (problem (13), at most ``QUICK_ITERS`` passes) and S's inactive rows leave it
-(``RESOLVE_GROWTH``). The inner loop stops
-when |N| < n (every qualifying row not in S was found: the index search is exhaustive when it
-runs out of candidates) or by the sampled rule |N| / n_e < ``sample_eps``. A query examines at
+doubled, the block is S itself (problem (13), at most ``QUICK_ITERS`` passes) and S's
+inactive rows leave it (``RESOLVE_GROWTH``). The inner loop stops when |N| < n (every
+qualifying row not in S was found: the index search is exhaustive when it runs out of
+candidates) or by the sampled rule |N| / n_e < ``sample_eps``. A query examines at
 most ``QUERY_SHARE`` of the rows, and stops at 2n examined if fewer than ``MIN_PRECISION`` of
 them qualified: one cut so with fewer than n/2 rows ends the loop (finding the last, sparse
 violators through the index costs more than the check below), and so does a query that cost
