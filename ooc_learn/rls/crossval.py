@@ -512,12 +512,7 @@ def _fold_in_r_coords(model, H, lams, mode, stats):
     if model._ucache is None:
         n = model.Q_.shape[0]
         step = max(64, (1 << 22) // n)
-        # the rows + one chunk's temporaries + the fold's n x n work (hold-in Gram, its
-        # symmetrised / projected copies, the reduction) + its (c, |H|, v) predictions: at
-        # m = 1M, n = 1000 and a 1G cap the rows alone fitted the budget while the n x n work
-        # and predictions pushed peak RSS 76 MiB past idle + cap (bench_rls --big-n 1000)
-        need = 8 * (n * (H.size + 3 * min(step, H.size)) + 6 * n * n
-                    + lams.size * H.size * model._Y.shape[1])
+        need = 8 * n * (H.size + 3 * min(step, H.size))    # the rows + one chunk's temporaries
         if not model._budget.try_reserve(need):
             SR, RY = _fold_gram(model, H)
             return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r-streamed")

@@ -382,24 +382,3 @@ def test_single_lambda_loo_by_cholesky_equals_refits(rng, mode, cache):
     path = model.loo_predict_path([LAM, 1.0], mode)
     assert model.cv_stats_["strategy"] == "eig"
     np.testing.assert_allclose(f, path[0], rtol=1e-9, atol=1e-12)
-
-
-def test_fold_rows_kept_only_when_their_n_by_n_work_fits_too(rng):
-    """A fold's R^T rows are kept (one formation) only when the budget also covers the fold's
-    n x n work and its predictions; here the rows alone fit (8 n (|H| + 3 |H|) = 0.96 MB of
-    1.5 MB) but not with 6 n^2 + c |H| v more (2.1 MB), so the fold is streamed (formed
-    twice), with the same predictions (1M rows, n = 1000, 1G: peak RSS was 76 MiB past the
-    promise)."""
-    m, n = 400, 150
-    X = rng.normal(size=(m, 3))
-    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=m)
-    lams = np.logspace(-3, 1, 5)
-    kw = dict(n_basis=n, lam=0.5, seed=1)
-    model = SparseRLS(cache_u=False, memory="1500K", **kw).fit(X, y)
-    f = model.kfold_predict_path(2, lams, "remove")
-    tags = set(model.cv_stats_["strategies"])
-    assert tags and all(t.endswith("-r-streamed") for t in tags), tags
-    free = SparseRLS(cache_u=False, **kw).fit(X, y)
-    g = free.kfold_predict_path(2, lams, "remove")
-    assert all(t.endswith("-r") for t in free.cv_stats_["strategies"]), free.cv_stats_
-    np.testing.assert_allclose(f, g, rtol=1e-8, atol=1e-10)
