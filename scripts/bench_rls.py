@@ -269,8 +269,10 @@ def big_child(args) -> None:
 
     SparseRLS(n_basis=5).fit(np.random.default_rng(1).normal(size=(20, 2)), np.ones(20))  # JIT
     store = ooc_learn.open_store(args.big_child, memory=args.big_memory)
+    # one cap for the run: the models reserve from the store's budget (its block cache too)
     kw = dict(kernel="rbf", gamma=1.0 / BIG_D, n_basis=args.big_n, seed=0,
-              memory=args.big_memory)
+              memory=store.budget)
+    phases = set(args.big_phases.split(","))
     res = {"rows": store.n_samples, "n": args.big_n, "memory": args.big_memory,
            "blocks": store.n_blocks}
     ys = np.asarray(store.labels(), dtype=np.float64)
@@ -294,34 +296,40 @@ def big_child(args) -> None:
         res.update(fit=t[0], fit_wall=t[1], u_cached=model._ucache is not None)
         np.save(args.big_out + ".basis.npy", model.basis_)
         _phase_peak(res, "fit")
-        t = timed(lambda: model.loo_predict_path(LAMS, "remove"))
-        mse = ((t[2] - ys) ** 2).mean(axis=1)
-        lam1 = float(LAMS[mse.argmin()])
-        res.update(loo20=t[0], loo20_wall=t[1], lam=lam1, mse_loo=float(mse.min()))
-        t = None
-        _phase_peak(res, "loo20")
-        t = timed(lambda: model.kfold_predict_path(10, LAMS, "remove"))
-        res.update(kf10=t[0], kf10_wall=t[1], strat20=model.cv_stats_["strategies"],
-                   mse_kf=float(((t[2] - ys) ** 2).mean(axis=1).min()))
-        t = None
-        _phase_peak(res, "kf10")
-        model.set_lambda(lam1)
-        t = timed(lambda: model.kfold_predict(10, "remove"))
-        res.update(kf1=t[0], kf1_wall=t[1], strat1=model.cv_stats_["strategies"],
-                   mse_kf1=float(((t[2] - ys) ** 2).mean()))
-        np.save(args.big_out + ".kf1.npy", t[2])
-        t = None
-        _phase_peak(res, "kf10@1λ")
+        lam1 = args.big_lam
+        if "loo20" in phases:
+            t = timed(lambda: model.loo_predict_path(LAMS, "remove"))
+            mse = ((t[2] - ys) ** 2).mean(axis=1)
+            lam1 = float(LAMS[mse.argmin()])
+            res.update(loo20=t[0], loo20_wall=t[1], lam=lam1, mse_loo=float(mse.min()))
+            t = None
+            _phase_peak(res, "loo20")
+        if "kf10" in phases:
+            t = timed(lambda: model.kfold_predict_path(10, LAMS, "remove"))
+            res.update(kf10=t[0], kf10_wall=t[1], strat20=model.cv_stats_["strategies"],
+                       mse_kf=float(((t[2] - ys) ** 2).mean(axis=1).min()))
+            t = None
+            _phase_peak(res, "kf10")
+        if "kf1" in phases:
+            model.set_lambda(lam1)
+            t = timed(lambda: model.kfold_predict(10, "remove"))
+            res.update(kf1=t[0], kf1_wall=t[1], strat1=model.cv_stats_["strategies"],
+                       mse_kf1=float(((t[2] - ys) ** 2).mean()))
+            np.save(args.big_out + ".kf1.npy", t[2])
+            t = None
+            _phase_peak(res, "kf10@1λ")
+        model.close()                   # its reserved bytes go back with its matrices
         del model
-        gmodel = SparseRLS(folds=10, **dict(kw, lam=lam1))    # fold Grams in the training pass
-        t = timed(lambda: gmodel.fit(store))
-        res.update(fitg=t[0], fitg_wall=t[1])
-        _phase_peak(res, "fit(folds)")
-        t = timed(lambda: gmodel.kfold_predict(10, "remove"))
-        res.update(kf1g=t[0], kf1g_wall=t[1], strat1g=gmodel.cv_stats_["strategies"])
-        np.save(args.big_out + ".kf1g.npy", t[2])
-        t = None
-        _phase_peak(res, "kf10g@1λ")
+        if "kf1g" in phases:
+            gmodel = SparseRLS(folds=10, **dict(kw, lam=lam1))  # fold Grams in the training pass
+            t = timed(lambda: gmodel.fit(store))
+            res.update(fitg=t[0], fitg_wall=t[1])
+            _phase_peak(res, "fit(folds)")
+            t = timed(lambda: gmodel.kfold_predict(10, "remove"))
+            res.update(kf1g=t[0], kf1g_wall=t[1], strat1g=gmodel.cv_stats_["strategies"])
+            np.save(args.big_out + ".kf1g.npy", t[2])
+            t = None
+            _phase_peak(res, "kf10g@1λ")
     store.close()
     Path(args.big_out).write_text(json.dumps(res))
 
@@ -343,7 +351,8 @@ def bench_big(args) -> None:
         del X, y
     script = str(Path(__file__).resolve())
     base = [sys.executable, script, "--big-child", str(path), "--big-n", str(args.big_n),
-            "--big-memory", args.big_memory, "--threads", str(args.threads)]
+            "--big-memory", args.big_memory, "--threads", str(args.threads),
+            "--big-phases", args.big_phases]
     out = str(folder / f"big{args.big_rows}_n{args.big_n}.json")
     rss, wall, rc, err = measure_command(base + ["--big-out", out])
     if rc != 0:
@@ -353,7 +362,9 @@ def bench_big(args) -> None:
             "SparseRLS(n_basis=5).fit(np.random.default_rng(1).normal(size=(20, 2)), np.ones(20)); "
             f"ooc_learn.open_store({str(path)!r}).labels()")
     base_rss = measure_command([sys.executable, "-c", idle])[0]
-    res.update(peak_rss_mb=rss / 2 ** 20, wall=wall, base_rss_mb=base_rss / 2 ** 20)
+    from ooc_learn.storage.budget import parse_size
+    res.update(peak_rss_mb=rss / 2 ** 20, wall=wall, base_rss_mb=base_rss / 2 ** 20,
+               cap_mb=parse_size(args.big_memory) / 2 ** 20)
     print_big(res)
     if args.big_refit:
         rout = out.replace(".json", "_refit.json")
@@ -387,15 +398,17 @@ def print_big(r) -> None:
             "child wall", "strategies@1λ")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    vals = [r["rows"], r["n"], r["memory"], r["blocks"], r["u_cached"], f"{r['fit']:.1f}",
-            f"{r['loo20']:.1f}", f"{r['kf10']:.1f}", f"{r['kf1']:.1f}", f"{r['fitg']:.1f}",
-            f"{r['kf1g']:.1f}",
-            f"{(r['fit'] + r['loo20']) / r['fit']:.2f}", f"{r['peak_rss_mb']:.0f}",
-            f"{r['base_rss_mb']:.0f}", f"{r['wall']:.0f}",
-            ",".join(f"{k}:{v}" for k, v in sorted(r["strat1"].items()))]
+    g = lambda k: f"{r[k]:.1f}" if k in r else "-"                       # noqa: E731
+    vals = [r["rows"], r["n"], r["memory"], r["blocks"], r["u_cached"], g("fit"), g("loo20"),
+            g("kf10"), g("kf1"), g("fitg"), g("kf1g"),
+            f"{(r['fit'] + r['loo20']) / r['fit']:.2f}" if "loo20" in r else "-",
+            f"{r['peak_rss_mb']:.0f}", f"{r['base_rss_mb']:.0f}", f"{r['wall']:.0f}",
+            ",".join(f"{k}:{v}" for k, v in sorted(r.get("strat1", {}).items()))]
     print("| " + " | ".join(str(v) for v in vals) + " |", flush=True)
-    print(f"(20-lambda k-fold strategies: {r['strat20']}; best LOO lambda {r['lam']:.3g}, "
-          f"LOO MSE {r['mse_loo']:.4f}, 10-fold MSE {r['mse_kf']:.4f})", flush=True)
+    print(f"(20-lambda k-fold strategies: {r.get('strat20')}; best LOO lambda "
+          f"{r.get('lam', float('nan')):.3g}, LOO MSE {r.get('mse_loo', float('nan')):.4f}, "
+          f"10-fold MSE {r.get('mse_kf', float('nan')):.4f}; peak RSS - idle - cap: "
+          f"{r['peak_rss_mb'] - r['base_rss_mb'] - r['cap_mb']:+.0f} MiB)", flush=True)
     if "phase_peak_mib" in r:
         print(f"(peak RSS so far after each phase, inside the child, MiB: "
               f"{r['phase_peak_mib']})", flush=True)
@@ -451,6 +464,9 @@ def main(argv=None):
     ap.add_argument("--big-dir", default="/tmp/rls_bench")
     ap.add_argument("--big-refit", action="store_true",
                     help="also run the brute-force refit peer on the Store (ten fits)")
+    ap.add_argument("--big-phases", default="loo20,kf10,kf1,kf1g",
+                    help="phases of the streaming run after fit (comma-separated subset of "
+                         "loo20,kf10,kf1,kf1g; a missing column prints as -)")
     ap.add_argument("--big-child", help=argparse.SUPPRESS)
     ap.add_argument("--big-out", help=argparse.SUPPRESS)
     ap.add_argument("--big-lam", type=float, default=1.0, help=argparse.SUPPRESS)

@@ -130,7 +130,11 @@ def _holdout_one(model, H, lams, mode, stats):
     h = Hp.size
     budget = model._budget
     strategy = choose_strategy(h, n, 0 if QE is None else QE.shape[0], c, v)
-    need = 8 * (3 * h * n + (2 * h * h if strategy == "small" else 3 * n * n))
+    # U_H and its copies (3 h n), the h x h or n x n work (I - J and its factor; S, the
+    # hold-in matrix, its symmetrised / projected copies and an eigensolver's workspace),
+    # the predictions and their copy (2 c h v)
+    need = 8 * (3 * h * n + (4 * h * h if strategy == "small" else 6 * n * n)
+                + 2 * c * H.size * v + 3 * c * n * v)
     if budget.try_reserve(need):
         try:
             Ut = _ut_piece(model, Hp)
@@ -140,21 +144,32 @@ def _holdout_one(model, H, lams, mode, stats):
         finally:
             budget.release(need)
     else:                       # stream the fold: n-side weights from S and U~^T y_H
-        step = max(64, int(budget.available // (8 * 3 * n)))
-        S, Uty = np.zeros((n, n)), np.zeros((n, v))
-        for a in range(0, h, step):
-            Ut = _ut_piece(model, Hp[a:a + step])
-            S += Ut.T @ Ut
-            Uty += Ut.T @ Y[Hp[a:a + step]]
-        e = 0 if QE is None else QE.shape[0]
-        strategy = _n_side_strategy(h, n, e, c, v)
-        W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
-        f = np.empty((c, h, v))
-        for a in range(0, h, step):
-            Ut = _ut_piece(model, Hp[a:a + step])
-            f[:, a:a + step] = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
-        fx = (None if xrows is None else
-              np.einsum("hn,cnv->chv", model.u_rows(xrows)[0], W, optimize=True))
+        work = 8 * (6 * n * n + 2 * c * H.size * v + 3 * c * n * v)
+        budget.reserve(work, "hold-out n x n work and predictions")
+        try:
+            # a chunk's U rows from X: kernel rows, R^T rows, U rows, the previous chunk's
+            step, held = model.reserve_rows(h, 8 * (4 * n + 2 * v))
+            try:
+                S, Uty = np.zeros((n, n)), np.zeros((n, v))
+                for a in range(0, h, step):
+                    Ut = _ut_piece(model, Hp[a:a + step])
+                    S += Ut.T @ Ut
+                    Uty += Ut.T @ Y[Hp[a:a + step]]
+                del Ut
+                e = 0 if QE is None else QE.shape[0]
+                strategy = _n_side_strategy(h, n, e, c, v)
+                W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
+                del S
+                f = np.empty((c, h, v))
+                for a in range(0, h, step):
+                    Ut = _ut_piece(model, Hp[a:a + step])
+                    f[:, a:a + step] = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
+                fx = (None if xrows is None else
+                      np.einsum("hn,cnv->chv", model.u_rows(xrows)[0], W, optimize=True))
+            finally:
+                budget.release(held)
+        finally:
+            budget.release(work)
         strategy += "-streamed"
     stats[strategy] += 1
     if xrows is None:
@@ -224,7 +239,8 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
     pre = getattr(model, "_fold_grams", None)
     if pre is not None and not _same_folds(pre[0], fold_list):
         pre = None
-    with model._budget.reservation(8 * lams.size * m * v, "k-fold predictions"):
+    # the predictions, the fold row lists and their checked copies
+    with model._budget.reservation(8 * lams.size * m * v + 16 * m, "k-fold predictions"):
         out = np.full((lams.size, m, v), np.nan)
         fold_list = [_check_rows(H, m, owner) for H in fold_list]
         done = _kfold_chol(model, fold_list, lams, basis_mode, pre, stats, out)
@@ -237,8 +253,11 @@ def kfold_path_model(model, folds, lams, basis_mode: str) -> np.ndarray:
                     continue
                 out[:, H] = _holdout_one(model, H, lams, basis_mode, stats)
             else:
-                out[:, H] = _holdout_from_gram(model, H, pre[1][g], pre[2][g], lams,
-                                               basis_mode, stats)
+                rows = 0 if model._ucache is None else 8 * model.Q_.shape[0] * H.size
+                with model._budget.reservation(rows + _fold_work_bytes(model, H, lams.size, v),
+                                               "k-fold n x n work and predictions"):
+                    out[:, H] = _holdout_from_gram(model, H, pre[1][g], pre[2][g], lams,
+                                                   basis_mode, stats)
     model.cv_stats_ = {"method": f"{len(fold_list)}-fold", "strategies": dict(stats),
                        "seconds": time.perf_counter() - t0}
     return out
@@ -323,9 +342,13 @@ def _kfold_chol(model, fold_list, lams, mode, pre, stats, out) -> list:
     general = sum(_general_fold_cost(model, H, c, v) for H in fold_list)
     if total >= SMALL_CHOL_WEIGHT * general and FORCE_CHOL_SIDE is None:
         return done
-    hmax = max(hs)
+    hmax, emax = max(hs), max(es)
+    # shared factors (c L's, C^-1), a hold-in copy and its per-lambda copy (n side), R_H^T
+    # with its kernel rows while formed and X_H = L^-1 R_H (3 h n), I - J and its factor,
+    # the constraint's n x e blocks and the fold's predictions
     need = 8 * (((c if "small" in sides else 0) + (1 if any(es) else 0) + 2) * n * n
-                + 2 * hmax * n + hmax * hmax)
+                + 3 * hmax * n + 2 * hmax * hmax + 3 * n * emax + 2 * c * hmax * v
+                + 2 * n * v)
     if not model._budget.try_reserve(need):
         return done
     try:
@@ -476,22 +499,31 @@ def _gram_pays(model, H, c: int, v: int) -> bool:
     return nside - h * n * n < min(small, nside)
 
 
-def _rt_chunk_rows(model, h: int) -> int:
-    """Rows of H per chunk of R^T rows formed from X (kernel block, R^T block: 2 x 8 n bytes a
-    row, with room for the BLAS temporaries) within the memory budget."""
-    n = model.Q_.shape[0]
-    return int(min(h, max(64, min(1 << 15, model._budget.available // (8 * 3 * n)))))
-
-
 def _iter_rt(model, H):
     """(start, stop, R^T rows of H[start:stop]): one piece from the cache, or chunks formed
-    from X within the budget (the fold never needs its |H| x n rows at once)."""
+    from X within the budget (the fold never needs its |H| x n rows at once): a chunk's
+    kernel rows and R^T rows while the caller still holds the previous chunk's (3 x 8 n
+    bytes a row, reserved)."""
     if model._ucache is not None:
         yield 0, H.size, model.rt_rows(H)
         return
-    step = _rt_chunk_rows(model, H.size)
-    for a in range(0, H.size, step):
-        yield a, min(a + step, H.size), model.rt_rows(H[a:a + step])
+    n = model.Q_.shape[0]
+    step, held = model.reserve_rows(H.size, 8 * (3 * n + 2 * model._Y.shape[1]))
+    try:
+        for a in range(0, H.size, step):
+            yield a, min(a + step, H.size), model.rt_rows(H[a:a + step])
+    finally:
+        model._budget.release(held)
+
+
+def _fold_work_bytes(model, H, c: int, v: int) -> int:
+    """Bytes of one fold's n x n work in :func:`_holdout_from_gram` beside its rows: its Gram
+    S_R, the hold-in matrix A - S_R, its symmetrised / projected copy, an eigensolver's or
+    reduction's output and workspace (6 n^2), the a_E = 0 blocks (n x |E|), the weights and
+    the fold's (c, |H|, v) predictions."""
+    n = model.Q_.shape[0]
+    e = model.basis_hits(H)[0].size
+    return 8 * (6 * n * n + 3 * n * e + 3 * c * n * v + 2 * n * v + c * H.size * v)
 
 
 def _fold_gram(model, H, pieces=None):
@@ -508,14 +540,20 @@ def _fold_gram(model, H, pieces=None):
 def _fold_in_r_coords(model, H, lams, mode, stats):
     """One fold on the n side in R coordinates: its Gram R_H R_H^T, then
     :func:`_holdout_from_gram`. Without a cache the fold's R^T rows are formed from X once
-    and kept when they fit the budget, else formed twice chunk by chunk (Gram, predictions)."""
+    and kept when they fit the budget together with the fold's n x n work and predictions,
+    else formed chunk by chunk for the Gram and the predictions come from kernel rows
+    (K~_H C^-T W, no triangular solve)."""
+    n, v = model.Q_.shape[0], model._Y.shape[1]
+    work = _fold_work_bytes(model, H, lams.size, v)
     if model._ucache is None:
-        n = model.Q_.shape[0]
         step = max(64, (1 << 22) // n)
-        need = 8 * n * (H.size + 3 * min(step, H.size))    # the rows + one chunk's temporaries
+        # the rows + one chunk's kernel rows and R^T rows while formed + the fold's work
+        need = 8 * n * (H.size + 2 * min(step, H.size)) + work
         if not model._budget.try_reserve(need):
-            SR, RY = _fold_gram(model, H)
-            return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r-streamed")
+            with model._budget.reservation(work, "k-fold n x n work and predictions"):
+                SR, RY = _fold_gram(model, H)
+                return _holdout_from_gram(model, H, SR, RY, lams, mode, stats,
+                                          tag="-r-streamed")
         try:
             RT = np.empty((H.size, n))
             for a in range(0, H.size, step):
@@ -524,9 +562,10 @@ def _fold_in_r_coords(model, H, lams, mode, stats):
             return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r", RT=RT)
         finally:
             model._budget.release(need)
-    RT = model.rt_rows(H)
-    SR, RY = _fold_gram(model, H, [(0, H.size, RT)])
-    return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r", RT=RT)
+    with model._budget.reservation(8 * n * H.size + work, "k-fold rows and n x n work"):
+        RT = model.rt_rows(H)
+        SR, RY = _fold_gram(model, H, [(0, H.size, RT)])
+        return _holdout_from_gram(model, H, SR, RY, lams, mode, stats, tag="-r", RT=RT)
 
 
 def _same_folds(a, b) -> bool:
@@ -578,12 +617,17 @@ def _predict_from_x(model, H, W):
     Wf = np.ascontiguousarray(W.transpose(1, 0, 2)).reshape(n, c * v)
     Abasis = la.solve_triangular(model._C, Wf, trans="T", lower=True, check_finite=False)
     f = np.empty((c, H.size, v))
-    step = _rt_chunk_rows(model, H.size)
-    for a in range(0, H.size, step):
-        rows = H[a:a + step]
-        K = model._kernel_rows(model._source.take(rows), rows)
-        model.stats_["kernel_evaluations"] = model.stats_.get("kernel_evaluations", 0) + K.size
-        f[:, a:a + rows.size] = (K @ Abasis).reshape(rows.size, c, v).transpose(1, 0, 2)
+    # a chunk's kernel rows (the previous chunk's still held) and K @ Abasis
+    step, held = model.reserve_rows(H.size, 8 * (2 * n + 2 * c * v))
+    try:
+        for a in range(0, H.size, step):
+            rows = H[a:a + step]
+            K = model._kernel_rows(model._source.take(rows), rows)
+            model.stats_["kernel_evaluations"] = (model.stats_.get("kernel_evaluations", 0)
+                                                  + K.size)
+            f[:, a:a + rows.size] = (K @ Abasis).reshape(rows.size, c, v).transpose(1, 0, 2)
+    finally:
+        model._budget.release(held)
     return f
 
 
@@ -597,22 +641,28 @@ def loo_path_model(model, lams, basis_mode: str) -> np.ndarray:
     t0 = time.perf_counter()
     lt = lam_tilde(model.eigvals_, lams)
     Y, z0, Q, B = model._Y, model._z0, model.Q_, model.basis_
-    out = np.empty((lams.size, m, v))
-    u_cached = model._ucache is not None and model._ucache_is_u
-    strategy = "eig"
-    if lams.size == 1 and not u_cached and _loo_rows_chol(model, float(lams[0]), out[0]):
-        strategy = "chol"
-    else:
-        for a, b, U in model.iter_u_chunks():
-            out[:, a:b] = loo_rows_path(U, Y[a:b], lt, z0)
-    if basis_mode in ("remove", "keep"):
-        UB = model._C @ model._V           # U rows of the basis rows: K~_BB Q = C V
-        if basis_mode == "remove":
-            out[:, B] = loo_basis_remove_path(UB, Q, Y[B], lt, z0)
+    n, c = Q.shape[0], lams.size
+    with model._budget.reservation(8 * c * m * v, "LOO predictions"):
+        out = np.empty((c, m, v))
+        u_cached = model._ucache is not None and model._ucache_is_u
+        strategy = "eig"
+        if c == 1 and not u_cached and _loo_rows_chol(model, float(lams[0]), out[0]):
+            strategy = "chol"
         else:
-            out[:, B] = np.einsum("hn,cn,nv->chv", UB, lt, z0, optimize=True)
-    elif basis_mode == "skip":
-        out[:, B] = np.nan
+            # loo_rows_path's temporaries a row: U * U, the hat diagonal, yhat and f (c v)
+            for a, b, U in model.iter_u_chunks(extra=8 * (n + 3 * c * v + 2 * c)):
+                out[:, a:b] = loo_rows_path(U, Y[a:b], lt, z0)
+        # U rows of the basis rows (n^2), one n x n product at a time and (n, c, v) terms
+        with model._budget.reservation(8 * (2 * n * n + 8 * n * c * v), "LOO of basis rows"):
+            if basis_mode in ("remove", "keep"):
+                UB = model._C @ model._V           # U rows of the basis rows: K~_BB Q = C V
+                if basis_mode == "remove":
+                    out[:, B] = loo_basis_remove_path(UB, Q, Y[B], lt, z0)
+                else:
+                    out[:, B] = np.einsum("hn,cn,nv->chv", UB, lt, z0, optimize=True)
+                del UB
+            elif basis_mode == "skip":
+                out[:, B] = np.nan
     model.cv_stats_ = {"method": "loo", "strategy": strategy,
                        "seconds": time.perf_counter() - t0}
     return out
@@ -625,9 +675,8 @@ def _loo_rows_chol(model, lam: float, out) -> bool:
     h_i y_i) / (1 - h_i). One triangular solve over the R^T rows (m n^2 flops) instead of the
     rotation U = R^T V (2 m n^2) that the lambda path needs; the cached R^T rows stay as they
     are. Writes ``out`` (m, v); False when A + lam I is not numerically positive definite."""
-    n = model._C.shape[0]
-    need = 8 * n * (n + 2 * max(256, (1 << 22) // n))     # the factor + one chunk's X
-    if not model._budget.try_reserve(need):
+    n, v = model._C.shape[0], model._Y.shape[1]
+    if not model._budget.try_reserve(8 * n * n):           # the factor L
         return False
     try:
         L = _chol_shifted(model._AR, lam)
@@ -635,21 +684,33 @@ def _loo_rows_chol(model, lam: float, out) -> bool:
             return False
         w = la.cho_solve((L, True), model._KyR, check_finite=False)
         Y = model._Y
-        for a, b, RT in _iter_rt_all(model):
+        # a chunk's X = L^-1 R^T and, formed from X, its kernel rows and R^T rows (the
+        # previous chunk's still held), and the (rows, v) terms
+        cached = model._ucache is not None and not model._ucache_is_u
+        for a, b, RT in _iter_rt_all(model, 8 * ((1 if cached else 3) * n + 4 * v)):
             X = la.solve_triangular(L, RT.T, lower=True, check_finite=False)
             h = np.einsum("ij,ij->j", X, X)
+            del X
             out[a:b] = (RT @ w - h[:, None] * Y[a:b]) / (1.0 - h)[:, None]
         return True
     finally:
-        model._budget.release(need)
+        model._budget.release(8 * n * n)
 
 
-def _iter_rt_all(model):
+def _iter_rt_all(model, per_row: int):
     """(start, stop, R^T rows) covering all rows in order: cached R^T rows in chunks, or
-    formed from the source's chunks."""
+    formed from the source's chunks; ``per_row`` bytes a row reserved for the chunk."""
     if model._ucache is not None and not model._ucache_is_u:
-        return model._iter_cached()
-    return model._iter_formed(model._rt_from_x)
+        def cached():
+            step, held = model.reserve_rows(model._ucache.shape[0], per_row, model._u_step())
+            try:
+                m = model._ucache.shape[0]
+                for a in range(0, m, step):
+                    yield a, min(a + step, m), model._ucache[a:a + step]
+            finally:
+                model._budget.release(held)
+        return cached()
+    return model._iter_formed(model._rt_from_x, per_row)
 
 
 def _score(pred: np.ndarray, Y: np.ndarray, metric: str) -> np.ndarray:

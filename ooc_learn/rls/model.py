@@ -21,6 +21,12 @@ for the shifted kernel. Predictions for new points use the unshifted k(x, x_B).
 K_B is formed chunk by chunk (array slices, or the blocks of a Store), so m may exceed memory
 while the n x n and n x v matrices stay in memory; U = K_B^T Q is cached (m x n) only when the
 memory budget allows and is otherwise recomputed from the rows chunk by chunk.
+
+Memory: a fitted model holds its n x n, n x v and m x v matrices reserved on the budget for as
+long as it lives (:meth:`SparseRLS.close`, a refit or garbage collection give them back), so
+later work (CV folds, chunk temporaries) is sized against what is really free; the training
+pass reserves its eigensolver workspace and row-chunk temporaries, and the chunk size shrinks
+to the free budget.
 """
 
 from __future__ import annotations
@@ -136,16 +142,58 @@ class SparseRLS:
         self._ucache_bytes = 0
         self._ucache_is_u = False
         self._rt_rows_served = 0
+        self._state_bytes = 0
+        self._fold_grams_bytes = 0
+
+    # -- memory held for the model's lifetime ---------------------------------------------------
+    def close(self) -> None:
+        """Give the model's reserved bytes (its matrices, the U cache, fit-time fold Grams)
+        back to the memory budget. The model stays usable only through a new ``fit``."""
+        self.release_cache()
+        budget = getattr(self, "_budget", None)
+        if budget is not None:
+            budget.release(self._fold_grams_bytes + self._state_bytes)
+        self._fold_grams_bytes = self._state_bytes = 0
+        self._fold_grams = None
+        if self._fitted:
+            self._fitted = False
+            for name in ("_C", "_V", "Q_", "_AR", "_Y", "X_basis_", "_Ky", "_z0", "_KyR",
+                         "coef_"):
+                self.__dict__.pop(name, None)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def KBB_(self) -> np.ndarray:
+        """The shifted basis kernel matrix K_BB + delta I, recomputed from its Cholesky factor
+        (not kept: n x n bytes)."""
+        self._check_fitted()
+        return self._C @ self._C.T
+
+    @staticmethod
+    def _state_nbytes(n: int, v: int, m: int) -> int:
+        """Bytes a fitted model keeps: C, V, Q, A (n x n), K_B y, z0, C^-1 K_B y, coef (n x v),
+        the labels (m x v), eigenvalues, squared norms and basis ids (n each)."""
+        return 8 * (4 * n * n + 4 * n * v + m * v + 6 * n)
+
+    @staticmethod
+    def _train_work(n: int, chunk: int, arrays: int = 3) -> int:
+        """Bytes of the training pass's temporaries: the n x n K_BB before its Cholesky factor,
+        a chunk's kernel rows and R rows with the previous chunk's still alive (3 chunk x n;
+        4 with fit-time folds, whose R columns are copied out per fold), the divide-and-conquer
+        eigensolver's workspace (1 + 6 n + 2 n^2 doubles, 3 + 5 n ints)."""
+        return 8 * max(n * n, arrays * chunk * n, 2 * n * n + 12 * n + 8)
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, X, y=None) -> "SparseRLS":
         """Fit on arrays (dense or CSR) with labels ``y`` (vector or (m, v) matrix), or on a
         Store (labels from the store, or ``y`` aligned with the store's row positions)."""
         t0 = time.perf_counter()
-        self.release_cache()
-        if getattr(self, "_fold_grams_bytes", 0):
-            self._budget.release(self._fold_grams_bytes)
-            self._fold_grams_bytes = 0
+        self.close()
         n_chunk = max(256, (1 << 22) // max(self.n_basis, 1))
         src = make_source(X, n_chunk)
         m, d = src.n_samples, src.n_features
@@ -164,21 +212,35 @@ class SparseRLS:
         self._budget = (X.budget if (src.is_store and self.memory is None and store_budget)
                         else MemoryBudget.coerce(self.memory))
         n, v = basis.size, Y.shape[1]
+        budget = self._budget
+        state = self._state_nbytes(n, v, m)
+        budget.reserve(state, "sparse RLS model (n x n, n x v and m x v matrices)")
+        self._state_bytes = state
+        # row chunks of the training pass (and of later passes over the rows): 3 chunk x n
+        # float64 alive at once, shrunk to the free budget (at least 16 rows)
+        arrays = 3 if self.folds is None else 4
+        chunk = int(min(n_chunk, max(16, (budget.available - 8 * n * n) // (8 * arrays * n))))
+        if chunk < n_chunk and chunk < m:
+            src = make_source(X, chunk)
         self._source, self._Y, self.basis_ = src, Y, basis
         self._bsorted_order = np.argsort(basis, kind="stable")
         self._bsorted = basis[self._bsorted_order]
         self.gamma_ = self.spec.resolved_gamma(d)
         self.n_features_in_ = d
-        with self._budget.reservation(8 * (5 * n * n + 3 * n * v), "sparse RLS n x n matrices"):
+        work = self._train_work(n, min(chunk, m), arrays)
+        with budget.reservation(work, "sparse RLS training work (eigensolver, row chunks)"):
             self.X_basis_ = src.take(basis)
+            xb = self._nbytes(self.X_basis_)
+            budget.reserve(xb, "sparse RLS basis rows")
+            self._state_bytes += xb
             self._sqB = row_sqnorms64(self.X_basis_)
             KBB = kernel_block(self.X_basis_, self.X_basis_, self.spec, self.gamma_,
                                sqA=self._sqB, sqB=self._sqB)
             diag = np.diag(KBB).copy()
             self.delta_ = self.jitter * (float(diag.mean()) if diag.mean() > 0 else 1.0)
             KBB[np.diag_indices(n)] += self.delta_
-            self.KBB_ = KBB
             self._C = self._cholesky(KBB)
+            del KBB
             A, Ky = self._accumulate(src, Y, n, v)
             self._decompose(A, Ky)
         self._fitted = True
@@ -186,6 +248,12 @@ class SparseRLS:
         self.stats_.update(fit_seconds=time.perf_counter() - t0, n_samples=m, n_basis=n,
                            n_outputs=v, rows_read=int(src.rows_read))
         return self
+
+    @staticmethod
+    def _nbytes(X) -> int:
+        if hasattr(X, "nbytes"):
+            return int(X.nbytes)
+        return int(sum(getattr(X, a).nbytes for a in ("data", "indices", "indptr")))
 
     def _draw_basis(self, m: int) -> np.ndarray:
         if self.basis is None:
@@ -245,6 +313,8 @@ class SparseRLS:
             if self._ucache is not None:
                 self._ucache[a:b] = Rc.T
         if fold_of is not None:
+            del fold_of
+            self._budget.release(8 * m)
             for g in range(len(grams[0])):
                 mirror_upper(grams[0][g])
                 A += grams[0][g]
@@ -263,8 +333,10 @@ class SparseRLS:
         blocks = src.block_offsets if src.is_store else None
         self._fold_list = make_folds(self.folds, m, seed=self.seed, block_offsets=blocks)
         k = len(self._fold_list)
-        self._budget.reserve(8 * k * n * (n + v), "per-fold Gram matrices")
-        self._fold_grams_bytes = 8 * k * n * (n + v)
+        held = 8 * k * n * (n + v) + 8 * sum(f.size for f in self._fold_list)
+        self._budget.reserve(held, "per-fold Gram matrices and fold rows")
+        self._fold_grams_bytes = held
+        self._budget.reserve(8 * m, "fold label per row")     # released after the pass
         fold_of = np.full(m, -1, dtype=np.int64)
         for g, rows in enumerate(self._fold_list):
             fold_of[rows] = g
@@ -320,12 +392,25 @@ class SparseRLS:
             raise ModelMismatchError(
                 f"X has {src.n_features} features but this SparseRLS was fitted with "
                 f"{self.n_features_in_}.", "Predict on rows with the training feature layout.")
-        out = np.empty((src.n_samples, self.coef_.shape[1]))
-        for j in range(len(src.offsets) - 1):
-            a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-            K = kernel_block(src.chunk(j), self.X_basis_, self.spec, self.gamma_, sqB=self._sqB)
-            out[a:b] = K @ self.coef_
+        n, v = self.basis_.size, self.coef_.shape[1]
+        with self._budget.reservation(8 * src.n_samples * v, "sparse RLS predictions"):
+            out = np.empty((src.n_samples, v))
+            for a, b, K in self._iter_chunks(src, 8 * (2 * n + v), lambda Xr, rows: kernel_block(
+                    Xr, self.X_basis_, self.spec, self.gamma_, sqB=self._sqB)):
+                out[a:b] = K @ self.coef_
         return out[:, 0] if self._vector_y else out
+
+    def reserve_rows(self, h: int, per_row: int, cap: int = 0):
+        """(rows per chunk, bytes reserved) for a pass over at most ``h`` rows whose
+        temporaries cost ``per_row`` bytes a row: as many rows as the free budget holds, at
+        most ``cap`` (default 2^22 / n, 32 MiB per n-wide float64 array) and at least 16 (a
+        BudgetExceededError when even those do not fit). The caller releases the bytes."""
+        n = self.basis_.size
+        cap = cap or max(256, (1 << 22) // n)
+        step = int(max(1, min(h, cap, max(16, self._budget.available // max(per_row, 1)))))
+        nbytes = int(per_row) * step
+        self._budget.reserve(nbytes, "sparse RLS row chunk")
+        return step, nbytes
 
     # -- rows of K~_B^T and U = K~_B^T Q -------------------------------------------------------
     def basis_hits(self, rows: np.ndarray):
@@ -413,18 +498,26 @@ class SparseRLS:
         self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
         return U, (Xr if need_x else None)
 
-    def iter_u_chunks(self):
+    def iter_u_chunks(self, extra: int = 0):
         """Yield (start, stop, U rows) covering all rows in order: from the cache (converting
         cached R^T rows to U in the same pass, see :meth:`_convert_u_chunks`), or formed from
-        the source's chunks (store blocks) when nothing is cached."""
-        if self._ucache is not None:
+        the source's chunks (store blocks) when nothing is cached. ``extra``: bytes a row of
+        the caller's own temporaries costs; reserved with the pass's own."""
+        n = self.basis_.size
+        if self._ucache is None:
+            yield from self._iter_formed(self._u_from_x, 8 * 3 * n + extra)
+            return
+        rows = min(self._u_step(), self._ucache.shape[0])
+        held = rows * (extra + (0 if self._ucache_is_u else 8 * n))
+        self._budget.reserve(held, "sparse RLS row chunk")
+        try:
             if not self._ucache_is_u:
                 for a, b in self._convert_u_chunks():
                     yield a, b, self._ucache[a:b]
                 return
             yield from self._iter_cached()
-            return
-        yield from self._iter_formed(self._u_from_x)
+        finally:
+            self._budget.release(held)
 
     def _iter_cached(self):
         """(start, stop, cached rows) over the whole row cache, in chunks of ``_u_step()``."""
@@ -432,16 +525,31 @@ class SparseRLS:
         for a in range(0, m, step):
             yield a, min(a + step, m), self._ucache[a:a + step]
 
-    def _iter_formed(self, form):
+    def _iter_formed(self, form, per_row: int = 0):
         """(start, stop, rows) formed by ``form(X, row ids)`` from each chunk of the source
-        (store blocks or array slices), kernel evaluations counted."""
-        src = self._source
-        for j in range(len(src.offsets) - 1):
-            a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-            rows = form(src.chunk(j), np.arange(a, b))
+        (store blocks or array slices), kernel evaluations counted. ``per_row``: bytes of
+        temporaries a row costs in the caller's loop (reserved; the source's chunks are cut
+        further when the free budget holds fewer rows)."""
+        for a, b, rows in self._iter_chunks(self._source, per_row, form):
             self.stats_["kernel_evaluations"] = (self.stats_.get("kernel_evaluations", 0)
                                                  + rows.size)
             yield a, b, rows
+
+    def _iter_chunks(self, src, per_row: int, form):
+        """(start, stop, form(X rows, row ids)) over the chunks of ``src``, each cut to the
+        rows the free budget holds at ``per_row`` bytes a row (reserved while iterating)."""
+        m = src.n_samples
+        step, held = self.reserve_rows(m, per_row) if per_row else (m, 0)
+        try:
+            for j in range(len(src.offsets) - 1):
+                a, b = int(src.offsets[j]), int(src.offsets[j + 1])
+                Xc = src.chunk(j)
+                for s in range(a, b, step):
+                    e = min(s + step, b)
+                    yield s, e, form(Xc[s - a:e - a], np.arange(s, e))
+                del Xc
+        finally:
+            self._budget.release(held)
 
     def release_cache(self) -> None:
         """Drop the cached U (or K_B^T) rows and give their bytes back to the budget."""

@@ -59,7 +59,7 @@ def test_store_streaming_without_u_cache(store_and_arrays):
     Y = np.c_[ys, ys ** 2]
     kw = dict(n_basis=30, lam=0.2, gamma=0.3, seed=5)
     mem = SparseRLS(**kw).fit(Xs, Y)
-    sto = SparseRLS(memory="60K", **kw).fit(store, Y)
+    sto = SparseRLS(memory="120K", **kw).fit(store, Y)
     assert sto._ucache is None
     np.testing.assert_allclose(sto.loo_predict("skip"), mem.loo_predict("skip"), rtol=1e-8,
                                atol=1e-12)
