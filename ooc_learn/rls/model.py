@@ -218,6 +218,7 @@ class SparseRLS:
         self._state_bytes = state
         # row chunks of the training pass (and of later passes over the rows): 3 chunk x n
         # float64 alive at once, shrunk to the free budget (at least 16 rows)
+        fold_of, grams = self._start_fold_grams(src, n, v)     # reserved before the chunks
         arrays = 3 if self.folds is None else 4
         chunk = int(min(n_chunk, max(16, (budget.available - 8 * n * n) // (8 * arrays * n))))
         if chunk < n_chunk and chunk < m:
@@ -241,7 +242,8 @@ class SparseRLS:
             KBB[np.diag_indices(n)] += self.delta_
             self._C = self._cholesky(KBB)
             del KBB
-            A, Ky = self._accumulate(src, Y, n, v)
+            A, Ky = self._accumulate(src, Y, n, v, fold_of, grams)
+            del fold_of
             self._decompose(A, Ky)
         self._fitted = True
         self.set_lambda(self.lam)
@@ -272,7 +274,7 @@ class SparseRLS:
                                  "Pass each basis row once (duplicate *rows* are fine).")
         return b.astype(np.int64)
 
-    def _accumulate(self, src, Y, n: int, v: int):
+    def _accumulate(self, src, Y, n: int, v: int, fold_of, grams):
         """One pass over the rows: A = R R^T with R = C^-1 K_B (eq. 15) and K_B y.
 
         Forming R chunk by chunk (a triangular solve) before the product keeps the rounding
@@ -290,7 +292,6 @@ class SparseRLS:
         self._ucache_is_u = False
         self._rt_rows_served = 0
         kev = 0
-        fold_of, grams = self._start_fold_grams(src, n, v)
         for j in range(len(src.offsets) - 1):
             a, b = int(src.offsets[j]), int(src.offsets[j + 1])
             Kc = self._kernel_rows(src.chunk(j), np.arange(a, b))
@@ -313,8 +314,7 @@ class SparseRLS:
             if self._ucache is not None:
                 self._ucache[a:b] = Rc.T
         if fold_of is not None:
-            del fold_of
-            self._budget.release(8 * m)
+            self._budget.release(8 * m)     # the caller drops fold_of
             for g in range(len(grams[0])):
                 mirror_upper(grams[0][g])
                 A += grams[0][g]
