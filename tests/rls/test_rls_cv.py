@@ -152,7 +152,7 @@ def test_streamed_fold_and_uncached_u_equal_in_memory(rng):
     folds use the streamed n-side; the predictions do not change."""
     Xin, X, Y = make_data(rng, m=M, v=2)
     big = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1).fit(Xin, Y)
-    small = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1, memory="120K").fit(Xin, Y)
+    small = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1, memory="130K").fit(Xin, Y)
     assert small._ucache is None and big._ucache is not None
     lams = [0.1, 1.0]
     f_small = small.kfold_predict_path(2, lams, "remove")
