@@ -119,26 +119,26 @@ class ActiveSet:
         if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
             return
         new_bytes = self._bytes_for(cap_rows, cap_nnz)
-        # old and new buffers coexist during the copy: both are paid for until it ends
-        self.budget.reserve(new_bytes, "IBCD active set")
-
-        def grown(a, size):
-            out = np.empty((size,) + a.shape[1:], a.dtype)
-            out[: len(a)] = a
-            return out
-
         m = self.m
-        self.rows = grown(self.rows[:m], cap_rows)
-        self.y = grown(self.y[:m], cap_rows)
-        self.sqn = grown(self.sqn[:m], cap_rows)
-        self.alpha = grown(self.alpha[:m], cap_rows)
-        self.indptr = grown(self.indptr[: m + 1], cap_rows + 1)
+        plan = [(name, cap_rows, m) for name in ("rows", "y", "sqn", "alpha")]
+        plan.append(("indptr", cap_rows + 1, m + 1))
         if self.sparse and not self.spilled:
-            self.indices = grown(self.indices[: self.nnz], cap_nnz)
-            self.data = grown(self.data[: self.nnz], cap_nnz)
+            plan += [("indices", cap_nnz, self.nnz), ("data", cap_nnz, self.nnz)]
         elif not self.sparse and not self.spilled:
-            self.Xbuf = grown(self.Xbuf[:m], cap_rows)
-        self.budget.release(self._reserved)
+            plan.append(("Xbuf", cap_rows, m))
+        # one array at a time, each old buffer dropped once copied: at any moment the new
+        # arrays plus at most one old one are held (new >= old for each), so the grown S and
+        # its largest old array are paid for until the copy ends (all of old and new at once
+        # failed a 16 MB cap with a spilled S of 140k rows that the grown state fitted)
+        largest_old = max(getattr(self, name).nbytes for name, _, _ in plan)
+        self.budget.reserve(new_bytes + largest_old - self._reserved, "IBCD active set")
+        for name, size, keep in plan:
+            old = getattr(self, name)
+            out = np.empty((size,) + old.shape[1:], old.dtype)
+            out[:keep] = old[:keep]
+            setattr(self, name, out)
+            del old
+        self.budget.release(largest_old)
         self._reserved = new_bytes
         self._cap_rows, self._cap_nnz = cap_rows, cap_nnz
 

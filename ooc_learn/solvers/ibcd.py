@@ -99,6 +99,13 @@ VISIT_COST = 100_000
 # where dual CD on S converges slowly (the generated store's L1 problem: 7.5 s against 6.1 s
 # at a margin of 1)
 SCAN_MARGIN = 2.0
+# a row read from the store rather than the cache costs this much more per stored value: a
+# scan reads long sequential runs (a check of Fashion-MNIST under a 1/10 cap took 0.04-0.06 s
+# against 0.011-0.022 s cached), a query scattered leaves and pivots (~12 us a row of 784
+# values under that cap). Under the caps of scripts/bench_train.py (CPU s, 3 runs each,
+# without -> with): Fashion L1 1.02 -> 1.13, Fashion s = 1 2.33 -> 1.92, generated 4.08 -> 2.90
+READ_COST = 2.0
+QUERY_READ_COST = 20.0
 # a query that returns all the rows asked with at least this share of the rows it examined
 # qualifying means violators are dense: the next asks twice as many (up to QUERY_SHARE / 2 of
 # the rows; back to n after a short query), so S is not built 1000 rows at a time when a third
@@ -512,6 +519,15 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     nq_max = max(n, int(QUERY_SHARE * forest.n_samples) // 2)
     row_bytes = max(1, rows_src.store.estimated_bytes(1))
 
+    def scan_cost():
+        """A scan check in stored values touched (see VISIT_COST): the rows outside S, and
+        READ_COST more for each row of a block the cache does not hold."""
+        st = rows_src.store
+        off = st.block_offsets
+        unread = sum(int(off[b + 1] - off[b]) for b in range(st.n_blocks)
+                     if not st.block_is_cached(b))
+        return (forest.n_samples - S.m + READ_COST * unread) * row_work
+
     def scan():
         """The check of §4.3: the most violating rows outside S, up to |S| of them (S at
         most doubles) as long as they fit without spilling, at least n; the rows read and
@@ -554,7 +570,8 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                                        max_examined=max_ex, bounded=True,
                                        min_precision=MIN_PRECISION)
             lq = forest.last_query
-            q_cost = ((lq["rows_examined"] + lq["pivots_scored"]) * row_work
+            q_cost = ((lq["rows_examined"] + lq["pivots_scored"]
+                       + QUERY_READ_COST * lq["rows_read"]) * row_work
                       + VISIT_COST * (lq["nodes_expanded"] + lq["leaves_scanned"]))
             q_found = len(rows_N)
             stats["queries"] += 1
@@ -604,7 +621,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                        and k / n_e < sample_eps)
             # a query that cost more than SCAN_MARGIN scans: the check comes next (it finds
             # every row the query would; the costs compared there decide what follows)
-            slow = cost_model and q_cost > SCAN_MARGIN * (forest.n_samples - S.m) * row_work
+            slow = cost_model and q_cost > SCAN_MARGIN * scan_cost()
             stats["queries_slow"] += int(slow)
             if ((k >= nq or (cut and not truncated and 2 * k >= nq)) and not sampled
                     and not slow):
@@ -650,8 +667,9 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # finds rows SCAN_MARGIN times cheaper, or fewer than n/2 are left (a query would be
         # cut), the rest of this problem is scan-only
         left = n_viol - len(rows_N)
-        if cost_model and not scan_only and (2 * left < n or min(left, S.m) * q_cost >= (
-                SCAN_MARGIN * max(1, q_found) * (forest.n_samples - S.m) * row_work)):
+        if cost_model and not scan_only and (
+                2 * left < n or min(left, S.m) * q_cost >= SCAN_MARGIN * max(1, q_found)
+                * scan_cost()):
             scan_only = True
             stats["scans_preferred"] += 1
         # shrinking starts afresh after a check (§4.3): only S stays marked

@@ -99,6 +99,31 @@ def test_fits_respects_the_resident_share(rng):
     S.release()
 
 
+def test_growth_copies_one_array_at_a_time(tmp_path, rng):
+    # a spilled S's state (40 bytes a row) grows by half: with every old and new array held at
+    # once a growth needs old + new bytes, one array at a time new + the largest old array
+    probe = ActiveSet(10, False, MemoryBudget("1G"))
+    c1 = probe._caps_for(20_000, 0)[0]
+    probe._cap_rows = c1
+    c2 = probe._caps_for(c1 + 1, 0)[0]
+    probe.release()
+    old, new = 40 * c1, 40 * c2
+    largest_old = 8 * (c1 + 1)  # indptr
+    budget = MemoryBudget(new + largest_old + 64)
+    assert old + new > budget.limit
+    S = ActiveSet(10, False, budget, spill_dir=tmp_path)
+    S.add(np.arange(10), _rows(rng, 10, 10, False), np.ones(10), np.zeros(10))
+    S.spill()
+    k = c1 - S.m
+    S.add(np.arange(k) + 10, _rows(rng, k, 10, False), np.ones(k), np.zeros(k))
+    assert S._cap_rows == c1 and S.m == c1
+    S.add(np.array([-1]), _rows(rng, 1, 10, False), np.ones(1), np.zeros(1))
+    assert S._cap_rows == c2 and budget.used == S._reserved == new
+    np.testing.assert_array_equal(S.rows[: S.m], np.r_[np.arange(c1), -1])
+    S.release()
+    assert budget.used == 0
+
+
 def test_spilling_refused_gives_a_clear_error(tmp_path, rng):
     S = ActiveSet(10, False, MemoryBudget("1M"), can_spill=False)
     S.add(np.arange(10), _rows(rng, 10, 10, False), np.ones(10), np.zeros(10))
