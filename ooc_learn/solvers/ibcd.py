@@ -665,6 +665,13 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         while len(rows_N) == 0 or worst < max(eps, resid):
             if full:
                 return added
+            if 0 < len(rows_N) < n:
+                # the few rows that violate join S before the full solve, which the next
+                # check then certifies (else they cost a solve and a scan of their own)
+                if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
+                          resolve):
+                    r = 0
+                added += len(rows_N)
             resid, full = solve_S(MAX_ITERS), True
             rows_N, XN, yN, worst, n_e, n_viol = scan()
         if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
