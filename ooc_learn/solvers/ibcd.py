@@ -404,6 +404,7 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
     stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
              "queries": 0, "queries_cut": 0, "queries_truncated": 0, "queries_imprecise": 0,
              "queries_grown": 0, "scans_preferred": 0, "queries_slow": 0,
+             "full_solves_skipped": 0,
              "S_resolves": 0,
              "outer_log": []}
     outer = 0
@@ -519,6 +520,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
     # scan-only: the scan check has taken the index's place for the rest of this convex
     # problem (a query was cut, or cost more than a scan; see VISIT_COST)
     scan_only = False
+    converges = False  # the last full solve of S converged
     # the sampled rule is there to stop without scans: with it, the index keeps being asked
     cost_model = COST_MODEL and sample_eps == 0
     q_cost = q_found = None  # the last query's cost (stored values touched) and rows found
@@ -661,8 +663,12 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # projected gradient is within eps of 0), or by less than what dual CD left on S
         # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do
         # better. A solve cut at QUICK_ITERS passes is first carried on to MAX_ITERS, and
-        # the check repeated
-        while len(rows_N) == 0 or worst < max(eps, resid):
+        # the check repeated; unless the last full solve converged (dual CD on S is not stuck
+        # at its pass limit) and the check still finds |S| / 2 violators or more: then it
+        # is not the end, and they join S without that solve (generated store, squared
+        # hinge: 65 -> 51 s; no other benchmark run changes)
+        while len(rows_N) == 0 or (worst < max(eps, resid) and not (
+                converges and not full and 2 * n_viol >= S.m)):
             if full:
                 return added
             if 0 < len(rows_N) < n:
@@ -673,7 +679,9 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                     r = 0
                 added += len(rows_N)
             resid, full = solve_S(MAX_ITERS), True
+            converges = resid == 0.0
             rows_N, XN, yN, worst, n_e, n_viol = scan()
+        stats["full_solves_skipped"] += int(not full and worst < max(eps, resid))
         if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
                   resolve):
             r = 0

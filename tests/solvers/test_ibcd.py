@@ -251,20 +251,28 @@ def test_sampled_stopping_rule_reads_less_and_stays_close(tmp_path, rng):
             train(store, sample_eps=1.5)
 
 
-@pytest.mark.parametrize("cost_model", [False, True], ids=["index", "cost-model"])
+@pytest.mark.parametrize("cost_model", [False, True, "skip-full"],
+                         ids=["index", "cost-model", "skip-full"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_ibcd_where_violators_are_dense(tmp_path, rng, sparse, cost_model, monkeypatch):
     # 30 % flipped labels and the squared hinge: nearly every row is a support vector. With
     # the index alone, it finds violators densely and the queries double in size
-    # (DENSE_QUERY); with the cost model, a scan finds them cheaper and takes over. Either
-    # way the answer is the full problem's optimum (in-memory dual CD to 1e-6 relative)
-    monkeypatch.setattr("ooc_learn.solvers.ibcd.COST_MODEL", cost_model)
+    # (DENSE_QUERY); with the cost model, a scan finds them cheaper and takes over.
+    # "skip-full": quick solves of one pass leave a spread above most violations, so checks
+    # that still find |S| / 2 violators admit them without the full solve (once a full solve
+    # has converged). Every way the answer is the full problem's optimum (in-memory dual CD
+    # to 1e-6 relative)
+    monkeypatch.setattr("ooc_learn.solvers.ibcd.COST_MODEL", bool(cost_model))
+    if cost_model == "skip-full":
+        monkeypatch.setattr("ooc_learn.solvers.ibcd.QUICK_ITERS", 1)
     X, y = problem(rng, sparse=sparse, flip=0.3)
     C = 0.1
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True,
                        layout="csr" if sparse else "dense") as store:
         res = solve_ibcd(store, C=C, n=50, eps=0.01, init_sample=100, seed=1, loss="sqhinge")
-        if cost_model:
+        if cost_model == "skip-full":
+            assert res.stats["full_solves_skipped"] >= 1
+        elif cost_model:
             assert res.stats["queries_slow"] + res.stats["scans_preferred"] >= 1
             assert res.stats["queries"] <= 3
         else:
