@@ -100,11 +100,13 @@ VISIT_COST = 100_000
 SCAN_MARGIN = 2.0
 # a row read from the store rather than the cache costs this much more per stored value: a
 # scan reads long sequential runs (a check of Fashion-MNIST under a 1/10 cap took 0.04-0.06 s
-# against 0.011-0.022 s cached), a query scattered leaves and pivots (~12 us a row of 784
-# values under that cap). Under the caps of scripts/bench_train.py (CPU s, 3 runs each,
-# without -> with): Fashion L1 1.02 -> 1.13, Fashion s = 1 2.33 -> 1.92, generated 4.08 -> 2.90
+# against 0.011-0.022 s cached), a query scattered leaves and pivots (~14 us a row of 784
+# values under that cap, ~60x a value scanned). Under the caps of scripts/bench_train.py (CPU
+# s, without -> with READ_COST = 2, QUERY_READ_COST = 20): Fashion L1 1.02 -> 1.13, Fashion
+# s = 1 2.33 -> 1.92, generated 4.08 -> 2.90; QUERY_READ_COST 20 -> 60: Fashion L1 1.08 ->
+# 0.65 (3 queries -> 1), Fashion s = 1 2.05 -> 1.92, generated unchanged (same path)
 READ_COST = 2.0
-QUERY_READ_COST = 20.0
+QUERY_READ_COST = 60.0
 # a query that returns all the rows asked with at least this share of the rows it examined
 # qualifying means violators are dense: the next asks twice as many (up to QUERY_SHARE / 2 of
 # the rows; back to n after a short query), so S is not built 1000 rows at a time when a third
