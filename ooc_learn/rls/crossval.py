@@ -145,31 +145,25 @@ def _holdout_one(model, H, lams, mode, stats):
             budget.release(need)
     else:                       # stream the fold: n-side weights from S and U~^T y_H
         work = 8 * (6 * n * n + 2 * c * H.size * v + 3 * c * n * v)
-        budget.reserve(work, "hold-out n x n work and predictions")
-        try:
-            # a chunk's U rows from X: kernel rows, R^T rows, U rows, the previous chunk's
-            step, held = model.reserve_rows(h, 8 * (4 * n + 2 * v))
-            try:
-                S, Uty = np.zeros((n, n)), np.zeros((n, v))
-                for a in range(0, h, step):
-                    Ut = _ut_piece(model, Hp[a:a + step])
-                    S += Ut.T @ Ut
-                    Uty += Ut.T @ Y[Hp[a:a + step]]
-                del Ut
-                e = 0 if QE is None else QE.shape[0]
-                strategy = _n_side_strategy(h, n, e, c, v)
-                W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
-                del S
-                f = np.empty((c, h, v))
-                for a in range(0, h, step):
-                    Ut = _ut_piece(model, Hp[a:a + step])
-                    f[:, a:a + step] = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
-                fx = (None if xrows is None else
-                      np.einsum("hn,cnv->chv", model.u_rows(xrows)[0], W, optimize=True))
-            finally:
-                budget.release(held)
-        finally:
-            budget.release(work)
+        # and a chunk's U rows from X: kernel rows, R^T rows, U rows, the previous chunk's
+        with budget.reservation(work, "hold-out n x n work and predictions"), \
+                model.row_chunk(h, 8 * (4 * n + 2 * v)) as step:
+            S, Uty = np.zeros((n, n)), np.zeros((n, v))
+            for a in range(0, h, step):
+                Ut = _ut_piece(model, Hp[a:a + step])
+                S += Ut.T @ Ut
+                Uty += Ut.T @ Y[Hp[a:a + step]]
+            del Ut
+            e = 0 if QE is None else QE.shape[0]
+            strategy = _n_side_strategy(h, n, e, c, v)
+            W = n_side_weights(S, zbase - Uty, Lam, lams, QE=QE, strategy=strategy)
+            del S
+            f = np.empty((c, h, v))
+            for a in range(0, h, step):
+                Ut = _ut_piece(model, Hp[a:a + step])
+                f[:, a:a + step] = np.einsum("hn,cnv->chv", Ut, W, optimize=True)
+            fx = (None if xrows is None else
+                  np.einsum("hn,cnv->chv", model.u_rows(xrows)[0], W, optimize=True))
         strategy += "-streamed"
     stats[strategy] += 1
     if xrows is None:
@@ -508,12 +502,9 @@ def _iter_rt(model, H):
         yield 0, H.size, model.rt_rows(H)
         return
     n = model.Q_.shape[0]
-    step, held = model.reserve_rows(H.size, 8 * (3 * n + 2 * model._Y.shape[1]))
-    try:
+    with model.row_chunk(H.size, 8 * (3 * n + 2 * model._Y.shape[1])) as step:
         for a in range(0, H.size, step):
             yield a, min(a + step, H.size), model.rt_rows(H[a:a + step])
-    finally:
-        model._budget.release(held)
 
 
 def _fold_work_bytes(model, H, c: int, v: int) -> int:
@@ -618,16 +609,13 @@ def _predict_from_x(model, H, W):
     Abasis = la.solve_triangular(model._C, Wf, trans="T", lower=True, check_finite=False)
     f = np.empty((c, H.size, v))
     # a chunk's kernel rows (the previous chunk's still held) and K @ Abasis
-    step, held = model.reserve_rows(H.size, 8 * (2 * n + 2 * c * v))
-    try:
+    with model.row_chunk(H.size, 8 * (2 * n + 2 * c * v)) as step:
         for a in range(0, H.size, step):
             rows = H[a:a + step]
             K = model._kernel_rows(model._source.take(rows), rows)
             model.stats_["kernel_evaluations"] = (model.stats_.get("kernel_evaluations", 0)
                                                   + K.size)
             f[:, a:a + rows.size] = (K @ Abasis).reshape(rows.size, c, v).transpose(1, 0, 2)
-    finally:
-        model._budget.release(held)
     return f
 
 
@@ -702,13 +690,10 @@ def _iter_rt_all(model, per_row: int):
     formed from the source's chunks; ``per_row`` bytes a row reserved for the chunk."""
     if model._ucache is not None and not model._ucache_is_u:
         def cached():
-            step, held = model.reserve_rows(model._ucache.shape[0], per_row, model._u_step())
-            try:
-                m = model._ucache.shape[0]
+            m = model._ucache.shape[0]
+            with model.row_chunk(m, per_row, model._u_step()) as step:
                 for a in range(0, m, step):
                     yield a, min(a + step, m), model._ucache[a:a + step]
-            finally:
-                model._budget.release(held)
         return cached()
     return model._iter_formed(model._rt_from_x, per_row)
 

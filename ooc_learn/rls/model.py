@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import scipy.linalg as la
@@ -400,17 +401,17 @@ class SparseRLS:
                 out[a:b] = K @ self.coef_
         return out[:, 0] if self._vector_y else out
 
-    def reserve_rows(self, h: int, per_row: int, cap: int = 0):
-        """(rows per chunk, bytes reserved) for a pass over at most ``h`` rows whose
-        temporaries cost ``per_row`` bytes a row: as many rows as the free budget holds, at
-        most ``cap`` (default 2^22 / n, 32 MiB per n-wide float64 array) and at least 16 (a
-        BudgetExceededError when even those do not fit). The caller releases the bytes."""
+    @contextmanager
+    def row_chunk(self, h: int, per_row: int, cap: int = 0):
+        """Rows per chunk for a pass over at most ``h`` rows whose temporaries cost
+        ``per_row`` bytes a row, those bytes reserved for the ``with`` block: as many rows as
+        the free budget holds, at most ``cap`` (default 2^22 / n, 32 MiB per n-wide float64
+        array) and at least 16 (a BudgetExceededError when even those do not fit)."""
         n = self.basis_.size
         cap = cap or max(256, (1 << 22) // n)
         step = int(max(1, min(h, cap, max(16, self._budget.available // max(per_row, 1)))))
-        nbytes = int(per_row) * step
-        self._budget.reserve(nbytes, "sparse RLS row chunk")
-        return step, nbytes
+        with self._budget.reservation(int(per_row) * step, "sparse RLS row chunk"):
+            yield step
 
     # -- rows of K~_B^T and U = K~_B^T Q -------------------------------------------------------
     def basis_hits(self, rows: np.ndarray):
@@ -539,8 +540,7 @@ class SparseRLS:
         """(start, stop, form(X rows, row ids)) over the chunks of ``src``, each cut to the
         rows the free budget holds at ``per_row`` bytes a row (reserved while iterating)."""
         m = src.n_samples
-        step, held = self.reserve_rows(m, per_row) if per_row else (m, 0)
-        try:
+        with (self.row_chunk(m, per_row) if per_row else nullcontext(m)) as step:
             for j in range(len(src.offsets) - 1):
                 a, b = int(src.offsets[j]), int(src.offsets[j + 1])
                 Xc = src.chunk(j)
@@ -548,8 +548,6 @@ class SparseRLS:
                     e = min(s + step, b)
                     yield s, e, form(Xc[s - a:e - a], np.arange(s, e))
                 del Xc
-        finally:
-            self._budget.release(held)
 
     def release_cache(self) -> None:
         """Drop the cached U (or K_B^T) rows and give their bytes back to the budget."""
