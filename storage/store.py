@@ -24,12 +24,15 @@ from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE
 __all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order"]
 
 
-def _nbytes(X, y, row_ids) -> int:
+def matrix_nbytes(X) -> int:
+    """Bytes held by a dense array or a CSR matrix (its data, indices and indptr)."""
     if sp.issparse(X):
-        xb = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
-    else:
-        xb = X.nbytes
-    return int(xb + y.nbytes + (0 if row_ids is None else row_ids.nbytes))
+        return int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
+    return int(X.nbytes)
+
+
+def _nbytes(X, y, row_ids) -> int:
+    return matrix_nbytes(X) + int(y.nbytes + (0 if row_ids is None else row_ids.nbytes))
 
 
 class _Slicer:

@@ -41,6 +41,7 @@ from scipy.linalg.blas import dsyrk
 
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError, UsageError
+from ooc_learn.storage.store import matrix_nbytes
 
 from . import _kernels
 from .holdout import mirror_upper
@@ -232,7 +233,7 @@ class SparseRLS:
         work = self._train_work(n, min(chunk, m), arrays)
         with budget.reservation(work, "sparse RLS training work (eigensolver, row chunks)"):
             self.X_basis_ = src.take(basis)
-            xb = self._nbytes(self.X_basis_)
+            xb = matrix_nbytes(self.X_basis_)
             budget.reserve(xb, "sparse RLS basis rows")
             self._state_bytes += xb
             self._sqB = row_sqnorms64(self.X_basis_)
@@ -251,12 +252,6 @@ class SparseRLS:
         self.stats_.update(fit_seconds=time.perf_counter() - t0, n_samples=m, n_basis=n,
                            n_outputs=v, rows_read=int(src.rows_read))
         return self
-
-    @staticmethod
-    def _nbytes(X) -> int:
-        if hasattr(X, "nbytes"):
-            return int(X.nbytes)
-        return int(sum(getattr(X, a).nbytes for a in ("data", "indices", "indptr")))
 
     def _draw_basis(self, m: int) -> np.ndarray:
         if self.basis is None:

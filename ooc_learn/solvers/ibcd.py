@@ -54,6 +54,7 @@ import numpy as np
 from ooc_learn.losses import get_loss
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.resources import release_free_heap
+from ooc_learn.storage.store import matrix_nbytes
 
 from .active_set import ActiveSet
 from .dcd import dcd_subproblem, solve_dcd
@@ -305,7 +306,7 @@ class _RowSource:
             lo = int(self.offsets[b])
             return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]
         X, y, ids = self.store.read_range(start, stop, ids=False)  # the index needs no ids
-        nb = _nbytes(X) + y.nbytes
+        nb = matrix_nbytes(X) + y.nbytes
         # remembered only within a share of the cap: a long search must not starve the rest
         if (self._memo_bytes + nb <= self.store.budget.limit // MEMO_SHARE
                 and self.store.budget.try_reserve(nb, evict=False)):
@@ -379,12 +380,6 @@ class _RowSource:
         inv = np.empty_like(pos)
         inv[pos] = np.arange(pos.size)
         return sp.vstack([p[1] for p in parts], format="csr")[inv], y
-
-
-def _nbytes(X) -> int:
-    if hasattr(X, "indptr"):
-        return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
-    return X.nbytes
 
 
 def _row_sqn(X) -> np.ndarray:
