@@ -114,11 +114,13 @@ class ActiveSet:
                 cap_nnz = max(need_nnz, min(cap_nnz, need_nnz + need_nnz // 16))
         return cap_rows, cap_nnz
 
-    def _grow(self, need_rows: int, need_nnz: int) -> None:
-        cap_rows, cap_nnz = self._caps_for(need_rows, need_nnz)
-        if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
-            return
-        new_bytes = self._bytes_for(cap_rows, cap_nnz)
+    def _growth(self, cap_rows: int, cap_nnz: int):
+        """How S grows to these capacities: (arrays to copy as (name, new size, items kept),
+        bytes held after, largest old array). One array at a time, each old buffer dropped
+        once copied: at any moment the new arrays plus at most one old one are held (new >=
+        old for each), so the grown S and its largest old array are paid for until the copy
+        ends (all of old and new at once failed a 16 MB cap with a spilled S of 140k rows
+        that the grown state fitted)."""
         m = self.m
         plan = [(name, cap_rows, m) for name in ("rows", "y", "sqn", "alpha")]
         plan.append(("indptr", cap_rows + 1, m + 1))
@@ -126,11 +128,14 @@ class ActiveSet:
             plan += [("indices", cap_nnz, self.nnz), ("data", cap_nnz, self.nnz)]
         elif not self.sparse and not self.spilled:
             plan.append(("Xbuf", cap_rows, m))
-        # one array at a time, each old buffer dropped once copied: at any moment the new
-        # arrays plus at most one old one are held (new >= old for each), so the grown S and
-        # its largest old array are paid for until the copy ends (all of old and new at once
-        # failed a 16 MB cap with a spilled S of 140k rows that the grown state fitted)
         largest_old = max(getattr(self, name).nbytes for name, _, _ in plan)
+        return plan, self._bytes_for(cap_rows, cap_nnz), largest_old
+
+    def _grow(self, need_rows: int, need_nnz: int) -> None:
+        cap_rows, cap_nnz = self._caps_for(need_rows, need_nnz)
+        if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
+            return
+        plan, new_bytes, largest_old = self._growth(cap_rows, cap_nnz)
         self.budget.reserve(new_bytes + largest_old - self._reserved, "IBCD active set")
         for name, size, keep in plan:
             old = getattr(self, name)
@@ -148,13 +153,15 @@ class ActiveSet:
         if self.m + k <= self._cap_rows and (not self.sparse or self.spilled
                                              or self.nnz + nnz <= self._cap_nnz):
             return True
-        new = self._bytes_for(*self._caps_for(self.m + k, self.nnz + nnz))
+        _, new, largest_old = self._growth(*self._caps_for(self.m + k, self.nnz + nnz))
         if not self.spilled and new > self.resident_share * self.budget.limit:
             return False
-        # S takes its quota from the caches: a trial reservation evicts their LRU entries
-        if not self.budget.try_reserve(new):
+        # what the growth reserves (see _growth); S takes its quota from the caches: a trial
+        # reservation evicts their LRU entries
+        extra = new + largest_old - self._reserved
+        if not self.budget.try_reserve(extra):
             return False
-        self.budget.release(new)
+        self.budget.release(extra)
         return True
 
     # ---- content -----------------------------------------------------------------------
