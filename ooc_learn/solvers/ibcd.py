@@ -117,6 +117,14 @@ DENSE_QUERY = 0.4
 # keeps the extra solves within about one more solve of the final S
 RESOLVE_GROWTH = 2.0
 CHECK_GROWTH = 1
+# the check keeps the rows nearest the margin that did not join S (y w^T x < 1 + POOL_BAND;
+# with the truncated loss also the outliers within POOL_BAND of the outlier boundary), at
+# most max(n, |S|) of them in 1/POOL_SHARE of the cap: after the solve of S that follows,
+# the rows it made violate are looked for there first, and the store is scanned again only
+# when the pool has none (a solve moves w a little; the rows it pushes over the margin were
+# near it). A stop still rests on a full scan
+POOL_BAND = 1.0
+POOL_SHARE = 8
 # TRON's stopping rule for the primal block solver, on blocks and on S (LIBLINEAR's -s 2
 # default)
 PRIMAL_EPS = 0.01
@@ -243,18 +251,20 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
                   spill_dir=_spill_dir(store, spill_dir))
     in_S = np.zeros(N_all, bool)
     store.budget.reserve(N_all, "IBCD active-set mask")
+    pool = _Pool(store.budget)
     try:
         sv = np.flatnonzero(res0.alpha > 0)
         S.add(sample[sv], Xs[sv], ys[sv], _row_sqn(Xs[sv]), res0.alpha[sv])
         in_S[sample[sv]] = True
         del Xs, ys, res0
-        return _outer_loop(rows_src, forest, S, in_S, w, loss=loss, base_loss=base_loss, C=C,
+        return _outer_loop(rows_src, forest, S, in_S, pool, w, loss=loss, base_loss=base_loss, C=C,
                            s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
                            max_outer=max_outer, block_iters=block_iters,
                            block_solver=block_solver, shrink_threshold=shrink_threshold,
                            rng=rng, on_outer=on_outer, t0=t0, rows_read0=rows_read0,
                            bytes_read0=bytes_read0)
     finally:
+        pool.clear()
         S.release()
         store.budget.release(N_all)
         forest.close()
@@ -389,7 +399,7 @@ def _row_sqn(X) -> np.ndarray:
     return K.row_sqnorms(*kernel_args(X), X.shape[0])
 
 
-def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n, eps, sample_eps,
+def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bias, n, eps, sample_eps,
                 max_outer, block_iters, block_solver, shrink_threshold, rng, on_outer, t0,
                 rows_read0, bytes_read0):
     from ooc_learn.index.forest import outlier_margin
@@ -399,7 +409,7 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
     stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
              "queries": 0, "queries_cut": 0, "queries_truncated": 0, "queries_imprecise": 0,
              "queries_grown": 0, "scans_preferred": 0, "queries_slow": 0,
-             "full_solves_skipped": 0, "full_checks": 0, "pruned": 0,
+             "full_solves_skipped": 0, "full_checks": 0, "pool_hits": 0, "pruned": 0,
              "S_resolves": 0,
              "outer_log": []}
     outer = 0
@@ -416,7 +426,7 @@ def _outer_loop(rows_src, forest, S, in_S, w, *, loss, base_loss, C, s, bias, n,
                 # the check brings back any that the new w_t makes violate (Fashion-MNIST,
                 # s = 1: S ended at 7549 rows for 467 support vectors without this)
                 _prune_inactive(S, in_S, w, bias, stats)
-        added = _inner_loop(rows_src, forest, S, in_S, w, w_t, loss=loss, C=C, s=s, bias=bias,
+        added = _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, loss=loss, C=C, s=s, bias=bias,
                             n=n, eps=eps, sample_eps=sample_eps, block_iters=block_iters,
                             block_solver=block_solver, shrink_threshold=shrink_threshold,
                             rng=rng, stats=stats)
@@ -497,7 +507,7 @@ def _drop_outliers(S, in_S, w, w_t, low, bias) -> int:
     return removed
 
 
-def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, sample_eps,
+def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n, eps, sample_eps,
                 block_iters, block_solver, shrink_threshold, rng, stats) -> int:
     """Algorithm 1 on the convex problem at w_t; return how many rows joined S."""
     from ooc_learn.index.forest import outlier_margin
@@ -535,22 +545,51 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                      if not st.block_is_cached(b))
         return (forest.n_samples - S.m + READ_COST * unread) * row_work
 
-    def scan():
-        """The check of §4.3: the most violating rows outside S, up to |S| of them (S at
-        most doubles) as long as they fit without spilling, at least n; the rows read and
-        S's grown buffers coexist for a moment, so room for twice as many is asked."""
-        rows_src.clear()
+    def check_size():
         want = max(n, CHECK_GROWTH * S.m)
         if S.spilled:  # the rows pass through memory on their way to S's file
             want = max(n, min(want, S.window_rows()))
+        return want
+
+    def from_pool(thresh):
+        """The check's answer from the pool when it holds rows violating by ``thresh`` or
+        more (else None; a stop rests on a scan)."""
+        if S.spilled:
+            pool.clear()
+        got = pool.take(w, w_t, low, bias, in_S, check_size(), thresh)
+        if got is None:
+            return None
+        stats["pool_hits"] += 1
+        return got + (True,)
+
+    def scan():
+        """The check of §4.3: the most violating rows outside S, up to |S| of them (S at
+        most doubles) as long as they fit without spilling, at least n; the rows read and
+        S's grown buffers coexist for a moment, so room for twice as many is asked. It
+        refreshes the pool; the last item (False) says the answer is not the pool's."""
+        rows_src.clear()
+        want = check_size()
+        pool.clear()
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(n, want // 2)
-        out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want)
+        # the pool: as many rows as S holds (at least n), in 1/POOL_SHARE of the cap, and
+        # twice that reserved while the check's running selection holds them
+        row_bytes = rows_src.store.estimated_bytes(1) + 16
+        k_pool = 0 if S.spilled else min(max(n, S.m),
+                                         rows_src.store.budget.limit // POOL_SHARE // row_bytes)
+        while k_pool and not rows_src.store.budget.try_reserve(2 * k_pool * row_bytes):
+            k_pool //= 2
+        try:
+            out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want, k_pool)
+        except BaseException:
+            rows_src.store.budget.release(2 * k_pool * row_bytes)
+            raise
+        pool.hold(out[6], 2 * k_pool * row_bytes)
         release_free_heap()  # the check and the solve before it freed many arrays
         stats["full_checks"] += 1
         stats["rows_examined"] += int(out[4])
-        return out
+        return out[:6] + (False,)
 
     def solve_S(max_iter):
         """Problem (13) on S to eps in at most ``max_iter`` passes; returns what dual CD
@@ -588,7 +627,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         if k:
             XN, yN = rows_src.fetch(rows_N)
             if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
-                      resolve):
+                      resolve, pool):
                 r, m_old = 0, S.m - k  # S was rearranged: the new rows are its last k
             added += k
         # the block: N and the next n_e - |N| rows of the old S, cyclically
@@ -654,7 +693,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # without shrinking (§4.3)
         resid = solve_S(QUICK_ITERS)
         full = resid == 0.0
-        rows_N, XN, yN, worst, n_e, n_viol = scan()
+        rows_N, XN, yN, worst, n_e, n_viol, pooled = from_pool(max(eps, resid)) or scan()
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
         # projected gradient is within eps of 0), or by less than what dual CD left on S
         # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do
@@ -671,15 +710,15 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
                 # the few rows that violate join S before the full solve, which the next
                 # check then certifies (else they cost a solve and a scan of their own)
                 if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
-                          resolve):
+                          resolve, pool):
                     r = 0
                 added += len(rows_N)
             resid, full = solve_S(MAX_ITERS), True
             converges = resid == 0.0
-            rows_N, XN, yN, worst, n_e, n_viol = scan()
+            rows_N, XN, yN, worst, n_e, n_viol, pooled = from_pool(max(eps, resid)) or scan()
         stats["full_solves_skipped"] += int(not full and worst < max(eps, resid))
         if _admit(S, in_S, forest, rows_N, XN, yN, w, bias, shrink_threshold, stats,
-                  resolve):
+                  resolve, pool):
             r = 0
         added += len(rows_N)
         # the index or the scan for the rows still violating? The next scan finds at least
@@ -687,7 +726,7 @@ def _inner_loop(rows_src, forest, S, in_S, w, w_t, *, loss, C, s, bias, n, eps, 
         # finds rows SCAN_MARGIN times cheaper, or fewer than n/2 are left (a query would be
         # cut), the rest of this problem is scan-only
         left = n_viol - len(rows_N)
-        if cost_model and not scan_only and (
+        if cost_model and not scan_only and not pooled and (
                 2 * left < n or min(left, S.m) * q_cost >= SCAN_MARGIN * max(1, q_found)
                 * scan_cost()):
             scan_only = True
@@ -704,45 +743,162 @@ def _reshrink(forest, S, threshold) -> None:
     forest.shrink(threshold, rows=S.rows[: S.m])
 
 
-def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n):
+def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0):
     """The convergence check of §4.3 on every row outside S: a sequential pass over the
     blocks (the whole data must be examined, so the index's best-first order buys nothing
     here and a block scan avoids its per-leaf overhead). Returns the (at most ``n``) rows
     satisfying eq. 10 (not an outlier at w_t, y w^T x < 1) that violate it most, with their
     ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none), the
-    number of rows examined and the number of rows satisfying eq. 10."""
+    number of rows examined, the number of rows satisfying eq. 10, and the pool: up to
+    ``pool_rows`` more rows within POOL_BAND of a boundary, nearest first, as
+    ``(rows, X, y)``. Near a boundary: an eligible row by y w^T x - 1 (the violators left
+    over come first), an outlier at w_t by |y w^T x - low| (the next outer iteration's w_t
+    is near w: where y w^T x >= low it may rejoin the problem). The rows are copied out of
+    the chunks as the pass goes (no second read): a running selection holds at most twice
+    ``n + pool_rows`` of them."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
-    rows, viol = [], []
-    examined = 0
+    keep = n + pool_rows
+    top = POOL_BAND if pool_rows else 0.0  # candidates: key below this
+    truncated = math.isfinite(low)
+    cand = []  # (rows, keys, X, y) of chunks; merged down to `keep` when past 2 * keep
+    n_cand = 0
+    worst = 0.0
+    n_viol = examined = 0
     for a, X, y, _ in store.iter_chunks(chunk, ids=False):
         free = ~in_S[a:a + X.shape[0]]
         y64 = y.astype(np.float64)
         m = _margins(X, y64, w, bias)
-        ok = free & (m < 1.0)
-        if math.isfinite(low) and ok.any():
-            ok &= _margins(X, y64, w_t, bias) >= low
+        # every violator is counted (top falls below 0 once more than `keep` violate)
+        hit = np.flatnonzero(free & (m < 1.0 + max(0.0, top)))
         examined += int(free.sum())
+        if not hit.size:
+            continue
+        mh = m[hit]
+        key = mh - 1.0
+        if truncated:
+            out = _margins(X[hit], y64[hit], w_t, bias) < low
+            key[out] = np.abs(mh[out] - low) + (0.0 if pool_rows else np.inf)
+        v = key < 0.0
+        if truncated:
+            v &= ~out
+        n_viol += int(v.sum())
+        if v.any():
+            worst = max(worst, float(-key[v].min()))
+        c = key < top
+        if not c.any():
+            continue
+        cand.append((a + hit[c], key[c], X[hit[c]], y[hit[c]]))
+        n_cand += int(c.sum())
+        if n_cand > 2 * keep:
+            cand = [_select(cand, keep)]
+            n_cand = keep
+            top = min(top, float(cand[0][1].max()))
+    empty = np.empty(0, np.int64)
+    if not cand:
+        return empty, None, None, 0.0, examined, 0, None
+    rows, kc, Xc, yc = _select(cand, keep)  # nearest a boundary first: violators first
+    nv = min(n, int((kc < 0.0).sum()))
+    order = np.argsort(rows[:nv], kind="stable")  # S takes its rows in store order
+    pool = (rows[nv:], Xc[nv:], yc[nv:]) if rows.size > nv else None
+    if not nv:
+        return empty, None, None, 0.0, examined, n_viol, pool
+    return (rows[:nv][order], Xc[:nv][order], yc[:nv][order], worst, examined, n_viol,
+            pool)
+
+
+def _select(parts, k):
+    """The ``k`` rows of smallest key among the check's candidate parts, smallest first
+    (ties in store order), as one ``(rows, keys, X, y)``."""
+    rows = np.concatenate([p[0] for p in parts])
+    m = np.concatenate([p[1] for p in parts])
+    X = _vstack([p[2] for p in parts])
+    y = np.concatenate([p[3] for p in parts])
+    if rows.size > k:
+        sel = np.argpartition(m, k - 1)[:k]
+        sel = sel[np.lexsort((rows[sel], m[sel]))]
+    else:
+        sel = np.lexsort((rows, m))
+    return rows[sel], m[sel], X[sel], y[sel]
+
+
+def _vstack(mats):
+    if len(mats) == 1:
+        return mats[0]
+    if isinstance(mats[0], np.ndarray):
+        return np.concatenate(mats)
+    import scipy.sparse as sp
+
+    return sp.vstack(mats, format="csr")
+
+
+class _Pool:
+    """Rows a check found near the margin that did not join S (see POOL_BAND), held within a
+    reservation from the budget until the next check replaces them; dropped when S needs the
+    room."""
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.rows = np.empty(0, np.int64)
+        self.X = self.y = None
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def clear(self) -> None:
+        self.rows = np.empty(0, np.int64)
+        self.X = self.y = None
+        self.budget.release(self.nbytes)
+        self.nbytes = 0
+
+    def hold(self, pool, reserved: int) -> None:
+        """Keep ``pool`` (rows, X, y) from a check that reserved ``reserved`` bytes for it;
+        what it does not need goes back."""
+        self.clear()
+        if pool is None:
+            self.budget.release(reserved)
+            return
+        self.rows, self.X, self.y = pool
+        self.nbytes = min(reserved, matrix_nbytes(self.X) + self.y.nbytes + self.rows.nbytes)
+        self.budget.release(reserved - self.nbytes)
+
+    def take(self, w, w_t, low, bias, in_S, n, thresh):
+        """The pool's rows satisfying eq. 10 at ``w`` (up to ``n``, most violating first;
+        they leave the pool) when the worst violates by ``thresh`` or more, as the check's
+        ``(rows, X, y, worst, examined, n_viol)``; else None."""
+        if not len(self):
+            return None
+        y64 = self.y.astype(np.float64)
+        m = _margins(self.X, y64, w, bias)
+        ok = ~in_S[self.rows] & (m < 1.0)
+        if ok.any() and math.isfinite(low):
+            ok[ok] = _margins(self.X[ok], y64[ok], w_t, bias) >= low
         hit = np.flatnonzero(ok)
-        if hit.size:
-            rows.append(a + hit)
-            viol.append(1.0 - m[hit])
-    if not rows:
-        return np.empty(0, np.int64), None, None, 0.0, examined, 0
-    rows, viol = np.concatenate(rows), np.concatenate(viol)
-    top = np.sort(rows[np.argsort(-viol, kind="stable")[:n]])
-    XN, yN = rows_src.fetch(top)
-    return top, XN, yN, float(viol.max()), examined, int(rows.size)
+        if not hit.size or 1.0 - m[hit].min() < thresh:
+            return None
+        hit = hit[np.lexsort((self.rows[hit], m[hit]))]
+        sel = np.sort(hit[:n])
+        rest = np.ones(len(self), bool)
+        rest[sel] = False
+        rest &= ~in_S[self.rows]
+        out = (self.rows[sel], self.X[sel], self.y[sel], float(1.0 - m[hit[0]]), len(self),
+               int(hit.size))
+        self.rows, self.X, self.y = self.rows[rest], self.X[rest], self.y[rest]
+        return out
 
 
-def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve) -> bool:
+def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve, pool) -> bool:
     """Rows ``rows`` (``XN``, ``yN``) join S and are marked on the index. §4.2 under a tight
     cap: when they do not fit, the inactive rows (alpha = 0, y w^T x >= 1) leave S first (the
     index brings them back if they violate again; the final check examines every row); if S
     still does not fit, it spills to disk. Returns whether S was rearranged (the cyclic
-    reader restarts). ``resolve()`` solves problem (13) on S (tried once before spilling)."""
+    reader restarts). ``resolve()`` solves problem (13) on S (tried once before spilling);
+    the check's pool gives its room up first."""
     k = XN.shape[0]
     nnz = int(XN.indptr[-1]) if S.sparse else 0
+    if not S.fits(k, nnz):
+        pool.clear()
     moved = not S.fits(k, nnz)
     if moved:
         _prune_inactive(S, in_S, w, bias, stats)

@@ -50,8 +50,8 @@ def full_kkt_violation(store, w, sv_rows, sv_alpha, C, bias=1.0):
     return worst
 
 
-@pytest.mark.parametrize("query_share", [None, 0.0, 1.0, "scan"],
-                         ids=["default-share", "cut", "exhaustive", "scan"])
+@pytest.mark.parametrize("query_share", [None, 0.0, 1.0, "scan", "no-pool"],
+                         ids=["default-share", "cut", "exhaustive", "scan", "no-pool"])
 @pytest.mark.parametrize("leaf_size", [None, 50], ids=["default-leaf", "leaf50"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_share,
@@ -63,8 +63,11 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
     # 1 (and no precision floor): queries run until exhausted (the index alone proves no
     # qualifying row is left); both without the query-or-scan cost model, which would take
     # the scan first. "scan": every query costs more than a scan (VISIT_COST), so after the
-    # first query the scans find the rows
-    if query_share == "scan":
+    # first query the scans find the rows. "no-pool": every check scans the store (the pool
+    # of rows near the margin is off)
+    if query_share == "no-pool":
+        monkeypatch.setattr("ooc_learn.solvers.ibcd.POOL_SHARE", 1 << 62)
+    elif query_share == "scan":
         monkeypatch.setattr("ooc_learn.solvers.ibcd.VISIT_COST", 10 ** 12)
     elif query_share is not None:
         monkeypatch.setattr("ooc_learn.solvers.ibcd.QUERY_SHARE", query_share)
@@ -95,6 +98,9 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
         assert res.stats["rows_read"] > 0 and res.stats["outer_iterations"] == 1
         if query_share is None:  # S doubled at least once: the re-solve and prune ran
             assert res.stats["S_resolves"] >= 1 and res.stats["pruned"] > 0
+            assert res.stats["pool_hits"] >= 1  # and rows came from the pool
+        if query_share == "no-pool":
+            assert res.stats["pool_hits"] == 0
         if query_share == 0.0:
             assert res.stats["queries_cut"] > 0
         if query_share == 1.0:

@@ -1,0 +1,95 @@
+"""The IBCD check's pool: the rows nearest a boundary that a check read but did not admit."""
+
+import numpy as np
+import pytest
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.solvers import ibcd
+from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.store import open_store
+
+from test_ibcd import problem
+
+
+def _brute(X, y, w, w_t, low, in_S, n, k, bias=1.0):
+    """The check by hand: (admitted rows, worst, number of violators, pool rows)."""
+    Xb = np.hstack([np.asarray(X.toarray() if hasattr(X, "toarray") else X, float),
+                    np.full((X.shape[0], 1), bias)])
+    m, mt = y * (Xb @ w), y * (Xb @ w_t)
+    out = mt < low
+    key = np.where(out, np.abs(m - low), m - 1.0)
+    viol = ~in_S & ~out & (m < 1.0)
+    cand = np.flatnonzero(~in_S & (key < ibcd.POOL_BAND))
+    order = cand[np.lexsort((cand, key[cand]))]
+    nv = min(n, int(viol.sum()))
+    worst = float((1.0 - m[viol]).max()) if viol.any() else 0.0
+    return np.sort(order[:nv]), worst, int(viol.sum()), order[nv:nv + k]
+
+
+@pytest.mark.parametrize("truncated", [False, True], ids=["convex", "truncated"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, rng, sparse,
+                                                                     truncated):
+    X, y = problem(rng, n=2000, d=8, sparse=sparse, flip=0.1)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=5,
+                       layout="csr" if sparse else "dense") as st:
+        Xa, ya, _ = st.read_range(0, st.n_samples)
+    d = Xa.shape[1]
+    w_t = rng.normal(size=d + 1) * 0.5
+    w = w_t + rng.normal(size=d + 1) * 0.2
+    low = -1.0 if truncated else -np.inf
+    in_S = rng.random(Xa.shape[0]) < 0.1
+    # a cap small enough that the pass takes many chunks and the running selection merges
+    with open_store(tmp_path / "s", memory="300K") as st:
+        src = ibcd._RowSource(st)
+        for n, k in [(40, 0), (40, 150), (5000, 0)]:
+            rows, XN, yN, worst, examined, n_viol, pool = ibcd._check_all_rows(
+                src, w, w_t, low, in_S, 1.0, n, k)
+            ref_rows, ref_worst, ref_viol, ref_pool = _brute(Xa, ya.astype(float), w, w_t,
+                                                             low, in_S, n, k)
+            np.testing.assert_array_equal(rows, ref_rows)
+            assert worst == pytest.approx(ref_worst, rel=1e-9)
+            assert n_viol == ref_viol and examined == int((~in_S).sum())
+            dense = Xa.toarray() if sparse else Xa
+            got = XN.toarray() if sparse else XN
+            np.testing.assert_array_equal(got, dense[rows])
+            np.testing.assert_array_equal(yN, ya[rows])
+            if k == 0:  # no pool asked: only violators are kept, and all of them admitted
+                assert pool is None
+            else:
+                assert pool is not None
+                np.testing.assert_array_equal(pool[0], ref_pool)
+                pX = pool[1].toarray() if sparse else pool[1]
+                np.testing.assert_array_equal(pX, dense[pool[0]])
+
+
+def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
+    X, y = problem(rng, n=600, d=6, flip=0.1)
+    Xb = np.hstack([X.astype(float), np.ones((600, 1))])
+    budget = MemoryBudget("16M")
+    pool = ibcd._Pool(budget)
+    budget.reserve(1 << 20)
+    rows = np.arange(0, 600, 2)
+    pool.hold((rows, X[rows], y[rows]), 1 << 20)
+    assert 0 < budget.used < 1 << 20  # what the pool does not need went back
+    w_t = rng.normal(size=7)
+    w = w_t + 0.3 * rng.normal(size=7)
+    in_S = np.zeros(600, bool)
+    in_S[rows[:10]] = True  # joined S since: never handed over
+    m, mt = y * (Xb @ w), y * (Xb @ w_t)
+    elig = (m < 1) & (mt >= -1.0) & ~in_S
+    elig_rows = [r for r in rows if elig[r]]
+    worst = max(1 - m[r] for r in elig_rows)
+    assert pool.take(w, w_t, -1.0, 1.0, in_S, 10, worst + 0.01) is None
+    got = pool.take(w, w_t, -1.0, 1.0, in_S, 10, 0.0)
+    r, XN, yN, g_worst, examined, n_viol = got
+    top = sorted(elig_rows, key=lambda i: (m[i], i))[:10]
+    assert sorted(r) == sorted(top) and n_viol == len(elig_rows)
+    assert g_worst == pytest.approx(worst) and examined == len(rows)
+    np.testing.assert_array_equal(XN, X[r])
+    np.testing.assert_array_equal(yN, y[r])
+    # the rows handed over and those now in S left the pool; the others stay
+    assert len(pool) == len(rows) - 10 - 10
+    assert not set(pool.rows) & (set(r) | set(rows[:10]))
+    pool.clear()
+    assert budget.used == 0 and len(pool) == 0
