@@ -257,8 +257,8 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
         S.add(sample[sv], Xs[sv], ys[sv], _row_sqn(Xs[sv]), res0.alpha[sv])
         in_S[sample[sv]] = True
         del Xs, ys, res0
-        return _outer_loop(rows_src, forest, S, in_S, pool, w, loss=loss, base_loss=base_loss, C=C,
-                           s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
+        return _outer_loop(rows_src, forest, S, in_S, pool, w, loss=loss, base_loss=base_loss,
+                           C=C, s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
                            max_outer=max_outer, block_iters=block_iters,
                            block_solver=block_solver, shrink_threshold=shrink_threshold,
                            rng=rng, on_outer=on_outer, t0=t0, rows_read0=rows_read0,
@@ -309,7 +309,8 @@ class _RowSource:
 
     def read_range(self, start: int, stop: int):
         b = int(np.searchsorted(self.offsets, start, side="right") - 1)
-        if 0 <= b < len(self.offsets) - 1 and stop <= self.offsets[b + 1] and self.store.reads_whole_block(b):
+        if (0 <= b < len(self.offsets) - 1 and stop <= self.offsets[b + 1]
+                and self.store.reads_whole_block(b)):
             X, y, ids = self.store.read_block(b)
             lo = int(self.offsets[b])
             return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]
@@ -399,9 +400,9 @@ def _row_sqn(X) -> np.ndarray:
     return K.row_sqnorms(*kernel_args(X), X.shape[0])
 
 
-def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bias, n, eps, sample_eps,
-                max_outer, block_iters, block_solver, shrink_threshold, rng, on_outer, t0,
-                rows_read0, bytes_read0):
+def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bias, n, eps,
+                sample_eps, max_outer, block_iters, block_solver, shrink_threshold, rng,
+                on_outer, t0, rows_read0, bytes_read0):
     from ooc_learn.index.forest import outlier_margin
 
     store = rows_src.store
@@ -426,10 +427,10 @@ def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bi
                 # the check brings back any that the new w_t makes violate (Fashion-MNIST,
                 # s = 1: S ended at 7549 rows for 467 support vectors without this)
                 _prune_inactive(S, in_S, w, bias, stats)
-        added = _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, loss=loss, C=C, s=s, bias=bias,
-                            n=n, eps=eps, sample_eps=sample_eps, block_iters=block_iters,
-                            block_solver=block_solver, shrink_threshold=shrink_threshold,
-                            rng=rng, stats=stats)
+        added = _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, loss=loss, C=C, s=s,
+                            bias=bias, n=n, eps=eps, sample_eps=sample_eps,
+                            block_iters=block_iters, block_solver=block_solver,
+                            shrink_threshold=shrink_threshold, rng=rng, stats=stats)
         obj = _primal_on_S(S, w, base_loss, C, bias)
         entry = {"outer": outer, "objective_S": obj, "active_set": S.m,
                  "n_sv": int((S.state()[2] > 0).sum()), "added": added, "removed": removed,
@@ -507,8 +508,8 @@ def _drop_outliers(S, in_S, w, w_t, low, bias) -> int:
     return removed
 
 
-def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n, eps, sample_eps,
-                block_iters, block_solver, shrink_threshold, rng, stats) -> int:
+def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n, eps,
+                sample_eps, block_iters, block_solver, shrink_threshold, rng, stats) -> int:
     """Algorithm 1 on the convex problem at w_t; return how many rows joined S."""
     from ooc_learn.index.forest import outlier_margin
 
