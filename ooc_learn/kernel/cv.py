@@ -24,7 +24,7 @@ from ooc_learn.storage.errors import ParameterError, UsageError
 from ._inputs import (_is_store, check_choice, check_int, check_kernel_params, prepare_inputs,
                       resolve_gamma)
 from .seeding import SEEDERS, SeedContext
-from .smo import KernelMatrix, decision_on, solve
+from .smo import KernelMatrix, decision_on, move_alpha, solve
 
 __all__ = ["svm_cv", "make_folds"]
 
@@ -179,10 +179,6 @@ def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
 
 def _apply_change(km, y, alpha, new, G, train) -> int:
     """Set alpha <- new and update G on ``train`` from the changed alphas' columns only."""
-    delta = new - alpha
-    changed = np.flatnonzero(delta)
-    acc = np.zeros(km.n)
-    km.add_columns(changed, delta[changed] * y[changed], train, acc)
-    G[train] += y[train] * acc[train]
+    changed = move_alpha(km, y, new - alpha, G, train)
     alpha[:] = new
-    return int(changed.size)
+    return changed

@@ -35,7 +35,7 @@ from . import _kernels as K
 from ._inputs import _is_store, check_choice, check_int, check_kernel_params, prepare_inputs, \
     resolve_gamma
 from .seeding import remove_avg, remove_top, restore_equality
-from .smo import KernelMatrix, default_max_iter, solve
+from .smo import KernelMatrix, default_max_iter, move_alpha, solve
 
 __all__ = ["LOOResult", "loo_error"]
 
@@ -138,12 +138,8 @@ def _seed_row(km, y, alpha_full, G_full, C, r, seeding):
     else:
         remove_avg(a, y, C, r, train)
     restore_equality(a, y, C, train, train)
-    delta = a - alpha_full
-    changed = np.flatnonzero(delta)
-    acc = np.zeros(n)
-    km.add_columns(changed, delta[changed] * y[changed], train, acc)
     G = G_full.copy()
-    G[train] += y[train] * acc[train]
+    move_alpha(km, y, a - alpha_full, G, train)
     return train, a, G
 
 

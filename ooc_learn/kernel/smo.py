@@ -159,6 +159,17 @@ def solve(km: KernelMatrix, train, y, alpha, G, C: float, eps: float, *, shrinki
     return float(rho), int(it)
 
 
+def move_alpha(km: KernelMatrix, y, delta, G, train) -> int:
+    """Update the SMO gradient ``G`` on ``train`` for alpha moving by ``delta``, from the
+    changed alphas' kernel columns only: G_i += y_i sum_j K_ij y_j delta_j. Returns how many
+    alphas changed."""
+    changed = np.flatnonzero(delta)
+    acc = np.zeros(km.n)
+    km.add_columns(changed, delta[changed] * y[changed], train, acc)
+    G[train] += y[train] * acc[train]
+    return int(changed.size)
+
+
 def decision_on(km: KernelMatrix, sv, coef, rows, rho: float) -> np.ndarray:
     """Decision values sum_j coef_j K(x_j, x_rows) - rho from the support vectors' columns."""
     out = np.zeros(km.n)
