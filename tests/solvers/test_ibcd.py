@@ -98,7 +98,6 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
         assert res.stats["rows_read"] > 0 and res.stats["outer_iterations"] == 1
         if query_share is None:  # S doubled at least once: the re-solve and prune ran
             assert res.stats["S_resolves"] >= 1 and res.stats["pruned"] > 0
-            assert res.stats["pool_hits"] >= 1  # and rows came from the pool
         if query_share == "no-pool":
             assert res.stats["pool_hits"] == 0
         if query_share == 0.0:

@@ -8,7 +8,7 @@ from ooc_learn.solvers import ibcd
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.store import open_store
 
-from test_ibcd import problem
+from test_ibcd import full_kkt_violation, problem
 
 
 def _brute(X, y, w, w_t, low, in_S, n, k, bias=1.0):
@@ -93,3 +93,27 @@ def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
     assert not set(pool.rows) & (set(r) | set(rows[:10]))
     pool.clear()
     assert budget.used == 0 and len(pool) == 0
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse, monkeypatch):
+    # a fixed problem on which checks take rows from the pool; the answer is eps-optimal on
+    # every row and its objective is the pool-less run's (1e-3 relative)
+    X, y = problem(np.random.default_rng(0), sparse=sparse)
+    C, eps = 0.1, 0.01
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True,
+                       layout="csr" if sparse else "dense") as store:
+        res = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
+        assert res.stats["pool_hits"] >= 1
+        assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < 2 * eps
+        monkeypatch.setattr(ibcd, "POOL_SHARE", 1 << 62)
+        ref = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
+        assert ref.stats["pool_hits"] == 0
+        Xa, ya, _ = store.read_range(0, store.n_samples)
+        d = Xa.shape[1]
+
+        def primal(w):
+            m = ya * (np.asarray(Xa @ w[:d]).ravel() + w[d])
+            return 0.5 * w @ w + C * np.maximum(0, 1 - m).sum()
+
+        assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
