@@ -119,10 +119,10 @@ RESOLVE_GROWTH = 2.0
 CHECK_GROWTH = 1
 # the check keeps the rows nearest the margin that did not join S (y w^T x < 1 + POOL_BAND;
 # with the truncated loss also the outliers within POOL_BAND of the outlier boundary), at
-# most max(n, |S|) of them in 1/POOL_SHARE of the cap: after the solve of S that follows,
-# the rows it made violate are looked for there first, and the store is scanned again only
-# when the pool has none (a solve moves w a little; the rows it pushes over the margin were
-# near it). A stop still rests on a full scan
+# most n of them in 1/POOL_SHARE of the cap: after the solve of S that follows, the rows it
+# made violate are looked for there first, and the store is scanned again only when the pool
+# has none (a solve moves w a little; the rows it pushes over the margin were near it). A
+# stop still rests on a full scan
 POOL_BAND = 1.0
 POOL_SHARE = 8
 # TRON's stopping rule for the primal block solver, on blocks and on S (LIBLINEAR's -s 2
@@ -574,16 +574,16 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(n, want // 2)
-        # the pool: as many rows as S holds (at least n), in 1/POOL_SHARE of the cap, and
-        # twice that reserved while the check's running selection holds them; kept only
-        # where the scan found at most twice the violators it may admit, and gathered only
-        # where the last one did (where violators far outnumber what a check admits, the
-        # next scan finds them anyway: on the generated store, L1, 8-14x, a pool hit of 13k
-        # rows took S past the re-solve's prune, 3.6 -> 5.2 s; Fashion-MNIST's first
-        # checks find 1.5x, and a pool 1x would take there 21 -> 26 scans with s = 1)
+        # the pool: n rows in at most 1/POOL_SHARE of the cap, twice that reserved while the
+        # check's running selection holds them (max(n, |S|) rows cost the generated store's
+        # squared hinge, |S| 150k, 1.5 -> 2.7 s copying rows never used); kept only where
+        # the scan found at most twice the violators it may admit, and gathered only where
+        # the last one did (where violators far outnumber what a check admits, the next scan
+        # finds them anyway: on the generated store, L1, 8-14x, a pool hit of 13k rows took
+        # S past the re-solve's prune, 3.6 -> 5.2 s; Fashion-MNIST's first checks find 1.5x)
         row_bytes = rows_src.store.estimated_bytes(1) + 16
         k_pool = 0 if S.spilled or not pool.wanted else min(
-            max(n, S.m), rows_src.store.budget.limit // POOL_SHARE // row_bytes)
+            n, rows_src.store.budget.limit // POOL_SHARE // row_bytes)
         while k_pool and not rows_src.store.budget.try_reserve(2 * k_pool * row_bytes):
             k_pool //= 2
         try:
@@ -757,61 +757,71 @@ def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0):
     satisfying eq. 10 (not an outlier at w_t, y w^T x < 1) that violate it most, with their
     ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none), the
     number of rows examined, the number of rows satisfying eq. 10, and the pool: up to
-    ``pool_rows`` more rows within POOL_BAND of a boundary, nearest first, as
-    ``(rows, X, y)``. Near a boundary: an eligible row by y w^T x - 1 (the violators left
-    over come first), an outlier at w_t by |y w^T x - low| (the next outer iteration's w_t
-    is near w: where y w^T x >= low it may rejoin the problem). The rows are copied out of
-    the chunks as the pass goes (no second read): a running selection holds at most twice
-    ``n + pool_rows`` of them."""
+    ``pool_rows`` of the other rows within POOL_BAND of a boundary, nearest first, as
+    ``(rows, X, y)`` (or None). Near a boundary: a row satisfying y w^T x >= 1 by
+    y w^T x - 1, an outlier at w_t by |y w^T x - low| (the next outer iteration's w_t is
+    near w: where y w^T x >= low it may rejoin the problem). The rows are copied out of the
+    chunks as the pass goes (no second read)."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
-    keep = n + pool_rows
-    top = POOL_BAND if pool_rows else 0.0  # candidates: key below this
     truncated = math.isfinite(low)
-    cand = []  # (rows, keys, X, y) of chunks; merged down to `keep` when past 2 * keep
-    n_cand = 0
+    admit = _Nearest(n, 0.0)
+    near = _Nearest(pool_rows, POOL_BAND)
     worst = 0.0
     n_viol = examined = 0
     for a, X, y, _ in store.iter_chunks(chunk, ids=False):
         free = ~in_S[a:a + X.shape[0]]
         y64 = y.astype(np.float64)
         m = _margins(X, y64, w, bias)
-        # every violator is counted (top falls below 0 once more than `keep` violate)
-        hit = np.flatnonzero(free & (m < 1.0 + max(0.0, top)))
+        hit = np.flatnonzero(free & (m < 1.0 + max(0.0, near.top)))
         examined += int(free.sum())
         if not hit.size:
             continue
-        mh = m[hit]
-        key = mh - 1.0
-        if truncated:
-            out = _margins(X[hit], y64[hit], w_t, bias) < low
-            key[out] = np.abs(mh[out] - low) + (0.0 if pool_rows else np.inf)
+        key = m[hit] - 1.0
         v = key < 0.0
         if truncated:
+            out = _margins(X[hit], y64[hit], w_t, bias) < low
+            key[out] = np.abs(key[out] + 1.0 - low)
             v &= ~out
         n_viol += int(v.sum())
         if v.any():
             worst = max(worst, float(-key[v].min()))
-        c = key < top
-        if not c.any():
-            continue
-        cand.append((a + hit[c], key[c], X[hit[c]], y[hit[c]]))
-        n_cand += int(c.sum())
-        if n_cand > 2 * keep:
-            cand = [_select(cand, keep)]
-            n_cand = keep
-            top = min(top, float(cand[0][1].max()))
-    empty = np.empty(0, np.int64)
-    if not cand:
-        return empty, None, None, 0.0, examined, 0, None
-    rows, kc, Xc, yc = _select(cand, keep)  # nearest a boundary first: violators first
-    nv = min(n, int((kc < 0.0).sum()))
-    order = np.argsort(rows[:nv], kind="stable")  # S takes its rows in store order
-    pool = (rows[nv:], Xc[nv:], yc[nv:]) if rows.size > nv else None
-    if not nv:
-        return empty, None, None, 0.0, examined, n_viol, pool
-    return (rows[:nv][order], Xc[:nv][order], yc[:nv][order], worst, examined, n_viol,
-            pool)
+            admit.offer(a + hit[v], key[v], X, y, hit[v])
+        near.offer(a + hit[~v], key[~v], X, y, hit[~v])
+    got, pool = admit.result(), near.result()
+    pool = None if pool is None else (pool[0], pool[2], pool[3])
+    if got is None:
+        return np.empty(0, np.int64), None, None, 0.0, examined, n_viol, pool
+    rows, _, XN, yN = got
+    order = np.argsort(rows, kind="stable")  # S takes its rows in store order
+    return rows[order], XN[order], yN[order], worst, examined, n_viol, pool
+
+
+class _Nearest:
+    """A running selection over the check's pass: the ``k`` rows of smallest key below
+    ``top`` with copies of their ``X`` and ``y``, holding at most 2k (``top`` falls to the
+    k-th key each time it merges)."""
+
+    def __init__(self, k: int, top: float):
+        self.k, self.top = int(k), float(top) if k else -np.inf
+        self.parts, self.count = [], 0
+
+    def offer(self, rows, key, X, y, local) -> None:
+        c = np.flatnonzero(key < self.top)
+        if not c.size:
+            return
+        if c.size > self.k:  # no more of one chunk's rows are copied than can be kept
+            c = c[np.argpartition(key[c], self.k - 1)[:self.k]]
+        self.parts.append((rows[c], key[c], X[local[c]], y[local[c]]))
+        self.count += c.size
+        if self.count > 2 * self.k:
+            self.parts = [_select(self.parts, self.k)]
+            self.count = self.k
+            self.top = min(self.top, float(self.parts[0][1].max()))
+
+    def result(self):
+        """(rows, keys, X, y), smallest key first (ties in store order), or None."""
+        return _select(self.parts, self.k) if self.parts else None
 
 
 def _select(parts, k):
@@ -819,14 +829,25 @@ def _select(parts, k):
     (ties in store order), as one ``(rows, keys, X, y)``."""
     rows = np.concatenate([p[0] for p in parts])
     m = np.concatenate([p[1] for p in parts])
-    X = _vstack([p[2] for p in parts])
-    y = np.concatenate([p[3] for p in parts])
     if rows.size > k:
         sel = np.argpartition(m, k - 1)[:k]
         sel = sel[np.lexsort((rows[sel], m[sel]))]
     else:
         sel = np.lexsort((rows, m))
-    return rows[sel], m[sel], X[sel], y[sel]
+    # the rows of X taken part by part (the parts' X are never concatenated whole), then
+    # put in the selection's order
+    ends = np.cumsum([p[0].size for p in parts])
+    which = np.searchsorted(ends, sel, side="right")
+    by_part = np.argsort(which, kind="stable")
+    pieces = []
+    for i in np.unique(which):
+        local = sel[which == i] - (ends[i - 1] if i else 0)
+        pieces.append((parts[i][2][local], parts[i][3][local]))
+    X = _vstack([q[0] for q in pieces])
+    y = np.concatenate([q[1] for q in pieces])
+    inv = np.empty_like(by_part)
+    inv[by_part] = np.arange(by_part.size)
+    return rows[sel], m[sel], X[inv], y[inv]
 
 
 def _vstack(mats):

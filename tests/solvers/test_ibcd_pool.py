@@ -19,11 +19,12 @@ def _brute(X, y, w, w_t, low, in_S, n, k, bias=1.0):
     out = mt < low
     key = np.where(out, np.abs(m - low), m - 1.0)
     viol = ~in_S & ~out & (m < 1.0)
-    cand = np.flatnonzero(~in_S & (key < ibcd.POOL_BAND))
-    order = cand[np.lexsort((cand, key[cand]))]
-    nv = min(n, int(viol.sum()))
     worst = float((1.0 - m[viol]).max()) if viol.any() else 0.0
-    return np.sort(order[:nv]), worst, int(viol.sum()), order[nv:nv + k]
+    v = np.flatnonzero(viol)
+    admitted = v[np.lexsort((v, key[v]))][:n]
+    near = np.flatnonzero(~in_S & ~viol & (key < ibcd.POOL_BAND))
+    pool = near[np.lexsort((near, key[near]))][:k]
+    return np.sort(admitted), worst, int(viol.sum()), pool
 
 
 @pytest.mark.parametrize("truncated", [False, True], ids=["convex", "truncated"])
@@ -54,7 +55,7 @@ def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, r
             got = XN.toarray() if sparse else XN
             np.testing.assert_array_equal(got, dense[rows])
             np.testing.assert_array_equal(yN, ya[rows])
-            if k == 0:  # no pool asked: only violators are kept, and all of them admitted
+            if k == 0:  # no pool asked
                 assert pool is None
             else:
                 assert pool is not None
