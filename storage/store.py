@@ -21,7 +21,8 @@ from .cache import LRUCache
 from .errors import ClosedError, IndexStateError, ParameterError, StoreFormatError
 from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE, TMP_MARKER
 
-__all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order"]
+__all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order",
+           "matrix_nbytes", "stack_rows", "rows_one_by_one"]
 
 
 def matrix_nbytes(X) -> int:
@@ -29,6 +30,15 @@ def matrix_nbytes(X) -> int:
     if sp.issparse(X):
         return int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
     return int(X.nbytes)
+
+
+def stack_rows(mats):
+    """Dense arrays or CSR matrices stacked by rows (one part is returned as is)."""
+    if len(mats) == 1:
+        return mats[0]
+    if sp.issparse(mats[0]):
+        return sp.vstack(mats, format="csr")
+    return np.concatenate(mats)
 
 
 def _nbytes(X, y, row_ids) -> int:
@@ -95,9 +105,7 @@ def rows_one_by_one(read_range, rows):
     if not parts:
         X, y, _ = read_range(0, 0)
         return X, y
-    Xs = [p[0] for p in parts]
-    X = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.vstack(Xs)
-    return X, np.concatenate([p[1] for p in parts])
+    return stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 class StoreWriter:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.store import stack_rows
 
 from ..learners.base import check_metric, kernel_arrays
 from ._kernels import stack_depth, tree_block
@@ -152,7 +153,7 @@ class CVRun:
             # the whole phase fits: a uniformly random order over all its rows (paper sec. 5)
             with self.budget.reservation(need, "randomized TreeCV training phase"):
                 parts = [p for a, b in ranges for p in src.pieces(a, b)]
-                X, y = _stack([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+                X, y = stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
                 return learner.update(model, X, y, order=self.rng.permutation(total))
         # larger than the cap: blocks in random order, rows in random order within each
         self.blockwise_phases += 1
@@ -237,16 +238,6 @@ class CVRun:
         return CVResult(estimate=float(fold_scores.mean()), fold_scores=fold_scores,
                         metric=_metric_name(self.metric), method=method, folds=self.folds,
                         predictions=self.pred, stats=stats)
-
-
-def _stack(parts):
-    import scipy.sparse as sp
-
-    if len(parts) == 1:
-        return parts[0]
-    if sp.issparse(parts[0]):
-        return sp.vstack(parts, format="csr")
-    return np.concatenate(parts)
 
 
 def _block_segments(src, a, b):

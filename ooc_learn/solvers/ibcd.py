@@ -54,7 +54,7 @@ import numpy as np
 from ooc_learn.losses import get_loss
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.resources import release_free_heap
-from ooc_learn.storage.store import matrix_nbytes
+from ooc_learn.storage.store import matrix_nbytes, stack_rows
 
 from .active_set import ActiveSet
 from .dcd import dcd_subproblem, solve_dcd
@@ -375,20 +375,24 @@ class _RowSource:
             parts.append((pos, X, y))
         if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(rows.size)):
             return parts[0][1], parts[0][2]
-        y = np.empty(rows.size, parts[0][2].dtype)
-        for p, _, yp in parts:
-            y[p] = yp
-        if self.store.layout == "dense":  # each part written once into place
-            X = np.empty((rows.size, parts[0][1].shape[1]), parts[0][1].dtype)
-            for p, Xp, _ in parts:
-                X[p] = Xp
-            return X, y
-        import scipy.sparse as sp
+        return _in_order(parts, rows.size)
 
-        pos = np.concatenate([p[0] for p in parts])
-        inv = np.empty_like(pos)
-        inv[pos] = np.arange(pos.size)
-        return sp.vstack([p[1] for p in parts], format="csr")[inv], y
+
+def _in_order(parts, size: int):
+    """``(X, y)`` of ``size`` rows assembled from parts ``(positions, X, y)``: dense rows are
+    written once into place, CSR parts stacked and then permuted."""
+    y = np.empty(size, parts[0][2].dtype)
+    for p, _, yp in parts:
+        y[p] = yp
+    if isinstance(parts[0][1], np.ndarray):
+        X = np.empty((size,) + parts[0][1].shape[1:], parts[0][1].dtype)
+        for p, Xp, _ in parts:
+            X[p] = Xp
+        return X, y
+    pos = np.concatenate([p[0] for p in parts])
+    inv = np.empty_like(pos)
+    inv[pos] = np.arange(pos.size)
+    return stack_rows([p[1] for p in parts])[inv], y
 
 
 def _row_sqn(X) -> np.ndarray:
@@ -581,18 +585,10 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         # the last one did (where violators far outnumber what a check admits, the next scan
         # finds them anyway: on the generated store, L1, 8-14x, a pool hit of 13k rows took
         # S past the re-solve's prune, 3.6 -> 5.2 s; Fashion-MNIST's first checks find 1.5x)
-        row_bytes = rows_src.store.estimated_bytes(1) + 16
-        k_pool = 0 if S.spilled or not pool.wanted else min(
-            n, rows_src.store.budget.limit // POOL_SHARE // row_bytes)
-        while k_pool and not rows_src.store.budget.try_reserve(2 * k_pool * row_bytes):
-            k_pool //= 2
-        try:
-            out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want, k_pool)
-        except BaseException:
-            rows_src.store.budget.release(2 * k_pool * row_bytes)
-            raise
+        k_pool = 0 if S.spilled or not pool.wanted else pool.reserve(n, row_bytes + 16)
+        out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want, k_pool)
         pool.wanted = out[5] <= 2 * want
-        pool.hold(out[6] if pool.wanted else None, 2 * k_pool * row_bytes)
+        pool.hold(out[6] if pool.wanted else None)
         release_free_heap()  # the check and the solve before it freed many arrays
         stats["full_checks"] += 1
         stats["rows_examined"] += int(out[4])
@@ -834,30 +830,16 @@ def _select(parts, k):
         sel = sel[np.lexsort((rows[sel], m[sel]))]
     else:
         sel = np.lexsort((rows, m))
-    # the rows of X taken part by part (the parts' X are never concatenated whole), then
-    # put in the selection's order
+    # the rows of X taken part by part (the parts' X are never concatenated whole)
     ends = np.cumsum([p[0].size for p in parts])
     which = np.searchsorted(ends, sel, side="right")
-    by_part = np.argsort(which, kind="stable")
     pieces = []
     for i in np.unique(which):
-        local = sel[which == i] - (ends[i - 1] if i else 0)
-        pieces.append((parts[i][2][local], parts[i][3][local]))
-    X = _vstack([q[0] for q in pieces])
-    y = np.concatenate([q[1] for q in pieces])
-    inv = np.empty_like(by_part)
-    inv[by_part] = np.arange(by_part.size)
-    return rows[sel], m[sel], X[inv], y[inv]
-
-
-def _vstack(mats):
-    if len(mats) == 1:
-        return mats[0]
-    if isinstance(mats[0], np.ndarray):
-        return np.concatenate(mats)
-    import scipy.sparse as sp
-
-    return sp.vstack(mats, format="csr")
+        pos = np.flatnonzero(which == i)
+        local = sel[pos] - (ends[i - 1] if i else 0)
+        pieces.append((pos, parts[i][2][local], parts[i][3][local]))
+    X, y = _in_order(pieces, sel.size)
+    return rows[sel], m[sel], X, y
 
 
 class _Pool:
@@ -869,7 +851,7 @@ class _Pool:
         self.budget = budget
         self.rows = np.empty(0, np.int64)
         self.X = self.y = None
-        self.nbytes = 0
+        self.nbytes = 0  # reserved: what the pool holds, or what a check gathering it may
         self.wanted = True  # whether the next check keeps a pool
 
     def __len__(self) -> int:
@@ -881,16 +863,25 @@ class _Pool:
         self.budget.release(self.nbytes)
         self.nbytes = 0
 
-    def hold(self, pool, reserved: int) -> None:
-        """Keep ``pool`` (rows, X, y) from a check that reserved ``reserved`` bytes for it;
-        what it does not need goes back."""
+    def reserve(self, k: int, row_bytes: int) -> int:
+        """Drop the pool and reserve room for a check to gather the next one: ``k`` rows in
+        at most 1/POOL_SHARE of the cap, twice that while the check's running selection
+        holds them (halved until the budget gives it). Returns how many rows to gather."""
         self.clear()
-        if pool is None:
-            self.budget.release(reserved)
-            return
-        self.rows, self.X, self.y = pool
-        self.nbytes = min(reserved, matrix_nbytes(self.X) + self.y.nbytes + self.rows.nbytes)
-        self.budget.release(reserved - self.nbytes)
+        k = min(k, self.budget.limit // POOL_SHARE // row_bytes)
+        while k and not self.budget.try_reserve(2 * k * row_bytes):
+            k //= 2
+        self.nbytes = 2 * k * row_bytes
+        return k
+
+    def hold(self, pool) -> None:
+        """Keep ``pool`` (rows, X, y, or None) from the check; the part of its reservation
+        the pool does not need goes back."""
+        keep = 0 if pool is None else min(
+            self.nbytes, matrix_nbytes(pool[1]) + pool[2].nbytes + pool[0].nbytes)
+        self.budget.release(self.nbytes - keep)
+        self.nbytes = keep
+        self.rows, self.X, self.y = (np.empty(0, np.int64), None, None) if pool is None else pool
 
     def take(self, w, w_t, low, bias, in_S, n, thresh):
         """The pool's rows satisfying eq. 10 at ``w`` (up to ``n``, most violating first;

@@ -69,10 +69,11 @@ def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
     Xb = np.hstack([X.astype(float), np.ones((600, 1))])
     budget = MemoryBudget("16M")
     pool = ibcd._Pool(budget)
-    budget.reserve(1 << 20)
     rows = np.arange(0, 600, 2)
-    pool.hold((rows, X[rows], y[rows]), 1 << 20)
-    assert 0 < budget.used < 1 << 20  # what the pool does not need went back
+    assert pool.reserve(rows.size, 1 << 11) == rows.size  # 2 x 300 x 2 KB within 16M / 8
+    reserved = budget.used
+    pool.hold((rows, X[rows], y[rows]))
+    assert 0 < budget.used < reserved  # what the pool does not need went back
     w_t = rng.normal(size=7)
     w = w_t + 0.3 * rng.normal(size=7)
     in_S = np.zeros(600, bool)
