@@ -37,9 +37,8 @@ from sklearn.svm import SVC  # noqa: E402
 
 from _kernel_bench_data import fashion, libsvm  # noqa: E402
 from ooc_learn.kernel import make_folds, svm_cv  # noqa: E402
-from ooc_learn.kernel.cv import _apply_change  # noqa: E402
 from ooc_learn.kernel.seeding import restore_equality  # noqa: E402
-from ooc_learn.kernel.smo import KernelMatrix, solve  # noqa: E402
+from ooc_learn.kernel.smo import KernelMatrix, move_alpha, solve  # noqa: E402
 from ooc_learn.storage.budget import MemoryBudget  # noqa: E402
 
 # (loader, C, gamma): Wen et al. Table 2 where it applies (Heart, Adult = a9a); otherwise C=1..10
@@ -85,10 +84,10 @@ def run_sklearn(X, y, folds, C, gamma):
 def _solve_from(km, y, train, a, C):
     """SMO iterations from the feasible seed ``a`` (svm_cv's own seeding step: the gradient
     of alpha = 0 updated with the seed's columns)."""
-    alpha, G = np.zeros(km.n), np.zeros(km.n)
+    G = np.zeros(km.n)
     G[train] = -1.0
-    _apply_change(km, y, alpha, a, G, train)
-    return solve(km, train, y, alpha, G, C, 1e-3)[1]
+    move_alpha(km, y, a, G, train)
+    return solve(km, train, y, a.copy(), G, C, 1e-3)[1]
 
 
 def run_oracles(X, y, folds, C, gamma):
