@@ -558,9 +558,8 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
 
     def from_pool(thresh):
         """The check's answer from the pool when it holds rows violating by ``thresh`` or
-        more (else None; a stop rests on a scan)."""
-        if S.spilled:
-            pool.clear()
+        more (else None; a stop rests on a scan). A spilled S has none: S spills only after
+        the pool gave its room up (``_admit``), and no scan gathers one while S is spilled."""
         got = pool.take(w, w_t, low, bias, in_S, check_size(), thresh)
         if got is None:
             return None
