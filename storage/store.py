@@ -108,6 +108,9 @@ def rows_one_by_one(read_range, rows):
     return stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
+# iter_chunks' smallest range when the cap holds less than the rows asked
+CHUNK_MIN_ROWS = 16
+
 class StoreWriter:
     """Write ``data.h5`` of a new store, block after block.
 
@@ -445,18 +448,32 @@ class Store:
         """Yield ``(start, X, y, row_ids)`` covering the store in order, under the read policy
         of :meth:`reads_whole_block`: a whole block through the cache when it takes one, else
         ranges of at most ``max_rows`` rows, each paid from the budget while it is held
-        (``ids=False`` skips the row ids)."""
+        (``ids=False`` skips the row ids). Where the cap holds less than ``max_rows`` rows at
+        the moment (the caller's state grew between chunks), the range halves down to
+        ``CHUNK_MIN_ROWS`` rows before the reservation fails."""
         self._check_open()
         step = max(1, int(max_rows))
+        budget = self.budget
         for b in range(self.n_blocks):
             lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
             if self.reads_whole_block(b):
                 yield (lo,) + tuple(self.read_block(b))
                 continue
-            for a in range(lo, hi, step):
+            a = lo
+            while a < hi:
                 z = min(hi, a + step)
-                with self.budget.reservation(self.estimated_bytes(z - a), "store chunk"):
+                nbytes = self.estimated_bytes(z - a)
+                while not budget.try_reserve(nbytes):
+                    if z - a <= CHUNK_MIN_ROWS:
+                        budget.reserve(nbytes, "store chunk")  # the cap's error
+                        break
+                    z = a + max(CHUNK_MIN_ROWS, (z - a) // 2)
+                    nbytes = self.estimated_bytes(z - a)
+                try:
                     yield (a,) + tuple(self.read_range(a, z, ids=ids))
+                finally:
+                    budget.release(nbytes)
+                a = z
 
     def gather(self, rows):
         """Rows at store positions ``rows`` as ``(X, y, row_ids)``, in the order given.

@@ -135,6 +135,30 @@ def test_iter_chunks_covers_the_store_in_order(tmp_path, rng, sparse, memory):
         assert (max(p[0].shape[0] for p in parts) <= 100) == (memory is not None)
 
 
+def test_iter_chunks_shrinks_its_ranges_to_what_the_cap_holds(tmp_path, rng):
+    from ooc_learn.storage.store import CHUNK_MIN_ROWS
+    X, y = make_data(rng, n=2000, d=50)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4).close()
+    budget = MemoryBudget(40_000)
+    with open_store(tmp_path / "s", memory=budget) as store:
+        Xall = store.read_range(0, store.n_samples)[0]
+        row = store.estimated_bytes(1)
+        # the caller holds all but 60 rows' room (IBCD: S, the pool and the selection)
+        budget.reserve(budget.available - 60 * row)
+        parts = []
+        for a, Xc, _, _ in store.iter_chunks(100):
+            parts.append(Xc)
+            assert budget.used <= budget.limit
+        assert np.array_equal(np.vstack(parts), Xall)
+        sizes = [p.shape[0] for p in parts]
+        assert CHUNK_MIN_ROWS <= min(sizes) and max(sizes) <= 60
+        # below CHUNK_MIN_ROWS rows of room the cap's error names --memory
+        budget.reserve(budget.available - row)
+        with pytest.raises(BudgetExceededError, match="--memory"):
+            next(store.iter_chunks(100))
+        budget.release(budget.used)
+
+
 def test_block_cache_stays_inside_budget(tmp_path, rng):
     X, y = make_data(rng, n=2000, d=50)
     budget = MemoryBudget(3 * 60_000)  # about 3 blocks of 250 rows x 50 float32
