@@ -503,7 +503,8 @@ class Forest:
 
     def query(self, w, *, w_outer=None, s=1.0, n: int | None = 1000, exclude=None,
               seed: int = 0, loss: str = "hinge", max_examined: int | None = None,
-              bounded: bool = False, min_precision: float = 0.0):
+              bounded: bool = False, min_precision: float = 0.0,
+              max_read: int | None = None):
         """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined.
 
         Parameters
@@ -532,6 +533,11 @@ class Forest:
             Which L⁻¹(1+s) to use.
         max_examined : int, optional
             Stop after examining this many rows.
+        max_read : int, optional
+            Stop once this many rows were read from the store (leaf and node slices and
+            pivot rows the cache did not hold; ``last_query["read_limited"]``). Where bounds
+            are loose the search expands nodes whose slices it reads without examining their
+            rows: under a tight cap that costs more reads than the rows examined tell.
         min_precision : float
             Stop once at least 2·``n`` rows were examined and fewer than this share of them
             qualified (``last_query["low_precision"]``): the best-first order examines the
@@ -580,8 +586,12 @@ class Forest:
         if not 0.0 <= float(min_precision) < 1.0:
             raise ParameterError(f"The 'min_precision' parameter of query must be in [0, 1). "
                                  f"Got {min_precision!r} instead.", "0 disables it.")
+        max_rd = math.inf if max_read is None else int(max_read)
+        if max_rd < 0:
+            raise ParameterError(f"The 'max_read' parameter of query must be >= 0. Got "
+                                 f"{max_read!r} instead.", "Use None for no limit.")
         return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed,
-                            bool(bounded), float(min_precision))
+                            bool(bounded), float(min_precision), max_rd)
 
     def _exclusion(self, exclude):
         """The exclusion as a uint8 mask: a caller's mask as is, row positions copied in.
@@ -603,16 +613,18 @@ class Forest:
         return mask, self.n_samples
 
     def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded,
-                min_prec=0.0):
+                min_prec=0.0, max_read=None):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
                      rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
-                     frontier_peak=0, truncated=False, low_precision=False)
+                     frontier_peak=0, truncated=False, low_precision=False,
+                     read_limited=False)
         self.last_query = stats
         excl, excl_bytes = self._exclusion(exclude)
         fr = _Frontier(self.budget, soft=bounded)
         try:
             return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
-                                        seed, fr, stats, min_prec)
+                                        seed, fr, stats, min_prec,
+                                        math.inf if max_read is None else max_read)
         finally:
             stats["frontier_peak"] = fr.peak
             stats["frontier_bytes"] = fr.peak_bytes
@@ -620,7 +632,8 @@ class Forest:
             self.budget.release(excl_bytes)
 
     def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
-                        stats, min_prec=0.0):
+                        stats, min_prec=0.0, max_read=None):
+        max_read = math.inf if max_read is None else max_read
         wsq = float(wv @ wv) + (b * b if aug else 0.0)
         bq = b if aug else 0.0
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
@@ -649,6 +662,9 @@ class Forest:
         while fr.size and state[0] < limit and state[1] < max_ex:
             if state[1] >= prec_from and state[0] < min_prec * state[1]:
                 stats["low_precision"] = True
+                break
+            if stats["rows_read"] >= max_read:
+                stats["read_limited"] = True
                 break
             pops += 1
             if take and not now and 2 * pops > fr.seen.shape[0] and not fr.ensure(0, pops):

@@ -616,7 +616,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             rows_N, n_e = forest.query(w, w_outer=w_t, s=s, n=nq, exclude=in_S,
                                        seed=int(rng.integers(1 << 31)), loss=loss,
                                        max_examined=max_ex, bounded=True,
-                                       min_precision=MIN_PRECISION)
+                                       min_precision=MIN_PRECISION, max_read=max_ex)
             lq = forest.last_query
             q_cost = ((lq["rows_examined"] + lq["pivots_scored"]
                        + QUERY_READ_COST * lq["rows_read"]) * row_work
@@ -661,12 +661,18 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # query that stopped where the cap held no larger search frontier has not
             # reached the leaves worth reading: the scan takes over at once)
             truncated = k < nq and forest.last_query["truncated"]
-            cut = k < nq and (n_e >= max_ex or truncated or forest.last_query["low_precision"])
+            lq = forest.last_query
+            cut = k < nq and (n_e >= max_ex or truncated or lq["low_precision"]
+                              or lq["read_limited"])
             stats["queries_cut"] += int(cut)
             stats["queries_truncated"] += int(truncated)
             stats["queries_imprecise"] += int(cut and forest.last_query["low_precision"])
-            sampled = ((k >= nq or cut) and sample_eps > 0 and n_e > 0
-                       and k / n_e < sample_eps)
+            # n_e of the rule counts the instances the search traversed (the paper's n_e):
+            # the rows examined and the pivots scored to rank partitions (a query on the
+            # generated store scored 21k pivots for 19 rows examined, all of them fresh)
+            n_trav = n_e + lq["pivots_scored"]
+            sampled = ((k >= nq or cut) and sample_eps > 0 and n_trav > 0
+                       and k / n_trav < sample_eps)
             # a query that cost more than SCAN_MARGIN scans: the check comes next (it finds
             # every row the query would; the costs compared there decide what follows)
             slow = cost_model and q_cost > SCAN_MARGIN * scan_cost()

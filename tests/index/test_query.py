@@ -101,6 +101,26 @@ def test_min_precision_stops_a_sparse_query_early(tmp_path, data_rng):
         assert np.array_equal(rows, full[:len(rows)])
 
 
+def test_max_read_stops_a_query_that_reads_more_than_it_examines(tmp_path, data_rng):
+    X, y = blobs(data_rng, n=3000, d=6)
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=5, leaf_size=10)
+    w = data_rng.normal(size=6)
+    with store.forest(cache_bytes=0) as f:  # no cache: every slice is read again
+        full, _ = f.query(w, n=None)
+        read_full = f.last_query["rows_read"]
+        assert not f.last_query["read_limited"] and read_full > 400
+        rows, n_e = f.query(w, n=None, max_read=400)
+        lq = f.last_query
+        assert lq["read_limited"]
+        # it stops before the next slice once 400 rows were read (a slice is at most a
+        # SPAN_BYTES node or a leaf of 10 rows, 80 rows of 6 float32 values here)
+        assert 400 <= lq["rows_read"] < 400 + 2000
+        assert lq["rows_read"] < read_full and len(rows) < len(full)
+        _check_valid(store, rows, w)
+        # the first rows are the ones the unrestricted best-first search returns first
+        assert np.array_equal(rows, full[:len(rows)])
+
+
 def test_best_bin_first_finds_rows_nearer_the_hyperplane(tmp_path, data_rng):
     X, y = blobs(data_rng, n=4000, d=6)
     store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=10, leaf_size=25)
@@ -214,6 +234,7 @@ def test_outlier_margin():
     (dict(exclude=np.zeros(3, bool)), "'exclude' parameter of query must be a boolean mask"),
     (dict(max_examined=-1), "'max_examined' parameter of query must be >= 0"),
     (dict(min_precision=1.0), r"'min_precision' parameter of query must be in \[0, 1\)"),
+    (dict(max_read=-1), "'max_read' parameter of query must be >= 0"),
 ])
 def test_bad_query_parameters(tmp_path, data_rng, kw, match):
     X, y = blobs(data_rng, n=200, d=6)
