@@ -660,13 +660,13 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # way to find the rest; while it still found half of n, it keeps being asked (a
             # query that stopped where the cap held no larger search frontier has not
             # reached the leaves worth reading: the scan takes over at once)
-            truncated = k < nq and forest.last_query["truncated"]
-            lq = forest.last_query
+            # (or once it had read QUERY_SHARE of the rows)
+            truncated = k < nq and lq["truncated"]
             cut = k < nq and (n_e >= max_ex or truncated or lq["low_precision"]
                               or lq["read_limited"])
             stats["queries_cut"] += int(cut)
             stats["queries_truncated"] += int(truncated)
-            stats["queries_imprecise"] += int(cut and forest.last_query["low_precision"])
+            stats["queries_imprecise"] += int(cut and lq["low_precision"])
             # n_e of the rule counts the instances the search traversed (the paper's n_e):
             # the rows examined and the pivots scored to rank partitions (a query on the
             # generated store scored 21k pivots for 19 rows examined, all of them fresh)
