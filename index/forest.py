@@ -613,7 +613,7 @@ class Forest:
         return mask, self.n_samples
 
     def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded,
-                min_prec=0.0, max_read=None):
+                min_prec=0.0, max_read=math.inf):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
                      rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
                      frontier_peak=0, truncated=False, low_precision=False,
@@ -623,8 +623,7 @@ class Forest:
         fr = _Frontier(self.budget, soft=bounded)
         try:
             return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
-                                        seed, fr, stats, min_prec,
-                                        math.inf if max_read is None else max_read)
+                                        seed, fr, stats, min_prec, max_read)
         finally:
             stats["frontier_peak"] = fr.peak
             stats["frontier_bytes"] = fr.peak_bytes
@@ -632,8 +631,7 @@ class Forest:
             self.budget.release(excl_bytes)
 
     def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
-                        stats, min_prec=0.0, max_read=None):
-        max_read = math.inf if max_read is None else max_read
+                        stats, min_prec=0.0, max_read=math.inf):
         wsq = float(wv @ wv) + (b * b if aug else 0.0)
         bq = b if aug else 0.0
         rank = np.random.default_rng(seed).permutation(self.n_blocks)

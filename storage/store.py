@@ -24,6 +24,9 @@ from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE
 __all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order",
            "matrix_nbytes", "stack_rows", "rows_one_by_one"]
 
+# Store.iter_chunks' smallest range when the cap holds less than the rows asked
+CHUNK_MIN_ROWS = 16
+
 
 def matrix_nbytes(X) -> int:
     """Bytes held by a dense array or a CSR matrix (its data, indices and indptr)."""
@@ -107,9 +110,6 @@ def rows_one_by_one(read_range, rows):
         return X, y
     return stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-
-# iter_chunks' smallest range when the cap holds less than the rows asked
-CHUNK_MIN_ROWS = 16
 
 class StoreWriter:
     """Write ``data.h5`` of a new store, block after block.
