@@ -31,7 +31,8 @@ most violating rows it finds (at most |S|) join S. The index is asked again unle
 cut or the scan finds rows ``SCAN_MARGIN`` times cheaper, in which case the scans alone find
 the rest of this convex problem's violators. Only when a check finds nothing (or violations
 below the tolerance) after a solve of S to ``eps`` within LIBLINEAR's 1000 passes is the
-convex problem solved on all rows.
+convex problem solved on all rows. For the squared hinge, a solve of S that dual CD has not
+finished in 300 passes goes on by TRON, as LIBLINEAR's -s 1 does (``DUAL_SWITCH_ITERS``).
 
 w_0 is the convex solution on a random sample of ``init_sample`` rows (§3.1), whose support
 vectors and alphas start S.
@@ -128,6 +129,13 @@ POOL_SHARE = 8
 # TRON's stopping rule for the primal block solver, on blocks and on S (LIBLINEAR's -s 2
 # default)
 PRIMAL_EPS = 0.01
+# LIBLINEAR's -s 1 (2.40 on): dual CD on the squared hinge stops at 300 passes and, not yet
+# converged, finishes by TRON on the primal (-s 2) from the w it reached. A full solve of S
+# (the one a stop rests on) does the same: where the dual is ill-conditioned (the generated
+# store, a third of its 419k rows support vectors, C = 1) dual CD needed ~1000 passes over
+# S's 165-197k rows, 35-39 s of a 57-75 s run, where TRON on S takes under a second. (A
+# spilled S stays with dual CD: TRON needs S's rows in memory)
+DUAL_SWITCH_ITERS = 300
 
 
 @dataclass
@@ -526,7 +534,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
 
     def resolve():  # problem (13) on S: B = S, on the way (a check follows later)
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                 solver=block_solver, max_iter=QUICK_ITERS)
+                 solver=_S_solver(block_solver, stats), max_iter=QUICK_ITERS)
 
     # scan-only: the scan check has taken the index's place for the rest of this convex
     # problem (a query was cut, or cost more than a scan; see VISIT_COST)
@@ -593,6 +601,14 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         stats["rows_examined"] += int(out[4])
         return out[:6] + (False,)
 
+    def settle():
+        """After a solve of S that had doubled: its inactive rows leave it."""
+        nonlocal r, m_solved
+        r = _prune_inactive(S, in_S, w, bias, stats)
+        _reshrink(forest, S, shrink_threshold)
+        m_solved = max(S.m, n)
+        stats["S_resolves"] += 1
+
     def solve_S(max_iter):
         """Problem (13) on S to eps in at most ``max_iter`` passes; returns what dual CD
         left (0 when converged)."""
@@ -606,7 +622,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         if not S.m:
             return 0.0
         return _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                        solver=block_solver, max_iter=max_iter)
+                        solver=_S_solver(block_solver, stats), max_iter=max_iter)
 
     while True:
         rows_src.clear()
@@ -649,10 +665,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         stats["inner_iterations"] += 1
         if not S.spilled and S.m >= RESOLVE_GROWTH * m_solved:
             resolve()
-            r = _prune_inactive(S, in_S, w, bias, stats)
-            _reshrink(forest, S, shrink_threshold)
-            m_solved = max(S.m, n)
-            stats["S_resolves"] += 1
+            settle()
         sampled = False
         if not scan_only:
             # the query stopped at max_ex before finding n rows (or at 2n rows examined with
@@ -972,6 +985,16 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
     at most ``max_rounds`` rounds.
     """
     y, sqn, alpha = S.state()
+    if (solver == "dual" and not S.spilled and max_iter > DUAL_SWITCH_ITERS
+            and get_loss(loss).base().name == "sqhinge"):
+        st = dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
+                            max_iter=DUAL_SWITCH_ITERS, shrinking=True,
+                            rng=int(rng.integers(1 << 31)), sqnorms=sqn)
+        if st.converged:
+            stats["S_converged"] = True
+            return 0.0
+        stats["switched_to_primal"] = stats.get("switched_to_primal", 0) + 1
+        solver = "primal"
     if solver == "primal" and not S.spilled:
         # the L2 primal by TRON on all of S (rows outside S have alpha = 0: v_B̄ = 0), to
         # LIBLINEAR's primal rule |grad f(w)| <= 0.01 |grad f(0)|; alpha from the KKT of (16)
@@ -1009,6 +1032,13 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
                           solver="dual", rng=rng, stats=stats, shrinking=True)
         rounds += 1
         last = 0.0 if st.converged else float(st.pg_max - st.pg_min)
+
+
+def _S_solver(block_solver, stats) -> str:
+    """The solver of problem (13) on S: the block solver, or TRON once dual CD on S has
+    switched to it (``DUAL_SWITCH_ITERS``; S only grows from there, and a 100-pass dual solve
+    from TRON's answer cost as much as the switch saved)."""
+    return "primal" if stats.get("switched_to_primal") else block_solver
 
 
 def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shrinking=False):
