@@ -126,8 +126,10 @@ CHECK_GROWTH = 1
 # stop still rests on a full scan
 POOL_BAND = 1.0
 POOL_SHARE = 8
-# TRON's stopping rule for the primal block solver, on blocks and on S (LIBLINEAR's -s 2
-# default)
+# TRON's stopping rule for the primal block solver, on blocks and on S: LIBLINEAR's -s 2
+# default |grad f(w)| <= PRIMAL_EPS max(min(pos, neg), 1) / l |grad f(0)|, pos and neg the
+# problem's rows of each class (on Fashion-MNIST's class 1, without the class factor S's TRON
+# stopped 2.7 % above the optimum, 952 against 927; with it 0.01 %)
 PRIMAL_EPS = 0.01
 # LIBLINEAR's -s 1 (2.40 on): dual CD on the squared hinge stops at 300 passes and, not yet
 # converged, finishes by TRON on the primal (-s 2) from the w it reached. A full solve of S
@@ -997,11 +999,11 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
         solver = "primal"
     if solver == "primal" and not S.spilled:
         # the L2 primal by TRON on all of S (rows outside S have alpha = 0: v_B̄ = 0), to
-        # LIBLINEAR's primal rule |grad f(w)| <= 0.01 |grad f(0)|; alpha from the KKT of (16)
+        # LIBLINEAR's primal rule (PRIMAL_EPS); alpha from the KKT of (16)
         from .tron import L2LossPrimal, tron
 
         prob = L2LossPrimal(S.X, y, C=C, loss="sqhinge", bias=bias)
-        res = tron(prob, w.copy(), eps=PRIMAL_EPS, max_iter=max_iter)
+        res = tron(prob, w.copy(), eps=_primal_eps(y), max_iter=max_iter)
         w[:] = res.w
         alpha[:] = prob.dual(res.w)
         stats["S_converged"] = bool(res.stats.converged)
@@ -1034,6 +1036,12 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
         last = 0.0 if st.converged else float(st.pg_max - st.pg_min)
 
 
+def _primal_eps(y) -> float:
+    """TRON's relative tolerance by LIBLINEAR's -s 2 rule for a problem with labels ``y``."""
+    pos = int((y > 0).sum())
+    return PRIMAL_EPS * max(min(pos, len(y) - pos), 1) / max(len(y), 1)
+
+
 def _S_solver(block_solver, stats) -> str:
     """The solver of problem (13) on S: the block solver, or TRON once dual CD on S has
     switched to it (``DUAL_SWITCH_ITERS``; S only grows from there, and a 100-pass dual solve
@@ -1056,7 +1064,7 @@ def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shri
         v[: S.d] -= np.asarray(XB.T @ coef).ravel()
         v[S.d] -= bias * coef.sum()
         prob = L2LossPrimal(XB, yB, C=C, loss="sqhinge", bias=bias, v_fixed=v)
-        res = tron(prob, w.copy(), eps=PRIMAL_EPS, max_iter=iters)
+        res = tron(prob, w.copy(), eps=_primal_eps(yB), max_iter=iters)
         w[:] = res.w
         alpha[B] = prob.dual(res.w)
         stats["block_updates"] += len(B)
