@@ -622,14 +622,6 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         stats["rows_examined"] += int(out[4])
         return out[:6] + (False,)
 
-    def settle():
-        """After a solve of S that had doubled: its inactive rows leave it."""
-        nonlocal r, m_solved
-        r = _prune_inactive(S, in_S, w, bias, stats)
-        _reshrink(forest, S, shrink_threshold)
-        m_solved = max(S.m, n)
-        stats["S_resolves"] += 1
-
     def solve_S(max_iter):
         """Problem (13) on S to eps in at most ``max_iter`` passes; returns what dual CD
         left (0 when converged)."""
@@ -684,7 +676,10 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         stats["inner_iterations"] += 1
         if not S.spilled and S.m >= RESOLVE_GROWTH * m_solved:
             resolve()
-            settle()
+            r = _prune_inactive(S, in_S, w, bias, stats)
+            _reshrink(forest, S, shrink_threshold)
+            m_solved = max(S.m, n)
+            stats["S_resolves"] += 1
         sampled = False
         if not scan_only:
             # the query stopped at max_ex before finding n rows (or at 2n rows examined with
@@ -990,7 +985,8 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
              solver="dual") -> float:
     """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
     ``max_iter`` dual CD passes; returns the spread reached (below ``eps`` when converged).
-    With the primal block solver (squared hinge) a resident S is solved by TRON instead.
+    With the primal block solver (squared hinge) a resident S is solved by TRON instead; with
+    the dual one too, once dual CD on it has not converged in ``DUAL_SWITCH_ITERS`` passes.
 
     In memory: dual CD with shrinking over S. A spilled S is solved by rounds of a working
     set: one pass over its windows computes every projected gradient; if the spread is below
@@ -1057,8 +1053,9 @@ def _primal_eps(y) -> float:
 
 def _S_solver(block_solver, stats) -> str:
     """The solver of problem (13) on S: the block solver, or TRON once dual CD on S has
-    switched to it (``DUAL_SWITCH_ITERS``; S only grows from there, and a 100-pass dual solve
-    from TRON's answer cost as much as the switch saved)."""
+    switched to it (``DUAL_SWITCH_ITERS``: where dual CD stalled on S once, it stalls again on
+    the S that follows, and a 100-pass dual solve from TRON's answer cost as much as the
+    switch had saved)."""
     return "primal" if stats.get("switched_to_primal") else block_solver
 
 
