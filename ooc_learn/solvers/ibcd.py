@@ -425,7 +425,7 @@ def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bi
              "queries": 0, "queries_cut": 0, "queries_truncated": 0, "queries_imprecise": 0,
              "queries_grown": 0, "scans_preferred": 0, "queries_slow": 0,
              "full_solves_skipped": 0, "full_checks": 0, "pool_hits": 0, "pruned": 0,
-             "S_resolves": 0,
+             "S_resolves": 0, "switched_to_primal": 0, "stopped_by_sample_rule": 0,
              "outer_log": []}
     outer = 0
     converged_outer = False
@@ -555,7 +555,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
 
     def resolve():  # problem (13) on S: B = S, on the way (a check follows later)
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                 solver=_S_solver(block_solver, stats), max_iter=QUICK_ITERS)
+                 solver=block_solver, max_iter=QUICK_ITERS)
 
     # scan-only: the scan check has taken the index's place for the rest of this convex
     # problem (a query was cut, or cost more than a scan; see VISIT_COST)
@@ -635,7 +635,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         if not S.m:
             return 0.0
         return _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                        solver=_S_solver(block_solver, stats), max_iter=max_iter)
+                        solver=block_solver, max_iter=max_iter)
 
     while True:
         rows_src.clear()
@@ -722,7 +722,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # the paper's sampled rule: few fresh rows per row examined means the rest of the
             # data is (nearly) inactive; stop without scanning all of it
             solve_S(MAX_ITERS)
-            stats["stopped_by_sample_rule"] = stats.get("stopped_by_sample_rule", 0) + 1
+            stats["stopped_by_sample_rule"] += 1
             return added, came_back
         # problem (13) on S to eps (at first in QUICK_ITERS passes), then a full check
         # without shrinking (§4.3)
@@ -996,15 +996,20 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
     at most ``max_rounds`` rounds.
     """
     y, sqn, alpha = S.state()
-    if (solver == "dual" and not S.spilled and max_iter > DUAL_SWITCH_ITERS
-            and get_loss(loss).base().name == "sqhinge"):
+    if solver == "dual" and stats["switched_to_primal"]:
+        # dual CD stalled on S once: it stalls again on the S that follows, and a 100-pass
+        # dual solve from TRON's answer cost as much as the switch had saved
+        solver = "primal"
+    if solver == "dual" and not S.spilled:
+        # LIBLINEAR's -s 1 switch (DUAL_SWITCH_ITERS) for a solve of S a stop may rest on
+        switch = max_iter > DUAL_SWITCH_ITERS and get_loss(loss).base().name == "sqhinge"
         st = dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
-                            max_iter=DUAL_SWITCH_ITERS, shrinking=True,
-                            rng=int(rng.integers(1 << 31)), sqnorms=sqn)
-        if st.converged:
-            stats["S_converged"] = True
-            return 0.0
-        stats["switched_to_primal"] = stats.get("switched_to_primal", 0) + 1
+                            max_iter=DUAL_SWITCH_ITERS if switch else max_iter,
+                            shrinking=True, rng=int(rng.integers(1 << 31)), sqnorms=sqn)
+        if st.converged or not switch:
+            stats["S_converged"] = bool(st.converged)
+            return 0.0 if st.converged else float(st.pg_max - st.pg_min)
+        stats["switched_to_primal"] += 1
         solver = "primal"
     if solver == "primal" and not S.spilled:
         # the L2 primal by TRON on all of S (rows outside S have alpha = 0: v_B̄ = 0), to
@@ -1017,12 +1022,6 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
         alpha[:] = prob.dual(res.w)
         stats["S_converged"] = bool(res.stats.converged)
         return 0.0
-    if not S.spilled:
-        st = dcd_subproblem(S.X, y, alpha, w, loss=loss, C=C, bias=bias, eps=eps,
-                            max_iter=max_iter, shrinking=True, rng=int(rng.integers(1 << 31)),
-                            sqnorms=sqn)
-        stats["S_converged"] = bool(st.converged)
-        return 0.0 if st.converged else float(st.pg_max - st.pg_min)
     base = get_loss(loss).base()
     upper, diag = base.dual_upper(C), base.dual_diag(C)
     rounds, last = 0, np.inf
@@ -1049,14 +1048,6 @@ def _primal_eps(y) -> float:
     """TRON's relative tolerance by LIBLINEAR's -s 2 rule for a problem with labels ``y``."""
     pos = int((y > 0).sum())
     return PRIMAL_EPS * max(min(pos, len(y) - pos), 1) / max(len(y), 1)
-
-
-def _S_solver(block_solver, stats) -> str:
-    """The solver of problem (13) on S: the block solver, or TRON once dual CD on S has
-    switched to it (``DUAL_SWITCH_ITERS``: where dual CD stalled on S once, it stalls again on
-    the S that follows, and a 100-pass dual solve from TRON's answer cost as much as the
-    switch had saved)."""
-    return "primal" if stats.get("switched_to_primal") else block_solver
 
 
 def _solve_block(S, B, w, *, loss, C, bias, eps, iters, solver, rng, stats, shrinking=False):
