@@ -11,6 +11,7 @@ The promise users can test: peak RSS of a run <= RSS of the same run on a tiny i
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -44,11 +45,14 @@ def parse_size(text, *, what: str = "--memory") -> int:
     return value
 
 
-def format_size(n: int) -> str:
-    """Human-readable size: ``format_size(3 << 20) == '3.0M'``."""
+def format_size(n: int, *, up: bool = False) -> str:
+    """Human-readable size: ``format_size(3 << 20) == '3.0M'``; ``up``: rounded up to the
+    digit shown (a size to raise a limit to must not read as less than what is needed)."""
     for unit in ("", "K", "M", "G", "T"):
         if abs(n) < 1024 or unit == "T":
-            return f"{n:.1f}{unit}" if unit else f"{n}B"
+            if not unit:
+                return f"{n}B"
+            return f"{math.ceil(n * 10) / 10:.1f}{unit}" if up else f"{n:.1f}{unit}"
         n /= 1024.0
     return str(n)  # pragma: no cover
 
@@ -137,13 +141,15 @@ class MemoryBudget:
     def reserve(self, nbytes: int, what: str = "buffer", *, evict: bool = True) -> None:
         """Reserve ``nbytes`` or raise :class:`BudgetExceededError` naming ``--memory``."""
         if not self.try_reserve(nbytes, evict=evict):
+            need, free = format_size(int(nbytes)), format_size(self.available)
+            if need == free:  # a few bytes short: the rounded sizes would read alike
+                need, free = f"{int(nbytes):,} bytes", f"{self.available:,}"
             raise BudgetExceededError(
-                f"The {what} needs {format_size(int(nbytes))} but only "
-                f"{format_size(self.available)} of the {format_size(self.limit)} memory cap "
-                f"is free.",
+                f"The {what} needs {need} but only {free} of the {format_size(self.limit)} "
+                f"memory cap is free.",
                 f"Raise --memory (or OOC_MEMORY) to at least "
-                f"{format_size(self.limit + int(nbytes) - self.available)}, or use smaller "
-                f"blocks (--block-rows).")
+                f"{format_size(self.limit + int(nbytes) - self.available, up=True)}, or use "
+                f"smaller blocks (--block-rows).")
 
     def release(self, nbytes: int) -> None:
         with self._lock:

@@ -1,5 +1,7 @@
 """MemoryBudget, size parsing, OOC_MEMORY and LRU eviction across caches."""
 
+import re
+
 import pytest
 
 from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes, parse_size
@@ -43,6 +45,20 @@ def test_a_reservation_evicts_other_caches_before_failing():
         assert budget.used >= 600
     a.close(), b.close()
     assert budget.used == 0 and budget.peak <= budget.limit
+
+
+def test_a_shortfall_of_a_few_bytes_reads_as_one_and_the_fix_is_enough():
+    # 3.6M cap, 1.4M free, 1.4M + 100 bytes asked: rounded to 0.1M the message read "needs
+    # 1.4M but only 1.4M ... is free", and told to raise --memory "to at least 3.6M", the cap
+    limit, free = int(3.6 * 2**20), int(1.4 * 2**20)
+    budget = MemoryBudget(limit)
+    budget.reserve(limit - free, "S")
+    with pytest.raises(BudgetExceededError) as exc:
+        budget.reserve(free + 100, "IBCD active set")
+    msg = str(exc.value)
+    assert f"{free + 100:,} bytes but only {free:,} of the 3.6M" in msg
+    raise_to = re.search(r"at least (\S+),", msg).group(1)
+    assert parse_size(raise_to) >= limit + 100 and raise_to == "3.7M"
 
 
 def test_cache_hits_and_entries_larger_than_the_cache():
