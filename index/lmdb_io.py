@@ -37,6 +37,7 @@ can query one index at once.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -230,8 +231,19 @@ def encode_nodes(tree_id: int, tree: FlatTree, row_offset: int):
             sq[4 * a:4 * z], r1[2 * a:2 * z], r2[2 * a:2 * z])))
 
 
+@functools.lru_cache(maxsize=None)
+def _node_columns(k: int) -> struct.Struct:
+    """The per-child columns of a node record with ``k`` children (see :func:`encode_node`):
+    child bounds (k + 1), leaf flags, pivot offsets, pivot squared norms, radii (float16 x 2)."""
+    return struct.Struct(f"<{k + 1}i{k}B{k}i{k}f{k}e{k}e")
+
+
 def decode_node(value: bytes, tree_id: int, node: int) -> Node:
-    """Inverse of :func:`encode_node`; raises ValueError on any inconsistency."""
+    """Inverse of :func:`encode_node`; raises ValueError on any inconsistency.
+
+    A query decodes each node it expands once (9,300 of them in an IBCD run on the
+    benchmark's generated store): the columns are unpacked by one ``struct`` call and checked
+    as Python numbers, since k (the forest's width) is small."""
     what = f"node {node} of tree {tree_id}"
     body = _unseal(value, what)
     if len(body) < _NODE_HEAD.size:
@@ -239,25 +251,24 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     magic, version, _, t, start, stop, c0, k = _NODE_HEAD.unpack_from(body, 0)
     if magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0:
         raise ValueError(f"{what} is not a version-{INDEX_FORMAT_VERSION} node record")
-    layout = [("<i4", k + 1), ("u1", k), ("<i4", k), ("<f4", k), ("<f2", k), ("<f2", k)]
-    pos = _NODE_HEAD.size
-    out = []
-    for dtype, count in layout:
-        nb = np.dtype(dtype).itemsize * count
-        if pos + nb > len(body):
-            raise ValueError(f"{what} is truncated")
-        out.append(np.frombuffer(body, dtype, count, pos))
-        pos += nb
-    if pos != len(body):
-        raise ValueError(f"{what} has trailing bytes")
-    bounds = out[0].astype(np.int64) + start
-    if k and (np.any(np.diff(bounds) < 0) or bounds[0] != start or bounds[-1] != stop
-              or np.any(out[2] < 0) or np.any(out[2] >= stop - start)):
+    cols = _node_columns(k)
+    size = _NODE_HEAD.size + cols.size
+    if len(body) != size:
+        raise ValueError(f"{what} is truncated" if len(body) < size
+                         else f"{what} has trailing bytes")
+    v = cols.unpack_from(body, _NODE_HEAD.size)
+    bounds, leaf, piv = v[:k + 1], v[k + 1:2 * k + 1], v[2 * k + 1:3 * k + 1]
+    span = stop - start
+    if k and (bounds[0] != 0 or bounds[-1] != span
+              or any(b < a for a, b in zip(bounds, bounds[1:]))
+              or min(piv) < 0 or max(piv) >= span):
         raise ValueError(f"{what} has inconsistent row ranges")
-    return Node(start, stop, np.arange(c0, c0 + k, dtype=np.int32), bounds[:-1], bounds[1:],
-                out[1].astype(bool), out[2].astype(np.int64) + start,
-                out[3].astype(np.float32), out[4].astype(np.float32),
-                out[5].astype(np.float32))
+    first = np.array(bounds, np.int64) + start
+    return Node(start, stop, np.arange(c0, c0 + k, dtype=np.int32), first[:-1], first[1:],
+                np.array(leaf, bool), np.array(piv, np.int64) + start,
+                np.array(v[3 * k + 1:4 * k + 1], np.float32),
+                np.array(v[4 * k + 1:5 * k + 1], np.float32),
+                np.array(v[5 * k + 1:], np.float32))
 
 
 def _record_pages(records, psize: int) -> int:
