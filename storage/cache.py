@@ -116,8 +116,12 @@ class LRUCache:
         return freed
 
     def clear(self) -> None:
+        """Drop every entry, their memory returned to the budget at once (closing the index
+        of an IBCD run dropped 19,000 entries one by one)."""
         with self._lock:
-            self._evict(self._bytes + 1)
+            self.budget.release(self._bytes)
+            self._bytes = 0
+            self._entries.clear()
 
     def close(self) -> None:
         """Release every entry and detach from the budget. Closing twice is fine."""
