@@ -40,7 +40,10 @@ Usage::
     #   0.02 / 0.56 (capped 0.05 / 0.02 / 0.92). Read per outer iteration capped 0.24 / 0.24
     #   / 0.31. Capped / uncapped time 0.59 / 1.11 / 1.66.
     # L2-primal misses the time target: its queries are most of its time (1.44 of 1.71 s on
-    # the generated store), the index's best-first loop at ~25 us a node in Python. The
+    # the generated store), the index's best-first loop at ~25 us a node in Python. With
+    # node records decoded by one struct call (after the table above), a rerun of its rows:
+    # t/t_LL Fashion-MNIST 0.66 (capped 0.65), generated 0.50 (capped 0.83, 1.64x uncapped,
+    # the queries' leaf reads going to the store). The
     # paper's own threshold n / |D| (0.0167 on Fashion-MNIST, 0.0024 generated) rarely fires
     # and the scans take over
     python scripts/bench_train.py --sets fashion generated --truncate 1 --sample-eps 0.05 \
