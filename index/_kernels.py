@@ -10,6 +10,8 @@ dot product and the stored squared norms; V(x) is never formed.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -711,3 +713,299 @@ def brute_force_margins(X, indptr, indices, data, is_csr, y, w, b):
         out[i] = np.float64(y[i]) * _margin(X, indptr, indices, data, is_csr, i, w, b)
     return out
 
+
+
+# ------------------------------------------------------------------ node records in bulk
+# A tree's node records (lmdb_io.encode_node) decoded by one call into the flat arrays of
+# forest._Resident, with every check of lmdb_io.decode_node (CRC-32 included), so the
+# search's loop never waits on Python to decode a record.
+def _crc_table():
+    t = np.arange(256, dtype=np.uint64)
+    for _ in range(8):
+        t = np.where(t & np.uint64(1), (t >> np.uint64(1)) ^ np.uint64(0xEDB88320),
+                     t >> np.uint64(1))
+    return t
+
+
+CRC_TABLE = _crc_table()
+_NODE_HEAD_BYTES = 36   # lmdb_io._NODE_HEAD: magic, version, flags, tree, start, stop, c0, k
+_U8 = np.uint64(8)
+_U16 = np.uint64(16)
+_U24 = np.uint64(24)
+_U32 = np.uint64(32)
+_FF = np.uint64(0xFF)
+
+
+@njit(cache=True, nogil=True)
+def _crc32(buf, a, z, table):
+    """zlib's CRC-32 of ``buf[a:z]``."""
+    c = np.uint64(0xFFFFFFFF)
+    for i in range(a, z):
+        c = table[(c ^ np.uint64(buf[i])) & _FF] ^ (c >> _U8)
+    return c ^ np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _u32(buf, p):
+    return (np.uint64(buf[p]) | (np.uint64(buf[p + 1]) << _U8)
+            | (np.uint64(buf[p + 2]) << _U16) | (np.uint64(buf[p + 3]) << _U24))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _i32(buf, p):
+    u = np.int64(_u32(buf, p))
+    return u - 4294967296 if u >= 2147483648 else u
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _i64(buf, p):
+    return np.int64(_u32(buf, p) | (_u32(buf, p + 4) << _U32))
+
+
+@njit(cache=True, nogil=True)
+def _f32(bits):
+    """The IEEE single with these bits (float64, exact)."""
+    b = np.int64(bits)
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    if e == 0:
+        v = math.ldexp(float(m), -149)
+    elif e == 255:
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = math.ldexp(float(m + 8388608), e - 150)
+    return -v if (b >> 31) & 1 else v
+
+
+@njit(cache=True, nogil=True)
+def _f16(bits):
+    """The IEEE half with these bits (float64, exact)."""
+    b = np.int64(bits)
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    if e == 0:
+        v = math.ldexp(float(m), -24)
+    elif e == 31:
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = math.ldexp(float(m + 1024), e - 25)
+    return -v if (b >> 15) & 1 else v
+
+
+@njit(cache=True, nogil=True)
+def decode_records(buf, offs, vids, tree, n_nodes, table, base, node_slot, slot, pos,
+                   nd_first, nd_k, nd_start, nd_stop, c_id, c_start, c_stop, c_leaf, c_piv,
+                   c_sq, c_rad, c_rada):
+    """Decode the node records ``buf[offs[r]:offs[r+1]]`` (node ``vids[r]`` of ``tree``).
+
+    Node r goes to slot ``slot + r`` (its children from position ``pos`` on) and
+    ``node_slot[base + v]`` points at it. Returns ``(r, slot, pos)``: r = −1 when every
+    record decoded, else the first record that fails a check (lmdb_io.decode_node names it).
+    """
+    for r in range(vids.shape[0]):
+        a = offs[r]
+        z = offs[r + 1]
+        v = vids[r]
+        if z - a < _NODE_HEAD_BYTES + 8 or not 0 <= v < n_nodes:
+            return r, slot, pos
+        end = z - 4
+        if _crc32(buf, a, end, table) != _u32(buf, end):
+            return r, slot, pos
+        if (buf[a] != 79 or buf[a + 1] != 79 or buf[a + 2] != 67 or buf[a + 3] != 78
+                or (np.int64(buf[a + 4]) | (np.int64(buf[a + 5]) << 8)) != 2
+                or _i32(buf, a + 8) != tree):
+            return r, slot, pos
+        start = _i64(buf, a + 12)
+        stop = _i64(buf, a + 20)
+        c0 = _i32(buf, a + 28)
+        k = _i32(buf, a + 32)
+        if k < 0 or _NODE_HEAD_BYTES + 4 + 17 * k != end - a:
+            return r, slot, pos
+        p = a + _NODE_HEAD_BYTES
+        span = stop - start
+        if k > 0 and (_i32(buf, p) != 0 or _i32(buf, p + 4 * k) != span):
+            return r, slot, pos
+        pl = p + 4 * (k + 1)
+        pp = pl + k
+        ps = pp + 4 * k
+        pr = ps + 4 * k
+        pa = pr + 2 * k
+        for j in range(k):
+            lo = _i32(buf, p + 4 * j)
+            hi = _i32(buf, p + 4 * j + 4)
+            pv = _i32(buf, pp + 4 * j)
+            if hi < lo or pv < 0 or pv >= span:
+                return r, slot, pos
+            q = pos + j
+            c_id[q] = c0 + j
+            c_start[q] = start + lo
+            c_stop[q] = start + hi
+            c_leaf[q] = buf[pl + j] != 0
+            c_piv[q] = start + pv
+            c_sq[q] = _f32(_u32(buf, ps + 4 * j))
+            c_rad[q] = _f16(np.uint64(buf[pr + 2 * j]) | (np.uint64(buf[pr + 2 * j + 1]) << _U8))
+            c_rada[q] = _f16(np.uint64(buf[pa + 2 * j])
+                             | (np.uint64(buf[pa + 2 * j + 1]) << _U8))
+        nd_first[slot] = pos
+        nd_k[slot] = k
+        nd_start[slot] = start
+        nd_stop[slot] = stop
+        node_slot[base + v] = slot
+        slot += 1
+        pos += k
+    return -1, slot, pos
+
+
+# ------------------------------------------------------------------ the search loop
+@njit(cache=True)
+def rows_slot_set(RX, RP, RI, RD, RY, slot, x, p, i, d, y):
+    """Put one cached row slice in slot ``slot`` of the search's row lists (appending)."""
+    if slot == len(RX):
+        RX.append(x)
+        RP.append(p)
+        RI.append(i)
+        RD.append(d)
+        RY.append(y)
+    else:
+        RX[slot] = x
+        RP[slot] = p
+        RI[slot] = i
+        RD[slot] = d
+        RY[slot] = y
+
+
+BBF_DONE = 0       # the frontier ran empty, or n rows were found, or max_examined reached
+BBF_LOW_PREC = 1   # min_precision stopped the search
+BBF_MISS = 2       # the popped entry needs what only Python has: rows, a node, room
+BBF_READ_LIMIT = 3  # max_read rows were read
+SLOT_COUNTED = -2  # span_slot / pv_slot: no slice cached, but its rows were counted read
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_use(marks, i, rows, cnt):
+    """Rows taken from a cached block count as read the first time (see bbf_run)."""
+    if marks[i] == -1:
+        marks[i] = SLOT_COUNTED
+        cnt[6] += rows
+
+
+@njit(cache=True, nogil=True)
+def bbf_run(fpri, fent, size, fen, shrink_on, take, now, excl, shrunk, seen, need,
+            max_examine, out, state, prec_from, min_prec, base, node_slot, nd_first, nd_k,
+            c_id, c_start, c_stop, c_leaf, c_piv, c_sq, c_rad, blk_slot, boff, span_slot,
+            slot_stop, pv_slot, RX, RP, RI, RD, RY, is_csr, w, b, wt, bt, same_outer, low,
+            wsq, augment, shrink_hi, mu, lam, span_rows, read0, max_read, cnt, ret):
+    """The best-bin-first loop of ``Forest._best_bin_first``, for as long as it can run here.
+
+    Pops entries (:func:`frontier_pop`), scans leaves (:func:`scan_leaf`) and expands nodes
+    (:func:`expand_node`) exactly as the Python loop does, from the node records in the flat
+    arrays (``node_slot[base[t] + v]``, −1: not decoded) and rows at hand: tree t's whole
+    store block (``blk_slot[t]``, its first row ``boff[t]``) when the store caches it, else
+    the row slices of the forest's cache (``span_slot[start]`` with ``slot_stop``, and
+    ``pv_slot`` for the pivot rows of nodes above the spans); −1: not at hand. An entry that needs anything else (a record or rows
+    not at hand, frontier or ``seen`` room) is returned to Python, popped, in ``ret`` (order,
+    start, stop, span start, span stop, tree code) with its priority. ``cnt`` counts [order
+    counter, nodes expanded, leaves scanned, nodes skipped, pivots scored, frontier peak,
+    rows read].
+
+    Rows read: the Python loop counts the rows of each span, big leaf and upper node's pivots
+    it loads into the forest's row cache, which keeps them, so each counts once while
+    cached; IBCD's cost model and ``max_read`` were tuned on that count. Rows taken here
+    from a cached block count the same way: the first use of a span (or big leaf, or
+    pivots) marks its lookup entry SLOT_COUNTED and adds its rows; the marks of a block
+    are cleared when the store's cache lets the block go. The search stops
+    (BBF_READ_LIMIT) once ``read0`` + these reach ``max_read``.
+    Returns ``(size, BBF_*, priority)``.
+    """
+    while size > 0 and state[0] < need and state[1] < max_examine:
+        if state[1] >= prec_from and state[0] < min_prec * state[1]:
+            return size, BBF_LOW_PREC, 0.0
+        if read0 + cnt[6] >= max_read:
+            return size, BBF_READ_LIMIT, 0.0
+        size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
+            fpri, fent, size, fen, shrink_on, take, excl, shrunk, seen, need, max_examine,
+            out, state)
+        cnt[3] += skipped
+        if tc < 0:
+            break
+        t = tc >> 32
+        code = tc & 0xFFFFFFFF
+        v = code >> 1
+        if ss < 0 and e0 - s0 <= span_rows:
+            ss, se = s0, e0
+        # rows: the tree's whole block if cached, else the span's slice
+        slot = blk_slot[t]
+        rbase = boff[t]
+        if slot >= 0:
+            if ss >= 0:
+                _first_use(span_slot, ss, se - ss, cnt)
+            elif code & 1:
+                _first_use(pv_slot, base[t] + v, e0 - s0, cnt)
+            else:
+                ns = node_slot[base[t] + v]
+                if ns >= 0:
+                    _first_use(pv_slot, base[t] + v, nd_k[ns], cnt)
+        elif ss >= 0:
+            slot = span_slot[ss]
+            rbase = ss
+            if slot >= 0 and slot_stop[slot] != se:
+                slot = -1
+        miss = False
+        if code & 1:
+            if slot < 0:
+                miss = True
+            else:
+                a, z = s0 - rbase, e0 - rbase
+                y = RY[slot]
+                if is_csr:
+                    scan_leaf(RX[slot], RP[slot][a:z + 1], RI[slot], RD[slot], True, y[a:z],
+                              s0, w, b, wt, bt, same_outer, low, excl, shrunk, fen,
+                              shrink_on, shrink_hi, need, max_examine, out, seen, state)
+                else:
+                    scan_leaf(RX[slot][a:z], RP[slot], RI[slot], RD[slot], False, y[a:z],
+                              s0, w, b, wt, bt, same_outer, low, excl, shrunk, fen,
+                              shrink_on, shrink_hi, need, max_examine, out, seen, state)
+                cnt[2] += 1
+                continue
+        else:
+            g = base[t] + v
+            ns = node_slot[g]
+            if ns < 0:
+                miss = True
+            else:
+                by_row = slot >= 0
+                if not by_row:
+                    slot = pv_slot[g]  # an upper node's pivot rows, in the node's order
+                k = nd_k[ns]
+                if (slot < 0 or size + k > fpri.shape[0]
+                        or (now and 2 * (state[3] + k) > seen.shape[0])):
+                    miss = True
+                else:
+                    f = nd_first[ns]
+                    piv = c_piv[f:f + k]
+                    if by_row:
+                        at = piv - rbase
+                    else:
+                        at = np.arange(k)
+                    cnt[5] = max(cnt[5], size + k)
+                    bq = b if augment else 0.0
+                    size = expand_node(
+                        RX[slot], RP[slot], RI[slot], RD[slot], is_csr, RY[slot], at, w,
+                        bq, wt, bt, same_outer, low, wsq, augment, piv,
+                        c_sq[f:f + k], c_rad[f:f + k], c_leaf[f:f + k], c_id[f:f + k],
+                        c_start[f:f + k], c_stop[f:f + k], pri, mu, lam, fpri, fent, size,
+                        order & ~_ORDER_MASK, cnt[0], ss, se, t, take, shrink_hi, now, excl,
+                        shrunk, seen, need, max_examine, out, state, fen, shrink_on)
+                    cnt[0] += k
+                    cnt[1] += 1
+                    cnt[4] += k
+                    continue
+        if miss:
+            ret[0] = order
+            ret[1] = s0
+            ret[2] = e0
+            ret[3] = ss
+            ret[4] = se
+            ret[5] = tc
+            return size, BBF_MISS, pri
+    return size, BBF_DONE, 0.0

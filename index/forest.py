@@ -26,24 +26,28 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from pathlib import Path
 from typing import Callable
 
 import lmdb
 import numpy as np
+from numba import types as nb_types
+from numba.typed import List
 
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterError
 from ooc_learn.storage.store import rows_one_by_one
 
-from ._kernels import (_ORDER_MASK, _ORDER_SHIFT, FRONTIER_WIDTH, expand_node,
-                       fenwick_mark, fenwick_prefix, frontier_push, frontier_pop, scan_leaf,
-                       seen_rehash)
+from ._kernels import (_NODE_HEAD_BYTES, _ORDER_MASK, _ORDER_SHIFT, BBF_LOW_PREC, BBF_MISS,
+                       BBF_READ_LIMIT, CRC_TABLE, SLOT_COUNTED, FRONTIER_WIDTH, bbf_run, decode_records, expand_node,
+                       fenwick_mark, fenwick_prefix, frontier_push, frontier_pop,
+                       rows_slot_set, scan_leaf, seen_rehash)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
-                      IndexVersionMismatch, decode_node, decode_tree_header, node_key,
+                      IndexVersionMismatch, Node, decode_node, decode_tree_header, node_key,
                       open_env, open_reader, rows_crc, tree_key)
-from .tree import row_arrays
+from .tree import _EMPTY_IDX, _EMPTY_PTR, _EMPTY_VAL, _EMPTY_X, row_arrays
 
 __all__ = ["Forest", "open_forest", "outlier_margin"]
 
@@ -168,6 +172,304 @@ class _Frontier:
         self._free(self.reserved)
 
 
+# Bytes per node slot (first child, k, start, stop) and per child (id int32, start and stop
+# int64, leaf flag, pivot row int64, pivot squared norm and two radii float32) in the flat
+# node arrays of _Resident.
+_NODE_SLOT_BYTES = 32
+_CHILD_BYTES = 4 + 8 + 8 + 1 + 8 + 4 + 4 + 4
+_NODE_PREFIX = b"N"
+
+
+class _Resident:
+    """What the numba search loop (``_kernels.bbf_run``) reads without calling Python.
+
+    - **Node records**, decoded a whole tree at a time (one LMDB cursor walk and one
+      ``decode_records`` call) into flat arrays: per node its first child and child count,
+      per child its columns. ``node_slot[base[t] + v]`` is the slot of node v of tree t, −1
+      when its tree is not loaded. These arrays are the forest's node cache: paid from the
+      budget, bounded by ``cache_bytes``, and given back whole under pressure (an evictor
+      registered after the row cache's, so rows go first); a tree is decoded again when a
+      search reaches it. Decoding per node in Python cost ~10 µs a record and a return from
+      numba for each (9,300 records in an IBCD run on the benchmark's generated store).
+    - **Row slices**: every span and pivot-row entry of the forest's row cache is mirrored
+      into numba typed lists (the same arrays, no copy), found by ``span_slot[span start]``
+      (with ``slot_stop``) and ``pv_slot[base[t] + v]``; the cache's ``on_drop`` hook takes
+      an entry out of the lists when it leaves the cache, so the lists never hold memory the
+      budget no longer pays for.
+
+    The lookup tables (4 bytes a row and two 4-byte entries a node) are reserved once; when
+    the cap holds no room for them (or ``cache_bytes`` is below them) the forest runs without
+    this (``enabled`` False): every pop then goes through Python, as before, and node records
+    are decoded one by one, uncached.
+    """
+
+    def __init__(self, forest, max_bytes: int | None):
+        self.forest = forest
+        self.budget = forest.budget
+        self.max_bytes = self.budget.limit if max_bytes is None else int(max_bytes)
+        self.csr = False
+        counts = np.array([h.n_nodes for h in forest.headers], np.int64)
+        self.base = np.zeros(len(counts), np.int64)
+        if len(counts) > 1:
+            self.base[1:] = np.cumsum(counts)[:-1]
+        total = int(counts.sum())
+        self.fixed = 4 * forest.n_samples + 8 * total
+        self.enabled = self.fixed <= self.max_bytes and self.budget.try_reserve(self.fixed)
+        if not self.enabled:
+            self.fixed = 0
+            total = 0
+        self.node_slot = np.full(total, -1, np.int32)
+        self.pv_slot = np.full(total, -1, np.int32)
+        self.span_slot = np.full(forest.n_samples if self.enabled else 0, -1, np.int32)
+        self.loaded = np.zeros(len(counts), bool)
+        self.n_nodes = counts
+        self._busy = False
+        self.misses = 0  # trees decoded
+        self._empty_nodes()
+        # row slices: typed lists of the kernels' five arrays, slots reused through a free list
+        self.RX = List.empty_list(nb_types.float32[:, ::1])
+        self.RP = List.empty_list(nb_types.int64[::1])
+        self.RI = List.empty_list(nb_types.int32[::1])
+        self.RD = List.empty_list(nb_types.float32[::1])
+        self.RY = List.empty_list(nb_types.float32[::1])
+        self.slot_stop = np.zeros(0, np.int64)
+        self.n_slots = 0
+        self.blk_slot = np.full(len(counts), -1, np.int32)
+        self.boff = np.asarray(forest.block_offsets, np.int64)
+        self._slots: dict = {}
+        self._free: list[int] = []
+        self.blocks: dict = {}  # tree -> the kernels' arrays of its cached block
+        self.budget.register_evictor(self._evict)
+
+    # ---------------------------------------------------------------- node records
+    def _empty_nodes(self):
+        self.used = self.pos = 0
+        self.arr_bytes = 0
+        self.nd_first = np.zeros(0, np.int64)
+        self.nd_k = np.zeros(0, np.int64)
+        self.nd_start = np.zeros(0, np.int64)
+        self.nd_stop = np.zeros(0, np.int64)
+        self.c_id = np.zeros(0, np.int32)
+        self.c_start = np.zeros(0, np.int64)
+        self.c_stop = np.zeros(0, np.int64)
+        self.c_leaf = np.zeros(0, np.bool_)
+        self.c_piv = np.zeros(0, np.int64)
+        self.c_sq = np.zeros(0, np.float32)
+        self.c_rad = np.zeros(0, np.float32)
+        self.c_rada = np.zeros(0, np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.fixed + self.arr_bytes
+
+    def __len__(self) -> int:
+        return self.used
+
+    def _grow(self, nodes: int, children: int) -> bool:
+        """Room for ``nodes`` more node slots and ``children`` more children."""
+        n_cap, c_cap = self.nd_k.shape[0], self.c_id.shape[0]
+        need_n, need_c = self.used + nodes, self.pos + children
+        if need_n <= n_cap and need_c <= c_cap:
+            return True
+        new_n = max(need_n, 2 * n_cap if need_n > n_cap else n_cap, 64)
+        new_c = max(need_c, 2 * c_cap if need_c > c_cap else c_cap, 512)
+        nbytes = new_n * _NODE_SLOT_BYTES + new_c * _CHILD_BYTES
+        if self.fixed + nbytes > self.max_bytes:
+            return False
+        self._busy = True  # the budget's evictors must not empty these arrays under us
+        try:
+            if not self.budget.try_reserve(nbytes):
+                return False
+        finally:
+            self._busy = False
+        for name, size in (("nd_first", new_n), ("nd_k", new_n), ("nd_start", new_n),
+                           ("nd_stop", new_n), ("c_id", new_c), ("c_start", new_c),
+                           ("c_stop", new_c), ("c_leaf", new_c), ("c_piv", new_c),
+                           ("c_sq", new_c), ("c_rad", new_c), ("c_rada", new_c)):
+            old = getattr(self, name)
+            new = np.empty(size, old.dtype)
+            new[:old.shape[0]] = old
+            setattr(self, name, new)
+        self.budget.release(self.arr_bytes)
+        self.arr_bytes = nbytes
+        return True
+
+    def reset(self) -> int:
+        """Forget every decoded tree; return the bytes given back."""
+        freed = self.arr_bytes
+        if self.used or freed:
+            self.node_slot.fill(-1)
+            self.loaded.fill(False)
+            self.budget.release(freed)
+            self._empty_nodes()
+        return freed
+
+    def _evict(self, need: int) -> int:
+        return 0 if self._busy else self.reset()
+
+    def load_tree(self, t: int) -> bool:
+        """Decode every node record of tree t; False when the cap holds no room for them."""
+        if not self.enabled:
+            return False
+        if self.loaded[t]:
+            return True
+        f = self.forest
+        prefix = _NODE_PREFIX + struct.pack(">I", t)
+        vids, parts = [], []
+        try:
+            with f._env.begin(buffers=False) as txn:
+                cur = txn.cursor()
+                if cur.set_range(prefix):
+                    for key, raw in cur:
+                        if key[:5] != prefix:
+                            break
+                        vids.append(struct.unpack(">I", key[5:9])[0] if len(key) == 9
+                                    else -1)
+                        parts.append(raw)
+        except lmdb.Error as exc:
+            raise f._error(f"The index of store {f.name} is corrupted: reading the nodes of "
+                           f"tree {t} failed ({exc}).") from None
+        f._account_mapped(sum(len(p) for p in parts) + 3 * 4096)
+        lens = np.fromiter((len(p) for p in parts), np.int64, len(parts))
+        kids = np.maximum((lens - (_NODE_HEAD_BYTES + 8)) // 17, 0)
+        if not self._grow(len(parts), int(kids.sum())):
+            self.reset()
+            if not self._grow(len(parts), int(kids.sum())):
+                return False
+        offs = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        buf = np.frombuffer(b"".join(parts), np.uint8)
+        bad, self.used, self.pos = decode_records(
+            buf, offs, np.array(vids, np.int64), t, int(self.n_nodes[t]), CRC_TABLE,
+            int(self.base[t]), self.node_slot, self.used, self.pos, self.nd_first, self.nd_k,
+            self.nd_start, self.nd_stop, self.c_id, self.c_start, self.c_stop, self.c_leaf,
+            self.c_piv, self.c_sq, self.c_rad, self.c_rada)
+        if bad >= 0:
+            v = vids[bad]
+            try:  # the per-record decoder names what is wrong
+                decode_node(parts[bad], t, v)
+                problem = f"node {v} of tree {t} is not a valid node record"
+            except ValueError as exc:
+                problem = str(exc)
+            raise f._error(f"The index of store {f.name} is corrupted: {problem}.")
+        self.loaded[t] = True
+        self.misses += 1
+        return True
+
+    def slot(self, t: int, v: int) -> int:
+        """The slot of node v of tree t (its tree decoded first), or −1."""
+        if not self.load_tree(t):
+            return -1
+        return int(self.node_slot[self.base[t] + v]) if 0 <= v < self.n_nodes[t] else -1
+
+    def record(self, ns: int) -> Node:
+        a, k = int(self.nd_first[ns]), int(self.nd_k[ns])
+        z = a + k
+        return Node(int(self.nd_start[ns]), int(self.nd_stop[ns]), self.c_id[a:z].copy(),
+                    self.c_start[a:z].copy(), self.c_stop[a:z].copy(),
+                    self.c_leaf[a:z].copy(), self.c_piv[a:z].copy(), self.c_sq[a:z].copy(),
+                    self.c_rad[a:z].copy(), self.c_rada[a:z].copy())
+
+    # ---------------------------------------------------------------- row slices
+    def rows_put(self, key, value) -> None:
+        """Listener of the row cache (and of the store's block cache): mirror span,
+        pivot-row and block entries."""
+        if not self.enabled or key[0] not in ("span", "pivots", "block"):
+            return
+        if key[0] == "block":
+            X, y, _ = value
+            if not isinstance(X, np.ndarray) or not 0 <= key[1] < self.blk_slot.shape[0]:
+                return  # CSR blocks: the kernels' int64 row pointers would be a copy
+            Xd, indptr, indices, data, is_csr = X, _EMPTY_PTR, _EMPTY_IDX, _EMPTY_VAL, False
+        else:
+            (Xd, indptr, indices, data, is_csr), y = value
+        if not (Xd.flags.c_contiguous and y.flags.c_contiguous and y.dtype == np.float32
+                and Xd.dtype == np.float32 and Xd.ndim == 2 and indptr.dtype == np.int64
+                and indices.dtype == np.int32 and data.dtype == np.float32):
+            return
+        self.csr = bool(is_csr)
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = self.n_slots
+            self.n_slots += 1
+        if slot >= self.slot_stop.shape[0]:
+            grown = np.zeros(max(64, 2 * self.slot_stop.shape[0]), np.int64)
+            grown[:self.slot_stop.shape[0]] = self.slot_stop
+            self.slot_stop = grown
+        rows_slot_set(self.RX, self.RP, self.RI, self.RD, self.RY, slot, Xd, indptr, indices,
+                      data, y)
+        if key[0] == "span":
+            self.span_slot[key[2]] = slot
+            self.slot_stop[slot] = key[3]
+        elif key[0] == "block":
+            self.blk_slot[key[1]] = slot
+            self.blocks[key[1]] = ((Xd, indptr, indices, data, False), y)
+        else:
+            self.pv_slot[self.base[key[1]] + key[2]] = slot
+        self._slots[key] = slot
+
+    def first_use(self, t: int, v: int, rows: int, ss: int, se: int) -> int:
+        """Rows an entry served from tree t's cached block counts as read (the Python side
+        of ``_kernels._first_use``): its span's, else ``rows`` (a big leaf's rows, an upper
+        node's pivots), the first time."""
+        if ss >= 0:
+            marks, i, rows = self.span_slot, ss, se - ss
+        else:
+            marks, i = self.pv_slot, int(self.base[t]) + v
+        if marks[i] != -1:
+            return 0
+        marks[i] = SLOT_COUNTED
+        return rows
+
+    def rows_drop(self, key, value) -> None:
+        """Listener: a mirrored entry left its cache; its slot is emptied and reused."""
+        slot = self._slots.pop(key, None)
+        if slot is None:
+            return
+        if key[0] == "span":
+            if self.span_slot[key[2]] == slot:
+                self.span_slot[key[2]] = -1
+        elif key[0] == "block":
+            t = key[1]
+            self.blk_slot[t] = -1
+            self.blocks.pop(t, None)
+            # the block's rows count as read again when next used (see bbf_run)
+            for marks, a, z in ((self.span_slot, self.boff[t], self.boff[t + 1]),
+                                (self.pv_slot, self.base[t], self.base[t] + self.n_nodes[t])):
+                seg = marks[a:z]
+                seg[seg == SLOT_COUNTED] = -1
+        else:
+            self.pv_slot[self.base[key[1]] + key[2]] = -1
+        rows_slot_set(self.RX, self.RP, self.RI, self.RD, self.RY, slot, _EMPTY_X, _EMPTY_PTR,
+                      _EMPTY_IDX, _EMPTY_VAL, _EMPTY_VAL)
+        self._free.append(slot)
+
+    def stats(self) -> dict:
+        return {"name": "index nodes", "trees": int(self.loaded.sum()), "nodes": self.used,
+                "bytes": self.nbytes, "misses": self.misses, "row_slots": len(self._slots)}
+
+    def forget_rows(self) -> None:
+        """Empty every row slot at once (the caches are closing)."""
+        self._slots.clear()
+        self._free.clear()
+        self.blocks.clear()
+        self.n_slots = 0
+        self.span_slot.fill(-1)
+        self.pv_slot.fill(-1)
+        self.blk_slot.fill(-1)
+        for name in ("RX", "RP", "RI", "RD", "RY"):
+            getattr(self, name).clear()
+
+    def close(self) -> None:
+        self.forget_rows()
+        self.reset()
+        self.budget.unregister_evictor(self._evict)
+        self.budget.release(self.fixed)
+        self.fixed = 0
+        self.enabled = False
+
+
 def outlier_margin(loss: str, s) -> float:
     """L⁻¹(1+s): the smallest y·wₜᵀx that is not an outlier of the truncated loss.
 
@@ -212,12 +514,17 @@ class Forest:
     cache_bytes : int, optional
         A bound on each of the two caches (leaf and pivot rows; node records) alone
         (default: whatever the budget allows).
+    block_cache : LRUCache, optional
+        The store's block cache (entries ``("block", b)`` → ``(X, y, row_ids)``): while it
+        holds block t, the search reads tree t's rows from it without calling Python.
     """
 
     def __init__(self, path, *, read_range: Callable, n_samples: int, n_features: int,
                  block_offsets, budget=None, name: str | None = None,
-                 cache_bytes: int | None = None, read_rows: Callable | None = None):
+                 cache_bytes: int | None = None, read_rows: Callable | None = None,
+                 block_cache: LRUCache | None = None):
         self.path = Path(path)
+        self._block_cache = None
         self.name = str(name) if name is not None else str(self.path.parent)
         self._read_range = read_range
         self._read_rows = read_rows
@@ -265,8 +572,13 @@ class Forest:
         # budget, so pressure (S growing, the block cache) takes rows first: the records
         # (a few hundred bytes each, every query walks the upper ones) are evicted last
         self.cache = LRUCache(self.budget, cache_bytes, name="index rows")
-        self.node_cache = LRUCache(self.budget, cache_bytes, name="index nodes")
+        self.node_cache = None
         try:
+            self.node_cache = _Resident(self, cache_bytes)
+            self.cache.listen(self.node_cache.rows_put, self.node_cache.rows_drop)
+            if block_cache is not None:
+                block_cache.listen(self.node_cache.rows_put, self.node_cache.rows_drop)
+                self._block_cache = block_cache
             self._check_rows()
         except BaseException:
             self.close()
@@ -282,16 +594,20 @@ class Forest:
             with self._env.begin(buffers=False) as txn:
                 raw = txn.get(key)
             # a record touches its pages and the B-tree path above them (4 KiB pages)
-            self._mapped += (0 if raw is None else len(raw)) + 3 * 4096
-            if self._mapped > self._map_window:
-                self._env.close()
-                self._env = open_env(self.path)
-                self._mapped = 0
-                self.remaps += 1
+            self._account_mapped((0 if raw is None else len(raw)) + 3 * 4096)
             return raw
         except lmdb.Error as exc:
             raise self._error(f"The index of store {self.name} is corrupted: reading {what} "
                               f"failed ({exc}).") from None
+
+    def _account_mapped(self, nbytes: int) -> None:
+        """Count ``nbytes`` of mapped pages against the window; past it, drop the map."""
+        self._mapped += nbytes
+        if self._mapped > self._map_window:
+            self._env.close()
+            self._env = open_env(self.path)
+            self._mapped = 0
+            self.remaps += 1
 
     def _check_meta(self) -> dict:
         raw = self._get(META_KEY, "the meta record")
@@ -365,10 +681,15 @@ class Forest:
 
     def close(self) -> None:
         """Release the cache, the shrink state and the LMDB handle. Closing twice is fine."""
+        res = getattr(self, "node_cache", None)
+        if res is not None:
+            for cache in (getattr(self, "cache", None), self._block_cache):
+                if cache is not None:
+                    cache.unlisten(res.rows_put, res.rows_drop)
+            res.close()
+        self._block_cache = None
         if getattr(self, "cache", None) is not None:
             self.cache.close()
-        if getattr(self, "node_cache", None) is not None:
-            self.node_cache.close()
         self.unshrink()
         if self._env is not None:
             self._env.close()
@@ -384,17 +705,17 @@ class Forest:
         return False
 
     # ---------------------------------------------------------------- node and leaf reads
-    def node(self, t: int, v: int):
-        """Node record v of tree t, through the LRU cache."""
-        def load():
-            raw = self._get(node_key(t, v), f"node {v} of tree {t}")
-            try:
-                rec = decode_node(raw, t, v)
-            except ValueError as exc:
-                raise self._error(f"The index of store {self.name} is corrupted: {exc}.") \
-                    from None
-            return rec, rec.nbytes + _ENTRY_OVERHEAD
-        return self.node_cache.get_or_load(("node", t, v), load)
+    def node(self, t: int, v: int) -> Node:
+        """Node record v of tree t: from the decoded trees (:class:`_Resident`), its tree
+        decoded first if need be; read alone when the cap holds no room for that."""
+        ns = self.node_cache.slot(t, v)
+        if ns >= 0:
+            return self.node_cache.record(ns)
+        raw = self._get(node_key(t, v), f"node {v} of tree {t}")
+        try:
+            return decode_node(raw, t, v)
+        except ValueError as exc:
+            raise self._error(f"The index of store {self.name} is corrupted: {exc}.") from None
 
     def _rows(self, key, start: int, stop: int):
         """Rows ``start:stop`` as kernel arrays and labels, through the LRU cache."""
@@ -635,8 +956,11 @@ class Forest:
         wsq = float(wv @ wv) + (b * b if aug else 0.0)
         bq = b if aug else 0.0
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
-        # a bounded search that the cap cannot start returns nothing, flagged truncated
-        stats["truncated"] = not fr.ensure(self.n_blocks, 0)
+        # a bounded search that the cap cannot start returns nothing, flagged truncated (the
+        # set of pivot rows returned starts with room, or the numba loop's first expansion
+        # would come back to Python for it)
+        first_seen = _SEEN_MIN // 2 if PIVOT_CANDIDATES == "qualifying" else 0
+        stats["truncated"] = not fr.ensure(self.n_blocks, first_seen)
         stats["frontier_entry_bytes"] = FRONTIER_ENTRY_BYTES
         for t, h in enumerate(self.headers):
             if h.n_rows and not stats["truncated"]:
@@ -657,6 +981,14 @@ class Forest:
         count = 0
         pops = 0  # an upper bound on the rows in the seen set (one per pop at most)
         prec_from = 2 * limit if min_prec > 0.0 else max_ex
+        # the loop runs in numba (bbf_run) while the records and rows it needs are at hand;
+        # each entry that needs Python (a read, a tree to decode, frontier room) comes back
+        # popped and is served below, as every entry is without the resident arrays
+        res = self.node_cache
+        fast = res.enabled and not (take and not now)
+        # order counter, expanded, scanned, skipped, scored, frontier peak, rows read
+        cnt = np.zeros(7, np.int64)
+        ret = np.zeros(6, np.int64)
         while fr.size and state[0] < limit and state[1] < max_ex:
             if state[1] >= prec_from and state[0] < min_prec * state[1]:
                 stats["low_precision"] = True
@@ -664,35 +996,71 @@ class Forest:
             if stats["rows_read"] >= max_read:
                 stats["read_limited"] = True
                 break
-            pops += 1
-            if take and not now and 2 * pops > fr.seen.shape[0] and not fr.ensure(0, pops):
-                stats["truncated"] = True  # bounded: stopped where the cap ends
-                break
-            fr.size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
-                fr.pri, fr.ent, fr.size, fen, shrink_on, take, excl, shrunk, fr.seen, limit,
-                max_ex, out, state)
-            stats["nodes_skipped"] += skipped
-            if tc < 0:
-                break
+            if fast:
+                cnt[0] = count
+                fr.size, code, pri = bbf_run(
+                    fr.pri, fr.ent, fr.size, fen, shrink_on, take, now, excl, shrunk, fr.seen,
+                    limit, max_ex, out, state, prec_from, min_prec, res.base, res.node_slot,
+                    res.nd_first, res.nd_k, res.c_id, res.c_start, res.c_stop, res.c_leaf,
+                    res.c_piv, res.c_sq, res.c_rada if aug else res.c_rad, res.blk_slot,
+                    res.boff, res.span_slot, res.slot_stop, res.pv_slot, res.RX, res.RP, res.RI, res.RD, res.RY,
+                    res.csr, wv, b, wt, bt, same, low, wsq, aug, hi, RANK_MU, RANK_LAM,
+                    SPAN_BYTES / self._row_bytes, stats["rows_read"], max_read, cnt, ret)
+                count = int(cnt[0])
+                stats["rows_read"] += int(cnt[6])
+                cnt[6] = 0
+                if code == BBF_LOW_PREC:
+                    stats["low_precision"] = True
+                    break
+                if code == BBF_READ_LIMIT:
+                    stats["read_limited"] = True
+                    break
+                if code != BBF_MISS:
+                    break
+                order, s0, e0, ss, se, tc = ret.tolist()
+            else:
+                pops += 1
+                if (take and not now and 2 * pops > fr.seen.shape[0]
+                        and not fr.ensure(0, pops)):
+                    stats["truncated"] = True  # bounded: stopped where the cap ends
+                    break
+                fr.size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
+                    fr.pri, fr.ent, fr.size, fen, shrink_on, take, excl, shrunk, fr.seen,
+                    limit, max_ex, out, state)
+                stats["nodes_skipped"] += skipped
+                if tc < 0:
+                    break
             t, code = tc >> 32, tc & 0xFFFFFFFF
             v, leaf = code >> 1, code & 1
             if ss < 0 and self._spans(e0 - s0):
                 ss, se = s0, e0
+            # rows: tree t's whole block when the store caches it, else the span's slice
+            blk = res.blocks.get(t)
             if leaf:
-                if ss >= 0:
+                if blk is not None:
+                    stats["rows_read"] += res.first_use(t, v, e0 - s0, ss, se)
+                    (Xd, indptr, indices, data, is_csr), y = blk
+                    base = int(res.boff[t])
+                elif ss >= 0:
                     (Xd, indptr, indices, data, is_csr), y = self._rows(("span", t, ss, se),
                                                                         ss, se)
-                    a, z = s0 - ss, e0 - ss
-                    Xd, indptr, y = (Xd if is_csr else Xd[a:z]), indptr[a:z + 1], y[a:z]
+                    base = ss
                 else:
                     (Xd, indptr, indices, data, is_csr), y = self._rows(("leaf", t, v), s0, e0)
+                    base = s0
+                a, z = s0 - base, e0 - base
+                Xd, indptr, y = (Xd if is_csr else Xd[a:z]), indptr[a:z + 1], y[a:z]
                 scan_leaf(Xd, indptr, indices, data, is_csr, y, s0, wv, b, wt, bt, same, low,
                           excl, shrunk, fen, shrink_on, hi, limit, max_ex, out, fr.seen, state)
                 stats["leaves_scanned"] += 1
                 continue
             node = self.node(t, v)
             stats["nodes_expanded"] += 1
-            if ss >= 0:
+            if blk is not None:
+                stats["rows_read"] += res.first_use(t, v, node.pivot_row.shape[0], ss, se)
+                P, yP = blk
+                at = node.pivot_row - int(res.boff[t])
+            elif ss >= 0:
                 P, yP = self._rows(("span", t, ss, se), ss, se)
                 at = node.pivot_row - ss
             else:
@@ -712,6 +1080,11 @@ class Forest:
                                   shrink_on)
             count += k
             stats["pivots_scored"] += k
+        stats["nodes_expanded"] += int(cnt[1])
+        stats["leaves_scanned"] += int(cnt[2])
+        stats["nodes_skipped"] += int(cnt[3])
+        stats["pivots_scored"] += int(cnt[4])
+        fr.peak = max(fr.peak, int(cnt[5]))
         n_out, n_ex = int(state[0]), int(state[1])
         stats["rows_examined"] = n_ex
         stats["rows_shrunk"] = int(state[2])
@@ -736,4 +1109,5 @@ def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
     return Forest(Path(store.path) / INDEX_DIR, read_range=store.read_range,
                   n_samples=store.n_samples, n_features=store.n_features,
                   block_offsets=store.block_offsets, budget=store.budget,
-                  name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows)
+                  name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows,
+                  block_cache=store.block_cache)

@@ -40,6 +40,7 @@ class LRUCache:
 
     def __init__(self, budget: MemoryBudget, max_bytes: int | None = None, name: str = "cache"):
         self.budget = budget
+        self._listeners: list[tuple[Callable, Callable]] = []
         self.max_bytes = budget.limit if max_bytes is None else int(max_bytes)
         self.name = name
         self._entries: "OrderedDict[Hashable, tuple[object, int]]" = OrderedDict()
@@ -81,6 +82,8 @@ class LRUCache:
                 return False
             self._entries[key] = (value, nbytes)
             self._bytes += nbytes
+            for on_put, _ in self._listeners:
+                on_put(key, value)
             return True
 
     def get_or_load(self, key, load: Callable[[], tuple[object, int]]):
@@ -103,16 +106,18 @@ class LRUCache:
                 return None
             self._bytes -= item[1]
             self.budget.release(item[1])
+            self._dropped(key, item[0])
             return item[0]
 
     def _evict(self, need: int) -> int:
         freed = 0
         with self._lock:
             while self._entries and freed < need:
-                _, (_, nbytes) = self._entries.popitem(last=False)
+                key, (value, nbytes) = self._entries.popitem(last=False)
                 self._bytes -= nbytes
                 self.budget.release(nbytes)
                 freed += nbytes
+                self._dropped(key, value)
         return freed
 
     def clear(self) -> None:
@@ -121,12 +126,34 @@ class LRUCache:
         with self._lock:
             self.budget.release(self._bytes)
             self._bytes = 0
+            if self._listeners:
+                for key, (value, _) in self._entries.items():
+                    self._dropped(key, value)
             self._entries.clear()
 
     def close(self) -> None:
         """Release every entry and detach from the budget. Closing twice is fine."""
         self.clear()
         self.budget.unregister_evictor(self._evict)
+
+    def listen(self, on_put: Callable, on_drop: Callable) -> None:
+        """Call ``on_put(key, value)`` for every entry held now and each one stored from now
+        on, and ``on_drop(key, value)`` for each that leaves (evicted, popped, replaced or
+        cleared). A component that mirrors entries elsewhere (the index search's row lists)
+        so holds no reference the budget no longer pays for."""
+        with self._lock:
+            self._listeners.append((on_put, on_drop))
+            for key, (value, _) in self._entries.items():
+                on_put(key, value)
+
+    def unlisten(self, on_put: Callable, on_drop: Callable) -> None:
+        with self._lock:
+            if (on_put, on_drop) in self._listeners:
+                self._listeners.remove((on_put, on_drop))
+
+    def _dropped(self, key, value) -> None:
+        for _, on_drop in self._listeners:
+            on_drop(key, value)
 
     def stats(self) -> dict:
         return {"name": self.name, "entries": len(self._entries), "bytes": self._bytes,

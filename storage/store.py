@@ -427,6 +427,12 @@ class Store:
 
         return self._cache.get_or_load(("block", b), load)
 
+    @property
+    def block_cache(self) -> LRUCache:
+        """The LRU cache of whole blocks (entries ``("block", b)`` → ``(X, y, row_ids)``);
+        the index search listens to it (``LRUCache.listen``) to read cached blocks in place."""
+        return self._cache
+
     def block_is_cached(self, b: int) -> bool:
         """Whether block ``b`` is in the LRU block cache now."""
         return ("block", int(b)) in self._cache

@@ -317,7 +317,7 @@ class _RowSource:
         return Forest(Path(st.path) / INDEX_DIR, read_range=self.read_range,
                       n_samples=st.n_samples, n_features=st.n_features,
                       block_offsets=st.block_offsets, budget=st.budget, name=str(st.path),
-                      read_rows=self.read_rows)
+                      read_rows=self.read_rows, block_cache=st.block_cache)
 
     def read_range(self, start: int, stop: int):
         b = int(np.searchsorted(self.offsets, start, side="right") - 1)

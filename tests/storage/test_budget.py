@@ -68,3 +68,27 @@ def test_cache_hits_and_entries_larger_than_the_cache():
         cache.get_or_load(key, lambda k=key: (loads.append(k) or k, 100))
     assert loads == ["p", "q"] and cache.hits == 1
     assert cache.put("big", "B", 301) is False and "big" not in cache
+
+
+def test_listeners_see_every_entry_come_and_go():
+    budget = MemoryBudget("1K")
+    c = LRUCache(budget, max_bytes=600)
+    c.put("old", "o", 100)
+    seen = []
+    put = lambda k, v: seen.append(("put", k, v))    # noqa: E731
+    drop = lambda k, v: seen.append(("drop", k, v))  # noqa: E731
+    c.listen(put, drop)
+    assert seen == [("put", "old", "o")]  # what the cache held already
+    c.put("a", "A", 300)
+    c.put("b", "B", 300)                  # over max_bytes: the oldest leaves first
+    c.put("a", "A2", 100)                 # replaced: the old value leaves
+    c.pop("b")
+    budget.reserve(1000, "pressure")      # the budget's evictor takes the rest
+    assert seen[1:] == [("put", "a", "A"), ("drop", "old", "o"), ("put", "b", "B"),
+                        ("drop", "a", "A"), ("put", "a", "A2"), ("drop", "b", "B"),
+                        ("drop", "a", "A2")]
+    budget.release(1000)
+    c.put("c", "C", 10)
+    c.unlisten(put, drop)
+    c.clear()
+    assert seen[-1] == ("put", "c", "C") and len(c) == 0
