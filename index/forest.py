@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
@@ -187,26 +188,32 @@ class _Resident:
       ``decode_records`` call) into flat arrays: per node its first child and child count,
       per child its columns. ``node_slot[base[t] + v]`` is the slot of node v of tree t, −1
       when its tree is not loaded. These arrays are the forest's node cache: paid from the
-      budget, bounded by ``cache_bytes``, and given back whole under pressure (an evictor
-      registered after the row cache's, so rows go first); a tree is decoded again when a
-      search reaches it. Decoding per node in Python cost ~10 µs a record and a return from
+      budget, bounded by ``cache_bytes``, and given back tree by tree under pressure, the
+      first decoded first, the rest moved down into smaller arrays (an evictor registered
+      after the row cache's, so rows go first; giving all back at once made a capped IBCD
+      run decode trees 3,700 times); a tree is decoded again when a search reaches it. Decoding per node in Python cost ~10 µs a record and a return from
       numba for each (9,300 records in an IBCD run on the benchmark's generated store).
-    - **Row slices**: every span and pivot-row entry of the forest's row cache is mirrored
-      into numba typed lists (the same arrays, no copy), found by ``span_slot[span start]``
-      (with ``slot_stop``) and ``pv_slot[base[t] + v]``; the cache's ``on_drop`` hook takes
-      an entry out of the lists when it leaves the cache, so the lists never hold memory the
-      budget no longer pays for.
+    - **Row slices**: every span and pivot-row entry of the forest's row cache, and every
+      block of the store's block cache, is mirrored into numba typed lists (the same
+      arrays, no copy), found by ``span_slot[span start]`` (with ``slot_stop``),
+      ``pv_slot[base[t] + v]`` and ``blk_slot[t]``; the caches' listeners take an entry
+      out of the lists when it leaves its cache, so the lists never hold memory the budget
+      no longer pays for.
 
-    The lookup tables (4 bytes a row and two 4-byte entries a node) are reserved once; when
-    the cap holds no room for them (or ``cache_bytes`` is below them) the forest runs without
-    this (``enabled`` False): every pop then goes through Python, as before, and node records
-    are decoded one by one, uncached.
+    All of it is bounded by ``cache_bytes``, by default a quarter of the cap. The lookup
+    tables (4 bytes a row and two 4-byte entries a node) are reserved once; when they take
+    more than half that bound, or the cap holds no room for them, the forest runs without
+    this (``enabled`` False): every pop then goes through Python, and node records are
+    decoded one by one, uncached.
     """
 
     def __init__(self, forest, max_bytes: int | None):
         self.forest = forest
         self.budget = forest.budget
-        self.max_bytes = self.budget.limit if max_bytes is None else int(max_bytes)
+        # a share of the cap: under a tight cap (the generated store at 1/10) the decoded
+        # trees and the lookup tables crowded out everything else and every reservation
+        # gave back a tree that the next pop decoded again (3.7x slower than without them)
+        self.max_bytes = self.budget.limit // 4 if max_bytes is None else int(max_bytes)
         self.csr = False
         counts = np.array([h.n_nodes for h in forest.headers], np.int64)
         self.base = np.zeros(len(counts), np.int64)
@@ -214,7 +221,7 @@ class _Resident:
             self.base[1:] = np.cumsum(counts)[:-1]
         total = int(counts.sum())
         self.fixed = 4 * forest.n_samples + 8 * total
-        self.enabled = self.fixed <= self.max_bytes and self.budget.try_reserve(self.fixed)
+        self.enabled = 2 * self.fixed <= self.max_bytes and self.budget.try_reserve(self.fixed)
         if not self.enabled:
             self.fixed = 0
             total = 0
@@ -222,6 +229,7 @@ class _Resident:
         self.pv_slot = np.full(total, -1, np.int32)
         self.span_slot = np.full(forest.n_samples if self.enabled else 0, -1, np.int32)
         self.loaded = np.zeros(len(counts), bool)
+        self.trees: OrderedDict = OrderedDict()  # tree -> (slot, nodes, position, children)
         self.n_nodes = counts
         self._busy = False
         self.misses = 0  # trees decoded
@@ -265,34 +273,43 @@ class _Resident:
     def __len__(self) -> int:
         return self.used
 
+    _NODE_ARRAYS = ("nd_first", "nd_k", "nd_start", "nd_stop")
+    _CHILD_ARRAYS = ("c_id", "c_start", "c_stop", "c_leaf", "c_piv", "c_sq", "c_rad",
+                     "c_rada")
+
     def _grow(self, nodes: int, children: int) -> bool:
-        """Room for ``nodes`` more node slots and ``children`` more children."""
+        """Room for ``nodes`` more node slots and ``children`` more children: capacity
+        doubled, or just what is needed when the cap holds no more."""
         n_cap, c_cap = self.nd_k.shape[0], self.c_id.shape[0]
         need_n, need_c = self.used + nodes, self.pos + children
         if need_n <= n_cap and need_c <= c_cap:
             return True
-        new_n = max(need_n, 2 * n_cap if need_n > n_cap else n_cap, 64)
-        new_c = max(need_c, 2 * c_cap if need_c > c_cap else c_cap, 512)
-        nbytes = new_n * _NODE_SLOT_BYTES + new_c * _CHILD_BYTES
-        if self.fixed + nbytes > self.max_bytes:
-            return False
-        self._busy = True  # the budget's evictors must not empty these arrays under us
-        try:
-            if not self.budget.try_reserve(nbytes):
-                return False
-        finally:
-            self._busy = False
-        for name, size in (("nd_first", new_n), ("nd_k", new_n), ("nd_start", new_n),
-                           ("nd_stop", new_n), ("c_id", new_c), ("c_start", new_c),
-                           ("c_stop", new_c), ("c_leaf", new_c), ("c_piv", new_c),
-                           ("c_sq", new_c), ("c_rad", new_c), ("c_rada", new_c)):
-            old = getattr(self, name)
-            new = np.empty(size, old.dtype)
-            new[:old.shape[0]] = old
-            setattr(self, name, new)
+        for new_n, new_c in ((max(need_n, 2 * n_cap, 64), max(need_c, 2 * c_cap, 512)),
+                             (max(need_n, n_cap), max(need_c, c_cap))):
+            nbytes = new_n * _NODE_SLOT_BYTES + new_c * _CHILD_BYTES
+            if self.fixed + nbytes > self.max_bytes:
+                continue
+            self._busy = True  # the budget's evictors must not take these arrays now
+            try:
+                ok = self.budget.try_reserve(nbytes)
+            finally:
+                self._busy = False
+            if ok:
+                self._resize(new_n, new_c, nbytes)
+                return True
+        return False
+
+    def _resize(self, new_n: int, new_c: int, nbytes: int) -> None:
+        """New arrays of these capacities (``nbytes`` already reserved), contents kept."""
+        for names, size in ((self._NODE_ARRAYS, new_n), (self._CHILD_ARRAYS, new_c)):
+            for name in names:
+                old = getattr(self, name)
+                new = np.empty(size, old.dtype)
+                keep = min(size, old.shape[0])
+                new[:keep] = old[:keep]
+                setattr(self, name, new)
         self.budget.release(self.arr_bytes)
         self.arr_bytes = nbytes
-        return True
 
     def reset(self) -> int:
         """Forget every decoded tree; return the bytes given back."""
@@ -300,12 +317,52 @@ class _Resident:
         if self.used or freed:
             self.node_slot.fill(-1)
             self.loaded.fill(False)
+            self.trees.clear()
             self.budget.release(freed)
             self._empty_nodes()
         return freed
 
     def _evict(self, need: int) -> int:
-        return 0 if self._busy else self.reset()
+        """Give back the trees decoded first until ``need`` bytes are free (the rest moved
+        down into smaller arrays); all of them when ``need`` takes that."""
+        if self._busy or not self.trees:
+            return 0
+        drop, freed = [], 0
+        for t, (_, sn, _, pn) in self.trees.items():
+            drop.append(t)
+            freed += sn * _NODE_SLOT_BYTES + pn * _CHILD_BYTES
+            if freed >= need:
+                break
+        if len(drop) == len(self.trees):
+            return self.reset()
+        for t in drop:
+            del self.trees[t]
+            self.node_slot[self.base[t]:self.base[t] + self.n_nodes[t]] = -1
+            self.loaded[t] = False
+        old = {name: getattr(self, name) for name in self._NODE_ARRAYS + self._CHILD_ARRAYS}
+        n_keep = sum(sn for _, sn, _, _ in self.trees.values())
+        c_keep = sum(pn for _, _, _, pn in self.trees.values())
+        for names, size in ((self._NODE_ARRAYS, n_keep), (self._CHILD_ARRAYS, c_keep)):
+            for name in names:
+                setattr(self, name, np.empty(size, old[name].dtype))
+        ns = ps = 0
+        for t, (sa, sn, pa, pn) in list(self.trees.items()):
+            for name in self._NODE_ARRAYS:
+                getattr(self, name)[ns:ns + sn] = old[name][sa:sa + sn]
+            self.nd_first[ns:ns + sn] += ps - pa
+            for name in self._CHILD_ARRAYS:
+                getattr(self, name)[ps:ps + pn] = old[name][pa:pa + pn]
+            seg = self.node_slot[self.base[t]:self.base[t] + self.n_nodes[t]]
+            seg[seg >= 0] += ns - sa
+            self.trees[t] = (ns, sn, ps, pn)
+            ns += sn
+            ps += pn
+        self.used, self.pos = ns, ps
+        nbytes = ns * _NODE_SLOT_BYTES + ps * _CHILD_BYTES
+        released = self.arr_bytes - nbytes
+        self.budget.release(released)
+        self.arr_bytes = nbytes
+        return released
 
     def load_tree(self, t: int) -> bool:
         """Decode every node record of tree t; False when the cap holds no room for them."""
@@ -332,10 +389,12 @@ class _Resident:
         f._account_mapped(sum(len(p) for p in parts) + 3 * 4096)
         lens = np.fromiter((len(p) for p in parts), np.int64, len(parts))
         kids = np.maximum((lens - (_NODE_HEAD_BYTES + 8)) // 17, 0)
+        room = len(parts) * _NODE_SLOT_BYTES + int(kids.sum()) * _CHILD_BYTES
         if not self._grow(len(parts), int(kids.sum())):
-            self.reset()
+            self._evict(room)  # the trees decoded first make room for this one
             if not self._grow(len(parts), int(kids.sum())):
                 return False
+        slot0, pos0 = self.used, self.pos
         offs = np.zeros(len(parts) + 1, np.int64)
         np.cumsum(lens, out=offs[1:])
         buf = np.frombuffer(b"".join(parts), np.uint8)
@@ -345,6 +404,8 @@ class _Resident:
             self.nd_start, self.nd_stop, self.c_id, self.c_start, self.c_stop, self.c_leaf,
             self.c_piv, self.c_sq, self.c_rad, self.c_rada)
         if bad >= 0:
+            self.node_slot[self.base[t]:self.base[t] + self.n_nodes[t]] = -1
+            self.used, self.pos = slot0, pos0
             v = vids[bad]
             try:  # the per-record decoder names what is wrong
                 decode_node(parts[bad], t, v)
@@ -353,6 +414,7 @@ class _Resident:
                 problem = str(exc)
             raise f._error(f"The index of store {f.name} is corrupted: {problem}.")
         self.loaded[t] = True
+        self.trees[t] = (slot0, self.used - slot0, pos0, self.pos - pos0)
         self.misses += 1
         return True
 

@@ -185,9 +185,41 @@ def test_decoded_trees_are_given_back_under_pressure_and_decoded_again(tmp_path,
         rows, _ = f.query(w, n=None)
         res = f.node_cache
         assert res.loaded.all() and res.nbytes > res.fixed
-        budget.reserve(budget.available + f.cache.nbytes + 1, "pressure")  # rows, then trees
+        # rows, then every tree
+        budget.reserve(budget.available + f.cache.nbytes + res.arr_bytes, "pressure")
         assert f.cache.nbytes == 0 and res.nbytes == res.fixed and not res.loaded.any()
         assert res.n_slots >= 0 and not res._slots  # no row slice mirrored any more
         budget.release(budget.used - f.cache.nbytes - res.nbytes - f.map_window_bytes)
         again, _ = f.query(w, n=None)
         assert np.array_equal(np.sort(again), np.sort(rows)) and res.loaded.all()
+
+
+def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path, data_rng):
+    X, y = blobs(data_rng, n=3000, d=6)
+    budget = MemoryBudget("8M")
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=4, width=4, leaf_size=8, budget=budget)
+    w = data_rng.normal(size=6)
+    with store.forest() as f:
+        res = f.node_cache
+        want = {}
+        for t in range(4):
+            res.load_tree(t)
+        for t in range(4):
+            for v in range(int(res.n_nodes[t])):
+                ns = res.node_slot[res.base[t] + v]
+                if ns >= 0:
+                    want[t, v] = res.record(ns)
+        first = res.trees[0][1] * 32 + res.trees[0][3] * 41
+        f.cache.clear()
+        budget.reserve(budget.available + 1, "pressure")  # one byte: tree 0 goes
+        assert not res.loaded[0] and res.loaded[1:].all() and list(res.trees) == [1, 2, 3]
+        assert res.nbytes == res.fixed + sum(sn * 32 + pn * 41
+                                             for _, sn, _, pn in res.trees.values())
+        assert res.nbytes <= budget.used and first > 0
+        for (t, v), rec in want.items():
+            if t:  # the trees kept were moved down intact
+                got = res.record(res.node_slot[res.base[t] + v])
+                assert all(np.array_equal(a, b) for a, b in zip(got, rec))
+        budget.release(budget.used - res.nbytes - f.map_window_bytes)
+        rows, _ = f.query(w, n=None)
+        assert np.array_equal(np.sort(rows), brute_force(store, w)) and res.loaded.all()
