@@ -763,33 +763,21 @@ def _i64(buf, p):
 
 
 @njit(cache=True, nogil=True)
-def _f32(bits):
-    """The IEEE single with these bits (float64, exact)."""
+def _ieee(bits, n_exp, n_man):
+    """The IEEE binary float with these bits, ``n_exp`` exponent and ``n_man`` mantissa bits
+    (float32: 8, 23; float16: 5, 10), as a float64 (exact)."""
     b = np.int64(bits)
-    e = (b >> 23) & 0xFF
-    m = b & 0x7FFFFF
+    top = (1 << n_exp) - 1
+    e = (b >> n_man) & top
+    m = b & ((1 << n_man) - 1)
+    shift = (top >> 1) + n_man  # the exponent bias plus the mantissa's width
     if e == 0:
-        v = math.ldexp(float(m), -149)
-    elif e == 255:
+        v = math.ldexp(float(m), 1 - shift)
+    elif e == top:
         v = math.inf if m == 0 else math.nan
     else:
-        v = math.ldexp(float(m + 8388608), e - 150)
-    return -v if (b >> 31) & 1 else v
-
-
-@njit(cache=True, nogil=True)
-def _f16(bits):
-    """The IEEE half with these bits (float64, exact)."""
-    b = np.int64(bits)
-    e = (b >> 10) & 0x1F
-    m = b & 0x3FF
-    if e == 0:
-        v = math.ldexp(float(m), -24)
-    elif e == 31:
-        v = math.inf if m == 0 else math.nan
-    else:
-        v = math.ldexp(float(m + 1024), e - 25)
-    return -v if (b >> 15) & 1 else v
+        v = math.ldexp(float(m + (1 << n_man)), e - shift)
+    return -v if (b >> (n_exp + n_man)) & 1 else v
 
 
 @njit(cache=True, nogil=True)
@@ -842,10 +830,11 @@ def decode_records(buf, offs, vids, tree, n_nodes, table, base, node_slot, slot,
             c_stop[q] = start + hi
             c_leaf[q] = buf[pl + j] != 0
             c_piv[q] = start + pv
-            c_sq[q] = _f32(_u32(buf, ps + 4 * j))
-            c_rad[q] = _f16(np.uint64(buf[pr + 2 * j]) | (np.uint64(buf[pr + 2 * j + 1]) << _U8))
-            c_rada[q] = _f16(np.uint64(buf[pa + 2 * j])
-                             | (np.uint64(buf[pa + 2 * j + 1]) << _U8))
+            c_sq[q] = _ieee(_u32(buf, ps + 4 * j), 8, 23)
+            c_rad[q] = _ieee(np.uint64(buf[pr + 2 * j]) | (np.uint64(buf[pr + 2 * j + 1]) << _U8),
+                             5, 10)
+            c_rada[q] = _ieee(np.uint64(buf[pa + 2 * j])
+                              | (np.uint64(buf[pa + 2 * j + 1]) << _U8), 5, 10)
         nd_first[slot] = pos
         nd_k[slot] = k
         nd_start[slot] = start
@@ -902,8 +891,9 @@ def bbf_run(fpri, fent, size, fen, shrink_on, take, now, excl, shrunk, seen, nee
     arrays (``node_slot[base[t] + v]``, −1: not decoded) and rows at hand: tree t's whole
     store block (``blk_slot[t]``, its first row ``boff[t]``) when the store caches it, else
     the row slices of the forest's cache (``span_slot[start]`` with ``slot_stop``, and
-    ``pv_slot`` for the pivot rows of nodes above the spans); −1: not at hand. An entry that needs anything else (a record or rows
-    not at hand, frontier or ``seen`` room) is returned to Python, popped, in ``ret`` (order,
+    ``pv_slot`` for the pivot rows of nodes above the spans); −1: not at hand. An entry
+    that needs anything else (a record or rows not at hand, frontier or ``seen`` room) is
+    returned to Python, popped, in ``ret`` (order,
     start, stop, span start, span stop, tree code) with its priority. ``cnt`` counts [order
     counter, nodes expanded, leaves scanned, nodes skipped, pivots scored, frontier peak,
     rows read].
