@@ -728,7 +728,12 @@ def _crc_table():
 
 
 CRC_TABLE = _crc_table()
-_NODE_HEAD_BYTES = 36   # lmdb_io._NODE_HEAD: magic, version, flags, tree, start, stop, c0, k
+# a node record (lmdb_io.encode_node): a head (magic, version, flags, tree, start, stop, first
+# child, k), k + 1 child bounds (int32), then per child a leaf flag, pivot offset, pivot
+# squared norm and two float16 radii, then the CRC-32
+NODE_HEAD_BYTES = 36
+NODE_CHILD_BYTES = 1 + 4 + 4 + 2 + 2 + 4   # the columns above, and the child's bound
+NODE_FIXED_BYTES = NODE_HEAD_BYTES + 4 + 4  # head, the last bound, the CRC
 _U8 = np.uint64(8)
 _U16 = np.uint64(16)
 _U24 = np.uint64(24)
@@ -794,7 +799,7 @@ def decode_records(buf, offs, vids, tree, n_nodes, table, base, node_slot, slot,
         a = offs[r]
         z = offs[r + 1]
         v = vids[r]
-        if z - a < _NODE_HEAD_BYTES + 8 or not 0 <= v < n_nodes:
+        if z - a < NODE_FIXED_BYTES or not 0 <= v < n_nodes:
             return r, slot, pos
         end = z - 4
         if _crc32(buf, a, end, table) != _u32(buf, end):
@@ -807,9 +812,9 @@ def decode_records(buf, offs, vids, tree, n_nodes, table, base, node_slot, slot,
         stop = _i64(buf, a + 20)
         c0 = _i32(buf, a + 28)
         k = _i32(buf, a + 32)
-        if k < 0 or _NODE_HEAD_BYTES + 4 + 17 * k != end - a:
+        if k < 0 or NODE_FIXED_BYTES + NODE_CHILD_BYTES * k != z - a:
             return r, slot, pos
-        p = a + _NODE_HEAD_BYTES
+        p = a + NODE_HEAD_BYTES
         span = stop - start
         if k > 0 and (_i32(buf, p) != 0 or _i32(buf, p + 4 * k) != span):
             return r, slot, pos
@@ -870,12 +875,20 @@ BBF_READ_LIMIT = 3  # max_read rows were read
 SLOT_COUNTED = -2  # span_slot / pv_slot: no slice cached, but its rows were counted read
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _first_use(marks, i, rows, cnt):
-    """Rows taken from a cached block count as read the first time (see bbf_run)."""
-    if marks[i] == -1:
-        marks[i] = SLOT_COUNTED
-        cnt[6] += rows
+@njit(cache=True, nogil=True)
+def block_first_use(span_slot, pv_slot, g, rows, ss, se):
+    """Rows an entry taken from a cached block counts as read (see bbf_run): its span's
+    (``ss``, ``se``), else ``rows`` (a big leaf's rows, an upper node's pivots; node ``g``),
+    the first time only; 0 after."""
+    if ss >= 0:
+        if span_slot[ss] != -1:
+            return 0
+        span_slot[ss] = SLOT_COUNTED
+        return se - ss
+    if pv_slot[g] != -1:
+        return 0
+    pv_slot[g] = SLOT_COUNTED
+    return rows
 
 
 @njit(cache=True, nogil=True)
@@ -927,14 +940,13 @@ def bbf_run(fpri, fent, size, fen, shrink_on, take, now, excl, shrunk, seen, nee
         slot = blk_slot[t]
         rbase = boff[t]
         if slot >= 0:
-            if ss >= 0:
-                _first_use(span_slot, ss, se - ss, cnt)
-            elif code & 1:
-                _first_use(pv_slot, base[t] + v, e0 - s0, cnt)
-            else:
-                ns = node_slot[base[t] + v]
-                if ns >= 0:
-                    _first_use(pv_slot, base[t] + v, nd_k[ns], cnt)
+            g = base[t] + v
+            if code & 1:
+                cnt[6] += block_first_use(span_slot, pv_slot, g, e0 - s0, ss, se)
+            elif ss >= 0:
+                cnt[6] += block_first_use(span_slot, pv_slot, g, 0, ss, se)
+            elif node_slot[g] >= 0:  # an undecoded node counts once decoded, in Python
+                cnt[6] += block_first_use(span_slot, pv_slot, g, nd_k[node_slot[g]], ss, se)
         elif ss >= 0:
             slot = span_slot[ss]
             rbase = ss

@@ -41,13 +41,14 @@ from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterError
 from ooc_learn.storage.store import rows_one_by_one
 
-from ._kernels import (_NODE_HEAD_BYTES, _ORDER_MASK, _ORDER_SHIFT, BBF_LOW_PREC, BBF_MISS,
-                       BBF_READ_LIMIT, CRC_TABLE, FRONTIER_WIDTH, SLOT_COUNTED, bbf_run,
-                       decode_records, expand_node, fenwick_mark, fenwick_prefix, frontier_push, frontier_pop,
+from ._kernels import (_ORDER_MASK, _ORDER_SHIFT, BBF_LOW_PREC, BBF_MISS, BBF_READ_LIMIT,
+                       CRC_TABLE, FRONTIER_WIDTH, NODE_CHILD_BYTES, NODE_FIXED_BYTES,
+                       SLOT_COUNTED, bbf_run, block_first_use, decode_records, expand_node,
+                       fenwick_mark, fenwick_prefix, frontier_push, frontier_pop,
                        rows_slot_set, scan_leaf, seen_rehash)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
                       IndexVersionMismatch, Node, decode_node, decode_tree_header, node_key,
-                      open_env, open_reader, rows_crc, tree_key)
+                      open_env, open_reader, rows_crc, tree_key, tree_node_records)
 from .tree import _EMPTY_IDX, _EMPTY_PTR, _EMPTY_VAL, _EMPTY_X, row_arrays
 
 __all__ = ["Forest", "open_forest", "outlier_margin"]
@@ -178,7 +179,6 @@ class _Frontier:
 # node arrays of _Resident.
 _NODE_SLOT_BYTES = 32
 _CHILD_BYTES = 4 + 8 + 8 + 1 + 8 + 4 + 4 + 4
-_NODE_PREFIX = b"N"
 
 
 class _Resident:
@@ -192,7 +192,8 @@ class _Resident:
       first decoded first, the rest moved down into smaller arrays (an evictor registered
       after the row cache's, so rows go first; giving all back at once made a capped IBCD
       run decode trees 3,700 times); a tree is decoded again when a search reaches it.
-      Decoding per node in Python cost ~10 µs a record and a return from numba for each (9,300 records in an IBCD run on the benchmark's generated store).
+      Decoding per node in Python cost ~10 µs a record and a return from numba for each
+      (9,300 records in an IBCD run on the benchmark's generated store).
     - **Row slices**: every span and pivot-row entry of the forest's row cache, and every
       block of the store's block cache, is mirrored into numba typed lists (the same
       arrays, no copy), found by ``span_slot[span start]`` (with ``slot_stop``),
@@ -370,24 +371,17 @@ class _Resident:
         if self.loaded[t]:
             return True
         f = self.forest
-        prefix = _NODE_PREFIX + struct.pack(">I", t)
-        vids, parts = [], []
         try:
             with f._env.begin(buffers=False) as txn:
-                cur = txn.cursor()
-                if cur.set_range(prefix):
-                    for key, raw in cur:
-                        if key[:5] != prefix:
-                            break
-                        vids.append(struct.unpack(">I", key[5:9])[0] if len(key) == 9
-                                    else -1)
-                        parts.append(raw)
+                records = list(tree_node_records(txn, t))
+            vids = [v for v, _ in records]
+            parts = [raw for _, raw in records]
         except lmdb.Error as exc:
             raise f._error(f"The index of store {f.name} is corrupted: reading the nodes of "
                            f"tree {t} failed ({exc}).") from None
         f._account_mapped(sum(len(p) for p in parts) + 3 * 4096)
         lens = np.fromiter((len(p) for p in parts), np.int64, len(parts))
-        kids = np.maximum((lens - (_NODE_HEAD_BYTES + 8)) // 17, 0)
+        kids = np.maximum((lens - NODE_FIXED_BYTES) // NODE_CHILD_BYTES, 0)
         room = len(parts) * _NODE_SLOT_BYTES + int(kids.sum()) * _CHILD_BYTES
         if not self._grow(len(parts), int(kids.sum())):
             self._evict(room)  # the trees decoded first make room for this one
@@ -471,17 +465,10 @@ class _Resident:
         self._slots[key] = slot
 
     def first_use(self, t: int, v: int, rows: int, ss: int, se: int) -> int:
-        """Rows an entry served from tree t's cached block counts as read (the Python side
-        of ``_kernels._first_use``): its span's, else ``rows`` (a big leaf's rows, an upper
-        node's pivots), the first time."""
-        if ss >= 0:
-            marks, i, rows = self.span_slot, ss, se - ss
-        else:
-            marks, i = self.pv_slot, int(self.base[t]) + v
-        if marks[i] != -1:
-            return 0
-        marks[i] = SLOT_COUNTED
-        return rows
+        """Rows an entry served from tree t's cached block counts as read (the rule the
+        numba loop applies, :func:`_kernels.block_first_use`)."""
+        return int(block_first_use(self.span_slot, self.pv_slot, int(self.base[t]) + v, rows,
+                                   ss, se))
 
     def rows_drop(self, key, value) -> None:
         """Listener: a mirrored entry left its cache; its slot is emptied and reused."""
@@ -629,9 +616,9 @@ class Forest:
         except BaseException:
             self.close()
             raise
-        # leaf and pivot rows; node records apart, in a cache registered later with the
-        # budget, so pressure (S growing, the block cache) takes rows first: the records
-        # (a few hundred bytes each, every query walks the upper ones) are evicted last
+        # leaf and pivot rows; node records apart, in the decoded trees (_Resident),
+        # registered later with the budget, so pressure (S growing, the block cache) takes
+        # rows first: every query walks the upper records, they are given back last
         self.cache = LRUCache(self.budget, cache_bytes, name="index rows")
         self.node_cache = None
         try:
@@ -1065,8 +1052,9 @@ class Forest:
                     res.nd_first, res.nd_k, res.c_id, res.c_start, res.c_stop, res.c_leaf,
                     res.c_piv, res.c_sq, res.c_rada if aug else res.c_rad, res.blk_slot,
                     res.boff, res.span_slot, res.slot_stop, res.pv_slot, res.RX, res.RP,
-                    res.RI, res.RD, res.RY, res.csr, wv, b, wt, bt, same, low, wsq, aug, hi, RANK_MU, RANK_LAM,
-                    SPAN_BYTES / self._row_bytes, stats["rows_read"], max_read, cnt, ret)
+                    res.RI, res.RD, res.RY, res.csr, wv, b, wt, bt, same, low, wsq, aug, hi,
+                    RANK_MU, RANK_LAM, SPAN_BYTES / self._row_bytes, stats["rows_read"],
+                    max_read, cnt, ret)
                 count = int(cnt[0])
                 stats["rows_read"] += int(cnt[6])
                 cnt[6] = 0

@@ -58,7 +58,7 @@ from .tree import FlatTree
 __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
            "encode_node", "encode_nodes", "decode_node", "encode_tree_header",
            "decode_tree_header",
-           "tree_key", "node_key", "META_KEY", "open_reader", "index_nbytes",
+           "tree_key", "node_key", "tree_node_records", "META_KEY", "open_reader", "index_nbytes",
            "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST", "rows_crc"]
 
 INDEX_FORMAT = "ooc-learn-index"
@@ -109,7 +109,25 @@ def tree_key(tree: int) -> bytes:
 
 
 def node_key(tree: int, node: int) -> bytes:
-    return b"N" + struct.pack(">II", tree, node)
+    return _node_prefix(tree) + struct.pack(">I", node)
+
+
+def _node_prefix(tree: int) -> bytes:
+    return b"N" + struct.pack(">I", tree)
+
+
+def tree_node_records(txn, tree: int):
+    """``(v, value)`` of every node record of ``tree``, in key order, by one cursor walk
+    (v is −1 for a key of the wrong length: the decoder then names the record)."""
+    prefix = _node_prefix(tree)
+    cur = txn.cursor()
+    if not cur.set_range(prefix):
+        return
+    for key, value in cur:
+        if key[:len(prefix)] != prefix:
+            break
+        yield (struct.unpack(">I", key[len(prefix):])[0] if len(key) == len(prefix) + 4
+               else -1), value
 
 
 def _seal(payload: bytes) -> bytes:
