@@ -223,9 +223,10 @@ class _Resident:
         total = int(counts.sum())
         self.fixed = 4 * forest.n_samples + 8 * total
         # only where the cap holds the data (rows at about _row_bytes each): under the
-        # benchmark's 1/10 caps the loop changed IBCD's path (Fashion-MNIST L1, seed 0:
-        # 10 outer iterations and 7.4 reads of the store against 4 and 1.0; not understood
-        # yet), so capped runs keep the Python loop
+        # benchmark's 1/10 caps IBCD took another path (Fashion-MNIST L1, seed 0: 10 outer
+        # iterations and 7.4 reads of the store against 4 and 1.0). The decoded trees alone
+        # do it, without the numba loop, even bounded by 1/16 of the cap (6 outer, 7 full
+        # checks); not understood yet, so capped runs keep the Python loop, records uncached
         holds_data = self.budget.limit >= forest.n_samples * forest._row_bytes
         self.enabled = (holds_data and 2 * self.fixed <= self.max_bytes
                         and self.budget.try_reserve(self.fixed))
