@@ -246,9 +246,18 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     base_loss = get_loss(loss).base()
 
     # ---- w_0 from a random sample (§3.1) -------------------------------------------------
-    # the sample, its dual CD state and a copy must fit the cap: shrink it if they do not
+    # the sample, its dual CD state and a copy must fit the cap: shrink it if they do not.
+    # Sized from the cap, not from what is free now: the free part depends on what the
+    # caches happen to hold (opening the forest, the index's decoded trees), and w_0 from
+    # another sample size takes another path (Fashion-MNIST at 1/10, L1, seed 0: 1406 rows
+    # gave 4 outer iterations and 60k rows read; 1352 rows, 10 and 441k). Cache entries are
+    # evicted for it; only what cannot be (a cap nearly full of buffers) shrinks it further
     row_bytes = max(1, store.estimated_bytes(1)) + 40
-    m0 = int(min(init_sample, N_all, max(100, store.budget.available // (4 * row_bytes))))
+    m0 = int(min(init_sample, N_all, max(100, store.budget.limit // (4 * row_bytes))))
+    if store.budget.try_reserve(m0 * row_bytes * 2):
+        store.budget.release(m0 * row_bytes * 2)
+    else:
+        m0 = int(max(100, min(m0, store.budget.available // (2 * row_bytes))))
     sample = np.sort(rng.choice(N_all, m0, replace=False))
     sample_res = store.budget.reservation(m0 * row_bytes * 2, "IBCD initial sample")
     with sample_res:

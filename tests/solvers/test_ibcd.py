@@ -205,6 +205,26 @@ def test_ibcd_reads_a_fraction_of_a_separable_store(tmp_path, rng):
         assert res.stats["rows_read"] <= 2 * store.n_samples
 
 
+def test_ibcd_under_a_cap_does_not_depend_on_what_the_caches_hold(tmp_path, rng):
+    # the cap sizes w_0's sample (here below init_sample); the same seed gives the same w
+    # whether the store's block cache is empty or full when training starts (the sample was
+    # once sized from the free part of the cap, and warm caches gave another sample)
+    from ooc_learn.storage.store import open_store
+
+    X, y = problem(rng, n=3000, d=20, flip=0.1)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True).close()
+    ws = []
+    for warm in (False, True):
+        with open_store(tmp_path / "s", memory="400K") as store:
+            if warm:
+                for b in range(store.n_blocks):
+                    store.read_block(b)
+                assert store.budget.used > 150_000
+            res = solve_ibcd(store, C=0.1, n=100, eps=0.01, init_sample=2000, seed=3)
+            ws.append(res.w)
+    np.testing.assert_array_equal(ws[0], ws[1])
+
+
 def truncated_objective(X, y, w, C, s, loss="hinge"):
     """Objective (2) over all rows: L(z) capped at L(-s), L the hinge or its square."""
     d = X.shape[1]
