@@ -57,8 +57,17 @@ _NO_MASK = np.zeros(0, np.uint8)
 _NO_FEN = np.zeros(0, np.int32)
 # A node whose rows take at most this many bytes is read whole when it is expanded: its
 # pivots and every leaf below it then come from that one cached slice of data.h5. Larger
-# (upper) nodes read their pivot rows one by one.
-SPAN_BYTES = 64 << 10
+# (upper) nodes read their pivot rows one by one. This is what a capped run reads through
+# (uncapped, the store's blocks end up cached): 64 KB left the nodes just above the leaves
+# to read their 10 pivots one system call each (Fashion-MNIST rows 3 KB, a bottom node ~35
+# rows; the generated store's level-1 nodes ~250 rows of 412 bytes). 128 KB, benchmark
+# setting at the 1/10 caps, 3-4 seeds: IBCD L2-primal 5.4 -> 2.8 s on Fashion-MNIST and
+# 6.1 -> 1.6 s on the generated store, L1 4.3 -> 2.4 s and 7.7 -> 1.7 s, rows read about
+# the same; 192 KB and more read more and made queries stop at max_read (full checks)
+SPAN_BYTES = 128 << 10
+# and at most 1/SPAN_READ_SHARE of the rows a query may read (small stores: a block whose
+# root fits SPAN_BYTES would otherwise be read whole and end the query at once)
+SPAN_READ_SHARE = 4
 # Partition ranking (see _kernels.child_priorities): an internal child at
 # max(parent, (1 − μ)·α + μ·max(α − r, 0)), a leaf at α + λ·r, with α its pivot's angle to
 # the hyperplane and r its covering radius. μ = 1 ranks internal nodes by the exact lower
@@ -802,8 +811,10 @@ class Forest:
                                  + y.nbytes + _ARRAY_OVERHEAD + _ENTRY_OVERHEAD)
         return self.cache.get_or_load(("pivots", t, v), load)
 
-    def _spans(self, rows: int) -> bool:
-        return rows * self._row_bytes <= SPAN_BYTES
+    def _span_rows(self, max_read: float) -> float:
+        """The most rows a node may have to be read whole (see SPAN_BYTES): also at most
+        1/SPAN_READ_SHARE of what the query may read, so one read cannot end a query."""
+        return min(SPAN_BYTES / self._row_bytes, max_read / SPAN_READ_SHARE)
 
     # ---------------------------------------------------------------- shrinking (§4.3)
     def shrink(self, threshold: float = 1.0, rows=None) -> int:
@@ -1038,6 +1049,7 @@ class Forest:
         # order counter, expanded, scanned, skipped, scored, frontier peak, rows read
         cnt = np.zeros(7, np.int64)
         ret = np.zeros(6, np.int64)
+        span_rows = self._span_rows(max_read)
         while fr.size and state[0] < limit and state[1] < max_ex:
             if state[1] >= prec_from and state[0] < min_prec * state[1]:
                 stats["low_precision"] = True
@@ -1054,7 +1066,7 @@ class Forest:
                     res.c_piv, res.c_sq, res.c_rada if aug else res.c_rad, res.blk_slot,
                     res.boff, res.span_slot, res.slot_stop, res.pv_slot, res.RX, res.RP,
                     res.RI, res.RD, res.RY, res.csr, wv, b, wt, bt, same, low, wsq, aug, hi,
-                    RANK_MU, RANK_LAM, SPAN_BYTES / self._row_bytes, stats["rows_read"],
+                    RANK_MU, RANK_LAM, span_rows, stats["rows_read"],
                     max_read, cnt, ret)
                 count = int(cnt[0])
                 stats["rows_read"] += int(cnt[6])
@@ -1082,7 +1094,7 @@ class Forest:
                     break
             t, code = tc >> 32, tc & 0xFFFFFFFF
             v, leaf = code >> 1, code & 1
-            if ss < 0 and self._spans(e0 - s0):
+            if ss < 0 and e0 - s0 <= span_rows:
                 ss, se = s0, e0
             # rows: tree t's whole block when the store caches it, else the span's slice
             blk = res.blocks.get(t)
