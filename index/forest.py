@@ -231,11 +231,13 @@ class _Resident:
             self.base[1:] = np.cumsum(counts)[:-1]
         total = int(counts.sum())
         self.fixed = 4 * forest.n_samples + 8 * total
-        # only where the cap holds the data (rows at about _row_bytes each): under the
-        # benchmark's 1/10 caps IBCD took another path (Fashion-MNIST L1, seed 0: 10 outer
-        # iterations and 7.4 reads of the store against 4 and 1.0). The decoded trees alone
-        # do it, without the numba loop, even bounded by 1/16 of the cap (6 outer, 7 full
-        # checks); not understood yet, so capped runs keep the Python loop, records uncached
+        # only where the cap holds the data (rows at about _row_bytes each). Under the
+        # benchmark's 1/10 caps IBCD first took other paths with these arrays because they
+        # shrank the free part of the cap that w_0's sample was sized from (now the cap).
+        # With that fixed they still do, not understood yet (Fashion-MNIST L1, seed 1:
+        # the same 11 queries, all cut, then 8 full checks against none, 555k rows read
+        # against 74k; 4 seeds 5.1-5.4 s against 4.1-4.2 s), so capped runs keep the
+        # Python loop, records decoded one by one, uncached
         holds_data = self.budget.limit >= forest.n_samples * forest._row_bytes
         self.enabled = (holds_data and 2 * self.fixed <= self.max_bytes
                         and self.budget.try_reserve(self.fixed))
