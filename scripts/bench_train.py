@@ -45,7 +45,17 @@ Usage::
     # t/t_LL Fashion-MNIST 0.66 (capped 0.65), generated 0.50 (capped 0.83, 1.64x uncapped,
     # the queries' leaf reads going to the store). The
     # paper's own threshold n / |D| (0.0167 on Fashion-MNIST, 0.0024 generated) rarely fires
-    # and the scans take over
+    # and the scans take over.
+    # Session 10 (numba search loop, w_0's sample sized from the cap, 128 KB node slices),
+    # L1 / L2-dual / L2-primal:
+    #   Fashion-MNIST: acc - LL -0.08 / -0.06 / -0.16 (worst -0.21 L2-primal); capped -0.16
+    #   (worst -0.28) / -0.01 / -0.04. t/t_LL 0.24 / 0.14 / 0.55 (capped 0.25 / 0.12 / 0.52).
+    #   Read per outer iteration 0.14-0.16 (capped 0.46 / 0.24 / 0.24). Capped / uncapped
+    #   time 1.04 / 0.83 / 0.93.
+    #   generated: acc - LL -0.00 / -0.02 / -0.02 (worst -0.12 capped L1). t/t_LL 0.02 /
+    #   0.00 / 0.18 (capped 0.02 / 0.00 / 0.25). Read per outer iteration 0.17 / 0.50 / 0.42
+    #   (capped 0.26 / 0.25 / 0.36). Capped / uncapped time 0.72 / 1.75 / 1.38 (0.27 -> 0.47
+    #   s and 0.40 -> 0.56 s: capped queries go through the Python loop and read slices)
     python scripts/bench_train.py --sets fashion generated --truncate 1 --sample-eps 0.05 \
         --seeds 3 --cap-all --solvers "ibcd L1-dual" "ibcd L2-dual" "ibcd L2-primal"
 
