@@ -112,9 +112,10 @@ def test_max_read_stops_a_query_that_reads_more_than_it_examines(tmp_path, data_
         rows, n_e = f.query(w, n=None, max_read=400)
         lq = f.last_query
         assert lq["read_limited"]
-        # it stops before the next slice once 400 rows were read (a slice is at most a
-        # SPAN_BYTES node or a leaf of 10 rows, 80 rows of 6 float32 values here)
-        assert 400 <= lq["rows_read"] < 400 + 2000
+        # it stops before the next read once 400 rows were read; one read is a node's 5
+        # pivot rows, a leaf of 10 rows or a node read whole, at most a quarter of max_read
+        # (100 rows: 128 KB of these rows would be a whole 1500-row block)
+        assert 400 <= lq["rows_read"] < 400 + 100
         assert lq["rows_read"] < read_full and len(rows) < len(full)
         _check_valid(store, rows, w)
         # the first rows are the ones the unrestricted best-first search returns first
