@@ -254,19 +254,19 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     # evicted for it; only what cannot be (a cap nearly full of buffers) shrinks it further
     row_bytes = max(1, store.estimated_bytes(1)) + 40
     m0 = int(min(init_sample, N_all, max(100, store.budget.limit // (4 * row_bytes))))
-    if store.budget.try_reserve(m0 * row_bytes * 2):
-        store.budget.release(m0 * row_bytes * 2)
-    else:
+    if not store.budget.try_reserve(2 * m0 * row_bytes):
         m0 = int(max(100, min(m0, store.budget.available // (2 * row_bytes))))
+        store.budget.reserve(2 * m0 * row_bytes, "IBCD initial sample")
     sample = np.sort(rng.choice(N_all, m0, replace=False))
-    sample_res = store.budget.reservation(m0 * row_bytes * 2, "IBCD initial sample")
-    with sample_res:
+    try:
         Xs, ys, _ = store.gather(sample)
         ys = ys.astype(np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # max_iter=INIT_ITERS is meant
             res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, max_iter=INIT_ITERS,
                              seed=int(rng.integers(1 << 31)))
+    finally:
+        store.budget.release(2 * m0 * row_bytes)
     w = res0.w.copy()
     S = ActiveSet(d, store.layout == "csr", store.budget,
                   spill_dir=_spill_dir(store, spill_dir))
