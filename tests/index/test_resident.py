@@ -223,3 +223,43 @@ def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path
         budget.release(budget.used - res.nbytes - f.map_window_bytes)
         rows, _ = f.query(w, n=None)
         assert np.array_equal(np.sort(rows), brute_force(store, w)) and res.loaded.all()
+
+
+def test_roots_are_cached_apart_from_the_rows_and_given_back_last(tmp_path, data_rng,
+                                                                   monkeypatch):
+    # every query starts from every root: their records and pivot rows stay in a cache of
+    # their own, which the slices a capped query reads (the row cache) do not push out
+    monkeypatch.setattr("ooc_learn.index.forest.SPAN_BYTES", 4096)  # roots read pivots
+    X, y = blobs(data_rng, n=3000, d=6)
+    budget = MemoryBudget("8M")
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=4, width=4, leaf_size=8, budget=budget)
+    w = data_rng.normal(size=6)
+    off = store.block_offsets
+    with _python_only(store.forest()) as f:
+        read = []
+        pivots = f._read_pivots
+        f._read_pivots = lambda node: read.append((node.start, node.stop)) or pivots(node)
+        rows, _ = f.query(w, n=None)
+        roots = {(int(off[t]), int(off[t + 1])) for t in range(4)}
+        assert roots <= set(read)
+        assert all(("node", t) in f.roots and ("pivots", t, 0) in f.roots for t in range(4))
+        f.cache.clear()  # as the slices of a capped query's reads would
+        read.clear()
+        again, _ = f.query(w, n=None, seed=1)
+        assert np.array_equal(np.sort(again), np.sort(rows))
+        assert read and not roots & set(read)  # inner nodes' pivots read again, no root's
+        # pressure takes the row cache first, the roots last
+        f.query(w, n=None, seed=2)
+        assert f.cache.nbytes > 0 and f.roots.nbytes > 0
+        held = f.roots.nbytes
+        budget.reserve(budget.available + f.cache.nbytes, "pressure")
+        assert f.cache.nbytes == 0 and f.roots.nbytes == held
+        budget.reserve(1, "more pressure")
+        assert f.roots.nbytes < held
+        budget.release(budget.used - f.roots.nbytes - f.map_window_bytes)
+        again, _ = f.query(w, n=None, seed=3)
+        assert np.array_equal(np.sort(again), brute_force(store, w))
+    with store.forest() as f:  # the numba loop reads the roots' pivot rows in place
+        f.query(w, n=None)
+        res = f.node_cache
+        assert all(res.pv_slot[res.base[t]] >= 0 for t in range(4))
