@@ -56,6 +56,16 @@ Usage::
     #   0.00 / 0.18 (capped 0.02 / 0.00 / 0.25). Read per outer iteration 0.17 / 0.50 / 0.42
     #   (capped 0.26 / 0.25 / 0.36). Capped / uncapped time 0.72 / 1.75 / 1.38 (0.27 -> 0.47
     #   s and 0.40 -> 0.56 s: capped queries go through the Python loop and read slices)
+    # Session 11 (roots cached apart; a cut query keeps the index asked under the sampled
+    # rule where the scan would read the store):
+    #   Fashion-MNIST: acc - LL -0.08 / -0.06 / -0.16 (worst -0.21 L2-primal); capped -0.16
+    #   (worst -0.24) / -0.03 / -0.04. t/t_LL 0.21 / 0.12 / 0.60 (capped 0.17 / 0.12 / 0.62;
+    #   LIBLINEAR L2-primal 1.47 s, ours 0.65-0.88 s across runs). Read per outer iteration
+    #   0.14-0.16 (capped 0.30 / 0.24 / 0.24). Capped / uncapped time 0.83 / 1.05 / 1.03.
+    #   generated: acc - LL -0.00 / -0.02 / -0.02 (worst -0.11 capped L1). t/t_LL 0.02 /
+    #   0.00 / 0.13 (capped 0.01 / 0.00 / 0.16). Read per outer iteration 0.17 / 0.50 / 0.42
+    #   (capped 0.26 / 0.25 / 0.36). Capped / uncapped time 0.59 / 1.04 / 1.20 (three runs
+    #   of the same paths: L2-dual 1.04-1.56, L2-primal 1.17-1.37; 0.3 s runs)
     python scripts/bench_train.py --sets fashion generated --truncate 1 --sample-eps 0.05 \
         --seeds 3 --cap-all --solvers "ibcd L1-dual" "ibcd L2-dual" "ibcd L2-primal"
 
