@@ -83,6 +83,7 @@ RANK_MU = 0.5
 # one ndarray header (about 112 bytes) per array. Small leaves make many small entries, so
 # leaving this out breaks the memory promise (tests/storage/test_memory_promise.py).
 _ENTRY_OVERHEAD = 400
+_ARRAY_OVERHEAD = 112
 # Every query starts from every tree's root, so reads each root's record and pivot rows:
 # these sit in a cache of their own (up to 1/ROOT_SHARE of the cap, given back last under
 # pressure). In the row cache, the slices each capped query reads in between pushed them
@@ -92,7 +93,6 @@ _ENTRY_OVERHEAD = 400
 # pivot rows are width/block-rows of the store (0.4 % on the generated store); with their
 # records they took 1.15 MB of its 16 MB cap, more than 1/16 of it (roots evicted each other)
 ROOT_SHARE = 8
-_ARRAY_OVERHEAD = 112
 RANK_LAM = 0.0
 # Pivot rows as candidates. A node's pivots are rows of the node whose margins the ranking
 # computes anyway (last_query["pivots_scored"]; the benchmark's W@n counts them all):
@@ -581,8 +581,9 @@ class Forest:
     name : str, optional
         How errors name the store (default: the parent directory of ``path``).
     cache_bytes : int, optional
-        A bound on each of the two caches (leaf and pivot rows; node records) alone
-        (default: whatever the budget allows).
+        A bound on each of the caches (leaf and pivot rows; node records; the roots' records
+        and pivot rows, at most 1/ROOT_SHARE of the cap) alone (default: whatever the
+        budget allows).
     block_cache : LRUCache, optional
         The store's block cache (entries ``("block", b)`` → ``(X, y, row_ids)``): while it
         holds block t, the search reads tree t's rows from it without calling Python.
@@ -1184,6 +1185,7 @@ class Forest:
         """Cache statistics and the last query's work counters."""
         return {"cache": self.cache.stats() if not self.closed else {},
                 "node_cache": self.node_cache.stats() if not self.closed else {},
+                "roots": self.roots.stats() if not self.closed else {},
                 "last_query": dict(self.last_query), "n_shrunk": self.n_shrunk}
 
 
