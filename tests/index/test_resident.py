@@ -189,7 +189,8 @@ def test_decoded_trees_are_given_back_under_pressure_and_decoded_again(tmp_path,
         budget.reserve(budget.available + f.cache.nbytes + res.arr_bytes, "pressure")
         assert f.cache.nbytes == 0 and res.nbytes == res.fixed and not res.loaded.any()
         assert res.n_slots >= 0 and not res._slots  # no row slice mirrored any more
-        budget.release(budget.used - f.cache.nbytes - res.nbytes - f.map_window_bytes)
+        budget.release(budget.used - f.cache.nbytes - f.roots.nbytes - res.nbytes
+                       - f.map_window_bytes)
         again, _ = f.query(w, n=None)
         assert np.array_equal(np.sort(again), np.sort(rows)) and res.loaded.all()
 
@@ -220,7 +221,7 @@ def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path
             if t:  # the trees kept were moved down intact
                 got = res.record(res.node_slot[res.base[t] + v])
                 assert all(np.array_equal(a, b) for a, b in zip(got, rec))
-        budget.release(budget.used - res.nbytes - f.map_window_bytes)
+        budget.release(budget.used - res.nbytes - f.roots.nbytes - f.map_window_bytes)
         rows, _ = f.query(w, n=None)
         assert np.array_equal(np.sort(rows), brute_force(store, w)) and res.loaded.all()
 
