@@ -789,19 +789,20 @@ class Forest:
         if ns >= 0:
             return self.node_cache.record(ns)
         if v == 0:  # a root (see ROOT_SHARE)
-            return self.roots.get_or_load(("node", t), lambda: self._decode(t, v))
-        return self._decode(t, v)[0]
+            def load():
+                node = self._decode(t, v)
+                return node, _ENTRY_OVERHEAD + sum(a.nbytes + _ARRAY_OVERHEAD for a in node
+                                                   if isinstance(a, np.ndarray))
+            return self.roots.get_or_load(("node", t), load)
+        return self._decode(t, v)
 
-    def _decode(self, t: int, v: int):
-        """Node record v of tree t read alone, and what it takes in memory."""
+    def _decode(self, t: int, v: int) -> Node:
+        """Node record v of tree t, read alone."""
         raw = self._get(node_key(t, v), f"node {v} of tree {t}")
         try:
-            node = decode_node(raw, t, v)
+            return decode_node(raw, t, v)
         except ValueError as exc:
             raise self._error(f"The index of store {self.name} is corrupted: {exc}.") from None
-        nbytes = _ENTRY_OVERHEAD + sum(a.nbytes + _ARRAY_OVERHEAD for a in node
-                                       if isinstance(a, np.ndarray))
-        return node, nbytes
 
     def _rows(self, key, start: int, stop: int):
         """Rows ``start:stop`` as kernel arrays and labels, through the LRU cache."""
