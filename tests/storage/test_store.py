@@ -99,16 +99,35 @@ def test_same_seed_same_store_other_seed_other_order(tmp_path, rng):
         s.close()
 
 
+@pytest.mark.parametrize("span_bytes", [None, 0], ids=["spans", "runs"])
+@pytest.mark.parametrize("memory", [None, 20_000], ids=["whole-blocks", "rows"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse):
-    X, y = make_data(rng, sparse=sparse)
-    with ingest_arrays(X, y, tmp_path / "s", n_blocks=5) as store:
+def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse, memory, span_bytes,
+                                            monkeypatch):
+    import ooc_learn.storage.store as store_mod
+
+    if span_bytes is not None:  # labels and ids read run by run, not as a block's span
+        monkeypatch.setattr(store_mod, "_SPAN_READ_BYTES", span_bytes)
+    X, y = make_data(rng, n=3000, sparse=sparse)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=5).close()
+    with open_store(tmp_path / "s", memory=memory) as store:
         Xall, yall, idall = store.read_range(0, store.n_samples)
-        rows = rng.integers(0, store.n_samples, 80)
+        # single rows, a run of consecutive rows, rows a few apart (one read with the rows
+        # between) and rows far apart, in no order
+        rows = np.r_[rng.integers(0, store.n_samples, 60), np.arange(200, 210),
+                     np.arange(300, 330, 3)]
         rows[:3] = rows[0]  # repeats are allowed
+        rows = rng.permutation(rows)
+        before = store.rows_read
         Xg, yg, ig = store.gather(rows)
         assert np.array_equal(dense(Xg), dense(Xall)[rows])
         assert np.array_equal(yg, yall[rows]) and np.array_equal(ig, idall[rows])
+        read = store.rows_read - before
+        if memory is None:  # whole blocks, through the cache
+            assert read == store.n_samples and store.block_is_cached(0)
+        else:  # the wanted rows and the few between close ones, not whole blocks
+            assert not store.block_is_cached(0)
+            assert len(np.unique(rows)) <= read < store.n_samples // 4
         assert store.gather([])[0].shape[0] == 0
         with pytest.raises(IndexError):
             store.gather([store.n_samples])
