@@ -504,11 +504,16 @@ class Store:
                     budget.release(nbytes)
                 a = z
 
-    def gather(self, rows):
+    def gather(self, rows, *, whole_blocks: bool = True):
         """Rows at store positions ``rows`` as ``(X, y, row_ids)``, in the order given.
 
-        Rows are grouped by block so each block is read at most once; for a few rows of a
-        large block only the span between the first and last wanted row is read.
+        Rows are grouped by block so each block is read at most once: whole, through the
+        cache, under the policy of :meth:`reads_whole_block`, else only runs of the rows
+        wanted. ``whole_blocks=False`` (a sample not to be read again) reads a block whole
+        only when it is cached, or when the policy allows it and the runs would read half
+        of it anyway. IBCD's 10,000-row sample for w_0 read the generated benchmark store's
+        blocks whole with the policy alone, for 2.4 % of their rows (now by runs);
+        Fashion-MNIST's runs would read 82 % (still whole).
         """
         self._check_open()
         rows = np.asarray(rows, dtype=np.int64).ravel()
@@ -532,14 +537,22 @@ class Store:
             want = srt[seg]
             # the whole block through the cache when it is cached or fits easily (later
             # gathers then cost no I/O); else only short runs around the wanted rows
-            if self.reads_whole_block(b):
+            gap = 16  # rows: reading a few unwanted rows beats another read call
+            whole = self.block_is_cached(b)
+            if not whole and self.reads_whole_block(b):
+                if whole_blocks:
+                    whole = True
+                else:
+                    d = np.diff(want)
+                    runs = want.size + int((d[d <= gap] - 1).sum())
+                    whole = 2 * runs >= int(self.block_offsets[b + 1]) - lo
+            if whole:
                 X, y, ids = self.read_block(b)
                 local = want - lo
                 parts_X.append(X[local])
                 parts_y.append(y[local])
                 parts_id.append(ids[local])
                 continue
-            gap = 16  # rows: reading a few unwanted rows beats another read call
             if direct:
                 X, read = f["X"].take_runs(want, gap)
                 parts_X.append(X)

@@ -259,7 +259,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
         store.budget.reserve(2 * m0 * row_bytes, "IBCD initial sample")
     sample = np.sort(rng.choice(N_all, m0, replace=False))
     try:
-        Xs, ys, _ = store.gather(sample)
+        Xs, ys, _ = store.gather(sample, whole_blocks=False)
         ys = ys.astype(np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # max_iter=INIT_ITERS is meant

@@ -134,6 +134,28 @@ def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse, memory, span_
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_a_sample_gather_reads_whole_only_blocks_its_runs_would_mostly_read(tmp_path, rng,
+                                                                           sparse):
+    X, y = make_data(rng, n=4000, sparse=sparse)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4).close()
+    with open_store(tmp_path / "s") as store:  # the cap holds every block
+        Xall, yall, _ = store.read_range(0, store.n_samples)
+        before = store.rows_read
+        # 1 row in 100 of block 0 and 1 in 2 of block 1
+        rows = np.r_[np.arange(0, 1000, 100), np.arange(1000, 2000, 2)]
+        Xg, yg, _ = store.gather(rows, whole_blocks=False)
+        assert np.array_equal(dense(Xg), dense(Xall)[rows]) and np.array_equal(yg, yall[rows])
+        assert not store.block_is_cached(0) and store.block_is_cached(1)
+        assert store.rows_read - before == 10 + 1000
+        # a cached block serves a later sample without a read; the default reads whole
+        before = store.rows_read
+        store.gather(np.arange(1000, 2000, 100), whole_blocks=False)
+        assert store.rows_read == before
+        store.gather(np.arange(0, 1000, 100))
+        assert store.block_is_cached(0) and store.rows_read - before == 1000
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 @pytest.mark.parametrize("memory", [None, 40_000], ids=["whole-blocks", "chunks"])
 def test_iter_chunks_covers_the_store_in_order(tmp_path, rng, sparse, memory):
     X, y = make_data(rng, n=2000, d=50, sparse=sparse)
