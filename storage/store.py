@@ -26,8 +26,6 @@ __all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_orde
 
 # Store.iter_chunks' smallest range when the cap holds less than the rows asked
 CHUNK_MIN_ROWS = 16
-# Store.gather reads the labels and ids of a block's wanted span whole up to this size
-_SPAN_READ_BYTES = 1 << 20
 
 
 def matrix_nbytes(X) -> int:
@@ -104,13 +102,17 @@ class _Slicer:
         if not out.nbytes:
             return out, 0
         buf, rb = memoryview(out).cast("B"), self.row_bytes
-        cuts = (np.flatnonzero(np.diff(rows) > gap) + 1).tolist()
+        d = np.diff(rows)
+        cuts = (np.flatnonzero(d > gap) + 1).tolist()
+        # steps other than +1 before each position (a repeat is one): a run without any
+        # is consecutive rows
+        odd = np.r_[0, np.cumsum(d != 1)].tolist()
         pos = rows.tolist()
         read = 0
         for i, j in zip([0] + cuts, cuts + [len(pos)]):
             r0, r1 = pos[i], pos[j - 1] + 1
             read += r1 - r0
-            if r1 - r0 == j - i:
+            if odd[j - 1] == odd[i]:
                 self._read_into(buf[i * rb:j * rb], r0)
             else:
                 out[i:j] = self[r0:r1][rows[i:j] - r0]
@@ -525,7 +527,8 @@ class Store:
         parts_X, parts_y, parts_id = [], [], []
         f = self._ds
         # a dense store read straight from the file: one system call per run of X rows and
-        # the labels and ids of a block's span in one each (scattered single rows through
+        # the labels and ids of a block's span in one each, or by runs where the span is
+        # larger than the X rows wanted (scattered single rows through
         # read_range cost ~15 us each in Python: a capped IBCD run's 10,000-row sample
         # for w_0 on the generated store took 0.12-0.15 s of its 0.35-0.40 s)
         direct = self.layout == "dense" and all(isinstance(f.get(k), _Slicer)
@@ -560,7 +563,8 @@ class Store:
                 self.bytes_read += read * f["X"].row_bytes
                 a, z = int(want[0]), int(want[-1]) + 1
                 for ds, parts in ((f["y"], parts_y), (f["row_id"], parts_id)):
-                    if (z - a) * ds.row_bytes <= _SPAN_READ_BYTES:
+                    # the span in one read while it takes no more than the X rows returned
+                    if (z - a) * ds.row_bytes <= X.nbytes:
                         part, read = ds[a:z][want - a], z - a
                     else:
                         part, read = ds.take_runs(want, gap)
