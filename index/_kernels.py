@@ -622,8 +622,8 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, w, b, wt, bt, same_oute
 
 # Reassociation lets LLVM vectorise the sums (a margin on Fashion-MNIST's 784 features 1150 ->
 # 490 ns, a query with the blocks cached 2.3x faster; 620 ns without 'nsz'). The last bits of a
-# margin may differ from a sequential sum: rows within rounding of the thresholds of eq. 10 can
-# go either way, which the callers' own checks (IBCD's, in float64) absorb.
+# margin may differ from a sequential sum's: a row within rounding of a threshold of eq. 10 can
+# go either way, and IBCD's own margins (the solvers' kernels) decide what it does with it.
 _VEC = {"reassoc", "contract", "nsz"}
 
 

@@ -526,11 +526,11 @@ class Store:
         blocks = self.block_of(srt)
         parts_X, parts_y, parts_id = [], [], []
         f = self._ds
-        # a dense store read straight from the file: one system call per run of X rows and
-        # the labels and ids of a block's span in one each, or by runs where the span is
-        # larger than the X rows wanted (scattered single rows through
-        # read_range cost ~15 us each in Python: a capped IBCD run's 10,000-row sample
-        # for w_0 on the generated store took 0.12-0.15 s of its 0.35-0.40 s)
+        # a dense store read straight from the file: one system call per run of X rows, the
+        # labels and ids of a block's span in one each (by runs where the span is larger
+        # than the X rows wanted). Scattered single rows through read_range cost ~15 us each
+        # in Python: a capped IBCD run's 10,000-row sample for w_0 on the generated store
+        # took 0.12-0.15 s of its 0.35-0.40 s.
         direct = self.layout == "dense" and all(isinstance(f.get(k), _Slicer)
                                                 for k in ("X", "y", "row_id"))
         bounds = np.flatnonzero(np.diff(blocks)) + 1
@@ -539,7 +539,7 @@ class Store:
             lo = int(self.block_offsets[b])
             want = srt[seg]
             # the whole block through the cache when it is cached or fits easily (later
-            # gathers then cost no I/O); else only short runs around the wanted rows
+            # gathers then cost no I/O; a sample: see above); else runs of the wanted rows
             gap = 16  # rows: reading a few unwanted rows beats another read call
             whole = self.block_is_cached(b)
             if not whole and self.reads_whole_block(b):
