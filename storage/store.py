@@ -93,14 +93,13 @@ class _Slicer:
                 self._read_into(buf[i * rb:(i + 1) * rb], int(r))
         return out
 
-    def take_runs(self, rows: np.ndarray, gap: int) -> tuple[np.ndarray, int]:
-        """Rows at the sorted positions ``rows`` (in range), one read per run of rows at most
-        ``gap`` apart (a few unwanted rows cost less than another system call): a run of
-        consecutive rows is read straight into the result. Returns the rows and how many
-        rows were read."""
-        out = np.empty((len(rows),) + self.row_shape, self.dtype)
+    def take_runs(self, rows: np.ndarray, gap: int, out: np.ndarray) -> int:
+        """Rows at the sorted positions ``rows`` (in range) into ``out`` (C-contiguous, one
+        row each), one read per run of rows at most ``gap`` apart (a few unwanted rows cost
+        less than another system call): a run of consecutive rows is read straight into
+        ``out``. Returns how many rows were read."""
         if not out.nbytes:
-            return out, 0
+            return 0
         buf, rb = memoryview(out).cast("B"), self.row_bytes
         d = np.diff(rows)
         cuts = (np.flatnonzero(d > gap) + 1).tolist()
@@ -115,8 +114,8 @@ class _Slicer:
             if odd[j - 1] == odd[i]:
                 self._read_into(buf[i * rb:j * rb], r0)
             else:
-                out[i:j] = self[r0:r1][rows[i:j] - r0]
-        return out, read
+                np.take(self[r0:r1], rows[i:j] - r0, axis=0, out=out[i:j])
+        return read
 
     def __getitem__(self, sl: slice) -> np.ndarray:
         a, b, _ = sl.indices(self.n)
@@ -519,25 +518,36 @@ class Store:
         """
         self._check_open()
         rows = np.asarray(rows, dtype=np.int64).ravel()
-        if rows.size and (rows.min() < 0 or rows.max() >= self.n_samples):
+        n = rows.size
+        if n and (rows.min() < 0 or rows.max() >= self.n_samples):
             raise IndexError(f"row positions must be in 0:{self.n_samples}")
-        order = np.argsort(rows, kind="stable")
-        srt = rows[order]
+        if not n:
+            X0, _, _ = self.read_range(0, 0)
+            return X0, np.empty(0, np.float32), np.empty(0, np.int64)
+        # rows are read block by block in sorted order into the results (dense X too), which
+        # are permuted once at the end unless the rows came sorted (IBCD's sample): a part
+        # per block, concatenated and then permuted, copied the sample twice more (31 MB on
+        # Fashion-MNIST, in fresh pages each time)
+        in_order = bool(np.all(rows[1:] >= rows[:-1]))
+        order = None if in_order else np.argsort(rows, kind="stable")
+        srt = rows if in_order else rows[order]
         blocks = self.block_of(srt)
-        parts_X, parts_y, parts_id = [], [], []
         f = self._ds
+        dense = self.layout == "dense"
+        Xout = np.empty((n, self.n_features), f["X"].dtype) if dense else None
+        yout, idout = np.empty(n, f["y"].dtype), np.empty(n, f["row_id"].dtype)
+        parts_X = []  # CSR rows, block by block
         # a dense store read straight from the file: one system call per run of X rows, the
         # labels and ids of a block's span in one each (by runs where the span is larger
         # than the X rows wanted). Scattered single rows through read_range cost ~15 us each
         # in Python: a capped IBCD run's 10,000-row sample for w_0 on the generated store
         # took 0.12-0.15 s of its 0.35-0.40 s.
-        direct = self.layout == "dense" and all(isinstance(f.get(k), _Slicer)
-                                                for k in ("X", "y", "row_id"))
-        bounds = np.flatnonzero(np.diff(blocks)) + 1
-        for seg in np.split(np.arange(srt.size), bounds) if srt.size else []:
-            b = int(blocks[seg[0]])
+        direct = dense and all(isinstance(f.get(k), _Slicer) for k in ("X", "y", "row_id"))
+        starts = np.r_[0, np.flatnonzero(np.diff(blocks)) + 1, n].tolist()
+        for a0, a1 in zip(starts[:-1], starts[1:]):
+            b = int(blocks[a0])
             lo = int(self.block_offsets[b])
-            want = srt[seg]
+            want = srt[a0:a1]
             # the whole block through the cache when it is cached or fits easily (later
             # gathers then cost no I/O; a sample: see above); else runs of the wanted rows
             gap = 16  # rows: reading a few unwanted rows beats another read call
@@ -552,43 +562,45 @@ class Store:
             if whole:
                 X, y, ids = self.read_block(b)
                 local = want - lo
-                parts_X.append(X[local])
-                parts_y.append(y[local])
-                parts_id.append(ids[local])
+                if dense:
+                    np.take(X, local, axis=0, out=Xout[a0:a1])
+                else:
+                    parts_X.append(X[local])
+                np.take(y, local, out=yout[a0:a1])
+                np.take(ids, local, out=idout[a0:a1])
                 continue
             if direct:
-                X, read = f["X"].take_runs(want, gap)
-                parts_X.append(X)
+                read = f["X"].take_runs(want, gap, out=Xout[a0:a1])
                 self.rows_read += read
                 self.bytes_read += read * f["X"].row_bytes
                 a, z = int(want[0]), int(want[-1]) + 1
-                for ds, parts in ((f["y"], parts_y), (f["row_id"], parts_id)):
+                for ds, out in ((f["y"], yout), (f["row_id"], idout)):
                     # the span in one read while it takes no more than the X rows returned
-                    if (z - a) * ds.row_bytes <= X.nbytes:
-                        part, read = ds[a:z][want - a], z - a
+                    if (z - a) * ds.row_bytes <= Xout[a0:a1].nbytes:
+                        np.take(ds[a:z], want - a, out=out[a0:a1])
+                        read = z - a
                     else:
-                        part, read = ds.take_runs(want, gap)
-                    parts.append(part)
+                        read = ds.take_runs(want, gap, out=out[a0:a1])
                     self.bytes_read += read * ds.row_bytes
                 continue
-            cuts = np.flatnonzero(np.diff(want) > gap) + 1
-            for run in np.split(want, cuts):
+            cuts = (np.flatnonzero(np.diff(want) > gap) + 1).tolist()
+            for r_a, r_b in zip([0] + cuts, cuts + [want.size]):
+                run = want[r_a:r_b]
                 r0, r1 = int(run[0]), int(run[-1]) + 1
                 X, y, ids = self.read_range(r0, r1)
                 local = run - r0
-                parts_X.append(X[local])
-                parts_y.append(y[local])
-                parts_id.append(ids[local])
+                if dense:
+                    Xout[a0 + r_a:a0 + r_b] = X[local]
+                else:
+                    parts_X.append(X[local])
+                yout[a0 + r_a:a0 + r_b] = y[local]
+                idout[a0 + r_a:a0 + r_b] = ids[local]
+        X = Xout if dense else sp.vstack(parts_X, format="csr")
+        if in_order:
+            return X, yout, idout
         inv = np.empty_like(order)
-        inv[order] = np.arange(order.size)
-        if not parts_X:
-            X0, _, _ = self.read_range(0, 0)
-            return X0, np.empty(0, np.float32), np.empty(0, np.int64)
-        if self.layout == "dense":
-            X = np.concatenate(parts_X)[inv]
-        else:
-            X = sp.vstack(parts_X, format="csr")[inv]
-        return X, np.concatenate(parts_y)[inv], np.concatenate(parts_id)[inv]
+        inv[order] = np.arange(n)
+        return X[inv], yout[inv], idout[inv]
 
     def sqnorms(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         self._check_open()

@@ -123,6 +123,10 @@ def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse, memory):
         else:  # the wanted rows and the few between close ones, not whole blocks
             assert not store.block_is_cached(0)
             assert read == 10 + 28 + 40 + 8
+        srt = np.sort(rows)  # rows in order come back without the final permutation
+        Xg, yg, ig = store.gather(srt)
+        assert np.array_equal(dense(Xg), dense(Xall)[srt])
+        assert np.array_equal(yg, yall[srt]) and np.array_equal(ig, idall[srt])
         assert store.gather([])[0].shape[0] == 0
         with pytest.raises(IndexError):
             store.gather([store.n_samples])
