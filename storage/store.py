@@ -536,13 +536,15 @@ class Store:
         dense = self.layout == "dense"
         Xout = np.empty((n, self.n_features), f["X"].dtype) if dense else None
         yout, idout = np.empty(n, f["y"].dtype), np.empty(n, f["row_id"].dtype)
-        parts_X = []  # CSR rows, block by block
-        # a dense store read straight from the file: one system call per run of X rows, the
-        # labels and ids of a block's span in one each (by runs where the span is larger
-        # than the X rows wanted). Scattered single rows through read_range cost ~15 us each
-        # in Python: a capped IBCD run's 10,000-row sample for w_0 on the generated store
-        # took 0.12-0.15 s of its 0.35-0.40 s.
-        direct = dense and all(isinstance(f.get(k), _Slicer) for k in ("X", "y", "row_id"))
+        parts_X = []  # CSR rows, block by block: (row lengths, data, indices)
+        # read straight from the file: one system call per run of rows (X; a CSR store's
+        # data and indices), the labels, ids (and row pointers) of a block's span in one each
+        # (by runs where the span is larger than the X rows wanted). Scattered single rows
+        # through read_range cost ~15 us each in Python (dense; ~50 us CSR): a capped IBCD
+        # run's 10,000-row sample for w_0 on the generated store took 0.12-0.15 s of its
+        # 0.35-0.40 s, on a CSR store (200k x 2000, 1 % nonzeros) 0.4-0.7 s.
+        direct = all(isinstance(f.get(k), _Slicer) for k in (
+            ("X", "y", "row_id") if dense else ("indptr", "data", "indices", "y", "row_id")))
         starts = np.r_[0, np.flatnonzero(np.diff(blocks)) + 1, n].tolist()
         for a0, a1 in zip(starts[:-1], starts[1:]):
             b = int(blocks[a0])
@@ -565,18 +567,24 @@ class Store:
                 if dense:
                     np.take(X, local, axis=0, out=Xout[a0:a1])
                 else:
-                    parts_X.append(X[local])
+                    Xl = X[local]
+                    parts_X.append((np.diff(Xl.indptr), Xl.data, Xl.indices))
                 np.take(y, local, out=yout[a0:a1])
                 np.take(ids, local, out=idout[a0:a1])
                 continue
             if direct:
-                read = f["X"].take_runs(want, gap, out=Xout[a0:a1])
-                self.rows_read += read
-                self.bytes_read += read * f["X"].row_bytes
                 a, z = int(want[0]), int(want[-1]) + 1
+                if dense:
+                    read = f["X"].take_runs(want, gap, out=Xout[a0:a1])
+                    x_bytes = Xout[a0:a1].nbytes
+                    self.bytes_read += read * f["X"].row_bytes
+                else:
+                    part, read, x_bytes = self._csr_runs(want, gap)
+                    parts_X.append(part)
+                self.rows_read += read
                 for ds, out in ((f["y"], yout), (f["row_id"], idout)):
                     # the span in one read while it takes no more than the X rows returned
-                    if (z - a) * ds.row_bytes <= Xout[a0:a1].nbytes:
+                    if (z - a) * ds.row_bytes <= x_bytes:
                         np.take(ds[a:z], want - a, out=out[a0:a1])
                         read = z - a
                     else:
@@ -592,15 +600,67 @@ class Store:
                 if dense:
                     Xout[a0 + r_a:a0 + r_b] = X[local]
                 else:
-                    parts_X.append(X[local])
+                    Xl = X[local]
+                    parts_X.append((np.diff(Xl.indptr), Xl.data, Xl.indices))
                 yout[a0 + r_a:a0 + r_b] = y[local]
                 idout[a0 + r_a:a0 + r_b] = ids[local]
-        X = Xout if dense else sp.vstack(parts_X, format="csr")
+        if dense:
+            X = Xout
+        else:
+            indptr = np.zeros(n + 1, np.int64)
+            np.cumsum(np.concatenate([p[0] for p in parts_X]), out=indptr[1:])
+            X = sp.csr_matrix((np.concatenate([p[1] for p in parts_X]),
+                               np.concatenate([p[2] for p in parts_X]), indptr),
+                              shape=(n, self.n_features))
         if in_order:
             return X, yout, idout
         inv = np.empty_like(order)
         inv[order] = np.arange(n)
         return X[inv], yout[inv], idout[inv]
+
+    def _csr_runs(self, want: np.ndarray, gap: int):
+        """CSR rows at the sorted positions ``want`` (one block's) read run by run: the row
+        pointers of their span in one read (by runs where that is larger than the rows'
+        nonzeros), each run's data and indices in one read each. Returns ``((row lengths,
+        data, indices), rows read, bytes of the rows returned)``."""
+        f = self._ds
+        ip_ds, dat_ds, ind_ds = f["indptr"], f["data"], f["indices"]
+        a, z = int(want[0]), int(want[-1]) + 1
+        d = np.diff(want)
+        cuts = (np.flatnonzero(d > gap) + 1).tolist()
+        bounds = list(zip([0] + cuts, cuts + [want.size]))
+        span_ip = ip_ds[a:z + 1] if (z - a + 1) * ip_ds.row_bytes <= (
+            self.estimated_bytes(want.size)) else None
+        self.bytes_read += 0 if span_ip is None else span_ip.nbytes
+        lens, datas, inds = [], [], []
+        read = 0
+        for i, j in bounds:
+            r0, r1 = int(want[i]), int(want[j - 1]) + 1
+            read += r1 - r0
+            if span_ip is not None:
+                ip = span_ip[r0 - a:r1 - a + 1]
+            else:
+                ip = ip_ds[r0:r1 + 1]
+                self.bytes_read += ip.nbytes
+            s0, s1 = int(ip[0]), int(ip[-1])
+            dat, ind = dat_ds[s0:s1], ind_ds[s0:s1]
+            self.bytes_read += dat.nbytes + ind.nbytes
+            sel = want[i:j] - r0
+            ln = ip[sel + 1] - ip[sel]
+            if j - i == r1 - r0 and np.all(d[i:j - 1] == 1):  # consecutive rows: all of it
+                lens.append(ln)
+                datas.append(dat)
+                inds.append(ind)
+                continue
+            # the wanted rows' nonzeros: each row's start, repeated over its length, plus
+            # the position within the row
+            first = np.repeat(ip[sel] - s0 - (np.cumsum(ln) - ln), ln)
+            pick = first + np.arange(first.size)
+            lens.append(ln)
+            datas.append(dat[pick])
+            inds.append(ind[pick])
+        part = (np.concatenate(lens), np.concatenate(datas), np.concatenate(inds))
+        return part, read, part[1].nbytes + part[2].nbytes + 8 * want.size
 
     def sqnorms(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         self._check_open()
