@@ -647,7 +647,7 @@ class Store:
             self.bytes_read += dat.nbytes + ind.nbytes
             sel = want[i:j] - r0
             ln = ip[sel + 1] - ip[sel]
-            if j - i == r1 - r0 and np.all(d[i:j - 1] == 1):  # consecutive rows: all of it
+            if np.all(d[i:j - 1] == 1):  # consecutive rows: all of what was read
                 lens.append(ln)
                 datas.append(dat)
                 inds.append(ind)
