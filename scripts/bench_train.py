@@ -66,16 +66,17 @@ Usage::
     #   0.00 / 0.13 (capped 0.01 / 0.00 / 0.16). Read per outer iteration 0.17 / 0.50 / 0.42
     #   (capped 0.26 / 0.25 / 0.36). Capped / uncapped time 0.59 / 1.04 / 1.20 (three runs
     #   of the same paths: L2-dual 1.04-1.56, L2-primal 1.17-1.37; 0.3 s runs)
-    # Session 12 (gather reads a dense store's scattered rows straight from the file, the
-    # index's margins vectorised, QUERY_SHARE 0.1 -> 0.05):
+    # Session 12 (gather reads scattered rows straight from the file into results allocated
+    # once, the index's margins vectorised, QUERY_SHARE 0.1 -> 0.05):
     #   Fashion-MNIST: acc - LL -0.08 / -0.07 / -0.12 (worst -0.16); capped -0.15 (worst
-    #   -0.17) / +0.01 / -0.07. t/t_LL 0.21 / 0.09 / 0.53 (capped 0.12 / 0.06 / 0.25;
-    #   LIBLINEAR L2-primal 1.30 s, ours 0.68 s). Read per outer iteration 0.17 / 0.18 / 0.17
-    #   (capped 0.17 / 0.13 / 0.14). Capped / uncapped time 0.56 / 0.74 / 0.48.
+    #   -0.17) / +0.01 / -0.07. t/t_LL 0.22 / 0.09 / 0.50 (capped 0.12 / 0.07 / 0.31;
+    #   LIBLINEAR L2-primal 1.39 s, ours 0.70 s; 0.53 in the run before). Read per outer
+    #   iteration 0.17 / 0.18 / 0.17 (capped 0.17 / 0.13 / 0.14). Capped / uncapped time
+    #   0.57 / 0.78 / 0.61.
     #   generated: acc - LL -0.02 / -0.01 / -0.01 (worst -0.10 capped L1). t/t_LL 0.02 /
-    #   0.00 / 0.18 (capped 0.01 / 0.00 / 0.12). Read per outer iteration 0.13 / 0.49 / 0.31
+    #   0.00 / 0.19 (capped 0.01 / 0.00 / 0.11). Read per outer iteration 0.13 / 0.49 / 0.31
     #   (capped 0.14 / 0.15 / 0.20; uncapped, the store fits the cap and is read once, 1.0-1.08
-    #   of it, in 2-4 outer iterations). Capped / uncapped time 0.37 / 0.69 / 0.68.
+    #   of it, in 2-4 outer iterations). Capped / uncapped time 0.45 / 0.72 / 0.61.
     python scripts/bench_train.py --sets fashion generated --truncate 1 --sample-eps 0.05 \
         --seeds 3 --cap-all --solvers "ibcd L1-dual" "ibcd L2-dual" "ibcd L2-primal"
 
