@@ -12,7 +12,7 @@ from _forest_helpers import blobs, brute_force, make_indexed
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.index._kernels import CRC_TABLE, decode_records
-from ooc_learn.index.forest import Forest
+from ooc_learn.index.forest import _CHILD_BYTES, _NODE_SLOT_BYTES, Forest
 from ooc_learn.index.lmdb_io import decode_node, encode_nodes
 from ooc_learn.index.tree import build_block_tree
 from ooc_learn.storage.budget import MemoryBudget
@@ -25,6 +25,15 @@ def _python_only(f):
     f.node_cache.forget_rows()
     f.node_cache.enabled = False
     return f
+
+
+def _under_8m(tmp_path, data_rng, n, n_blocks):
+    """An indexed store of ``n`` blob rows under an 8M cap, the cap and a query w."""
+    X, y = blobs(data_rng, n=n, d=6)
+    budget = MemoryBudget("8M")
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=n_blocks, width=4, leaf_size=8,
+                            budget=budget)
+    return store, budget, data_rng.normal(size=6)
 
 
 @pytest.mark.parametrize("csr", [False, True])
@@ -177,29 +186,23 @@ def test_cached_blocks_are_read_in_place_and_let_go_when_evicted(tmp_path):
 
 
 def test_decoded_trees_are_given_back_under_pressure_and_decoded_again(tmp_path, data_rng):
-    X, y = blobs(data_rng, n=1500, d=6)
-    budget = MemoryBudget("8M")
-    store, _ = make_indexed(X, y, tmp_path, n_blocks=3, width=4, leaf_size=8, budget=budget)
-    w = data_rng.normal(size=6)
+    store, budget, w = _under_8m(tmp_path, data_rng, 1500, 3)
     with store.forest() as f:
         rows, _ = f.query(w, n=None)
         res = f.node_cache
         assert res.loaded.all() and res.nbytes > res.fixed
         # rows, then every tree
-        budget.reserve(budget.available + f.cache.nbytes + res.arr_bytes, "pressure")
+        pressure = budget.available + f.cache.nbytes + res.arr_bytes
+        budget.reserve(pressure, "pressure")
         assert f.cache.nbytes == 0 and res.nbytes == res.fixed and not res.loaded.any()
         assert res.n_slots >= 0 and not res._slots  # no row slice mirrored any more
-        budget.release(budget.used - f.cache.nbytes - f.roots.nbytes - res.nbytes
-                       - f.map_window_bytes)
+        budget.release(pressure)
         again, _ = f.query(w, n=None)
         assert np.array_equal(np.sort(again), np.sort(rows)) and res.loaded.all()
 
 
 def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path, data_rng):
-    X, y = blobs(data_rng, n=3000, d=6)
-    budget = MemoryBudget("8M")
-    store, _ = make_indexed(X, y, tmp_path, n_blocks=4, width=4, leaf_size=8, budget=budget)
-    w = data_rng.normal(size=6)
+    store, budget, w = _under_8m(tmp_path, data_rng, 3000, 4)
     with store.forest() as f:
         res = f.node_cache
         want = {}
@@ -210,18 +213,19 @@ def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path
                 ns = res.node_slot[res.base[t] + v]
                 if ns >= 0:
                     want[t, v] = res.record(ns)
-        first = res.trees[0][1] * 32 + res.trees[0][3] * 41
+        first = res.trees[0][1] * _NODE_SLOT_BYTES + res.trees[0][3] * _CHILD_BYTES
         f.cache.clear()
-        budget.reserve(budget.available + 1, "pressure")  # one byte: tree 0 goes
+        pressure = budget.available + 1  # one byte: tree 0 goes
+        budget.reserve(pressure, "pressure")
         assert not res.loaded[0] and res.loaded[1:].all() and list(res.trees) == [1, 2, 3]
-        assert res.nbytes == res.fixed + sum(sn * 32 + pn * 41
+        assert res.nbytes == res.fixed + sum(sn * _NODE_SLOT_BYTES + pn * _CHILD_BYTES
                                              for _, sn, _, pn in res.trees.values())
         assert res.nbytes <= budget.used and first > 0
         for (t, v), rec in want.items():
             if t:  # the trees kept were moved down intact
                 got = res.record(res.node_slot[res.base[t] + v])
                 assert all(np.array_equal(a, b) for a, b in zip(got, rec))
-        budget.release(budget.used - res.nbytes - f.roots.nbytes - f.map_window_bytes)
+        budget.release(pressure)
         rows, _ = f.query(w, n=None)
         assert np.array_equal(np.sort(rows), brute_force(store, w)) and res.loaded.all()
 
@@ -231,10 +235,7 @@ def test_roots_are_cached_apart_from_the_rows_and_given_back_last(tmp_path, data
     # every query starts from every root: their records and pivot rows stay in a cache of
     # their own, which the slices a capped query reads (the row cache) do not push out
     monkeypatch.setattr("ooc_learn.index.forest.SPAN_BYTES", 4096)  # roots read pivots
-    X, y = blobs(data_rng, n=3000, d=6)
-    budget = MemoryBudget("8M")
-    store, _ = make_indexed(X, y, tmp_path, n_blocks=4, width=4, leaf_size=8, budget=budget)
-    w = data_rng.normal(size=6)
+    store, budget, w = _under_8m(tmp_path, data_rng, 3000, 4)
     off = store.block_offsets
     with _python_only(store.forest()) as f:
         read = []
@@ -253,11 +254,12 @@ def test_roots_are_cached_apart_from_the_rows_and_given_back_last(tmp_path, data
         f.query(w, n=None, seed=2)
         assert f.cache.nbytes > 0 and f.roots.nbytes > 0
         held = f.roots.nbytes
-        budget.reserve(budget.available + f.cache.nbytes, "pressure")
+        pressure = budget.available + f.cache.nbytes
+        budget.reserve(pressure, "pressure")
         assert f.cache.nbytes == 0 and f.roots.nbytes == held
         budget.reserve(1, "more pressure")
         assert f.roots.nbytes < held
-        budget.release(budget.used - f.roots.nbytes - f.map_window_bytes)
+        budget.release(pressure + 1)
         again, _ = f.query(w, n=None, seed=3)
         assert np.array_equal(np.sort(again), brute_force(store, w))
     with store.forest() as f:  # the numba loop reads the roots' pivot rows in place
