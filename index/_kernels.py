@@ -864,8 +864,8 @@ def decode_records(buf, offs, vids, tree, n_nodes, table, base, node_slot, slot,
             c_leaf[q] = buf[pl + j] != 0
             c_piv[q] = start + pv
             c_sq[q] = _ieee(_u32(buf, ps + 4 * j), 8, 23)
-            c_rad[q] = _ieee(np.uint64(buf[pr + 2 * j]) | (np.uint64(buf[pr + 2 * j + 1]) << _U8),
-                             5, 10)
+            c_rad[q] = _ieee(np.uint64(buf[pr + 2 * j])
+                             | (np.uint64(buf[pr + 2 * j + 1]) << _U8), 5, 10)
             c_rada[q] = _ieee(np.uint64(buf[pa + 2 * j])
                               | (np.uint64(buf[pa + 2 * j + 1]) << _U8), 5, 10)
         nd_first[slot] = pos

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
