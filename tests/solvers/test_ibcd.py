@@ -206,6 +206,42 @@ def test_ibcd_reads_a_fraction_of_a_separable_store(tmp_path, rng):
         assert res.stats["rows_read"] <= 2 * store.n_samples
 
 
+def test_queries_read_leaves_and_runs_not_whole_blocks_the_cap_would_hold(tmp_path, rng):
+    # uncapped, the store's policy would load any block whole; a query wants a few leaves of
+    # it, so IBCD's reader reads the leaves (and fetches runs): loading whole blocks made an
+    # uncapped run read the store once whatever it needed (generated benchmark store, s = 1,
+    # sampled rule: 0.31-0.49 of it per outer iteration, against 0.10-0.14)
+    from ooc_learn.solvers.ibcd import _RowSource
+    from ooc_learn.storage.store import open_store
+
+    X, y = problem(rng, n=6000, d=10)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=6, build_index=True).close()
+    with open_store(tmp_path / "s") as st:
+        Xa, ya, _ = st.read_range(0, st.n_samples)
+        assert st.block_offsets[2] < 2100 < 2150 <= st.block_offsets[3] <= 3000
+        assert st.block_offsets[4] < 4005 < 4007 < st.block_offsets[5]
+        assert st.reads_whole_block(2) and not st.block_is_cached(2)
+        src = _RowSource(st)
+        r0 = st.rows_read
+        XL, yL, _ = src.read_range(2100, 2150)
+        assert st.rows_read - r0 == 50 and not st.block_is_cached(2)
+        np.testing.assert_array_equal(XL, Xa[2100:2150])
+        # rows of the leaf just read come from it; others by runs (4005-4007: one of 3 rows)
+        rows = np.array([4007, 2120, 4005, 2110])
+        r0 = st.rows_read
+        XN, yN = src.fetch(rows)
+        assert st.rows_read - r0 == 3 and not st.block_is_cached(4)
+        np.testing.assert_array_equal(XN, Xa[rows])
+        np.testing.assert_array_equal(yN, ya[rows])
+        # a cached block serves both without reading
+        st.read_block(3)
+        r0 = st.rows_read
+        XL, _, _ = src.read_range(3000, 3100)
+        XN, _ = src.fetch(np.array([3050, 3001]))
+        assert st.rows_read == r0
+        np.testing.assert_array_equal(XN, Xa[[3050, 3001]])
+
+
 def test_ibcd_under_a_cap_does_not_depend_on_what_the_caches_hold(tmp_path, rng):
     # the cap sizes w_0's sample (here below init_sample); the same seed gives the same w
     # whether the store's block cache is empty or full when training starts (the sample was
