@@ -77,6 +77,15 @@ Usage::
     #   0.00 / 0.19 (capped 0.01 / 0.00 / 0.11). Read per outer iteration 0.13 / 0.49 / 0.31
     #   (capped 0.14 / 0.15 / 0.20; uncapped, the store fits the cap and is read once, 1.0-1.08
     #   of it, in 2-4 outer iterations). Capped / uncapped time 0.45 / 0.72 / 0.61.
+    # Session 13 (IBCD's queries read leaves and fetch runs, not blocks the cap would hold):
+    #   Fashion-MNIST: acc - LL -0.08 / -0.07 / -0.12 (worst -0.16); capped -0.15 (worst
+    #   -0.17) / +0.01 / -0.07. t/t_LL 0.21 / 0.07 / 0.36 (capped 0.11 / 0.06 / 0.28;
+    #   LIBLINEAR L2-primal 1.28 s, ours 0.46 s). Read per outer iteration 0.17 / 0.18 /
+    #   0.17 (capped 0.17 / 0.13 / 0.14). Capped / uncapped time 0.54 / 0.89 / 0.77.
+    #   generated: acc - LL -0.03 / -0.01 / -0.01 (worst -0.10 capped L1). t/t_LL 0.02 /
+    #   0.00 / 0.23 (capped 0.01 / 0.00 / 0.13). Read per outer iteration 0.10 / 0.14 / 0.14
+    #   (capped 0.13 / 0.14 / 0.18). Capped / uncapped time 0.50 / 0.66 / 0.58. Every
+    #   target met in this run.
     python scripts/bench_train.py --sets fashion generated --truncate 1 --sample-eps 0.05 \
         --seeds 3 --cap-all --solvers "ibcd L1-dual" "ibcd L2-dual" "ibcd L2-primal"
 
