@@ -32,8 +32,6 @@ from typing import Callable
 
 import lmdb
 import numpy as np
-from numba import types as nb_types
-from numba.typed import List
 
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
@@ -42,9 +40,9 @@ from ooc_learn.storage.store import rows_one_by_one
 
 from ._kernels import (_ORDER_MASK, _ORDER_SHIFT, BBF_LOW_PREC, BBF_MISS, BBF_READ_LIMIT,
                        CRC_TABLE, FRONTIER_WIDTH, NODE_CHILD_BYTES, NODE_FIXED_BYTES,
-                       SLOT_COUNTED, bbf_run, block_first_use, decode_records, expand_node,
-                       fenwick_mark, fenwick_prefix, frontier_push, frontier_pop,
-                       rows_slot_set, scan_leaf, seen_rehash)
+                       SLOT_COUNTED, bbf_run, block_first_use, clear_row_lists, decode_records,
+                       expand_node, fenwick_mark, fenwick_prefix, frontier_push, frontier_pop,
+                       new_row_lists, rows_slot_set, scan_leaf, seen_rehash)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
                       IndexVersionMismatch, Node, decode_node, decode_tree_header, node_key,
                       open_env, open_reader, rows_crc, tree_key, tree_node_records)
@@ -262,11 +260,7 @@ class _Resident:
         self.misses = 0  # trees decoded
         self._empty_nodes()
         # row slices: typed lists of the kernels' five arrays, slots reused through a free list
-        self.RX = List.empty_list(nb_types.float32[:, ::1])
-        self.RP = List.empty_list(nb_types.int64[::1])
-        self.RI = List.empty_list(nb_types.int32[::1])
-        self.RD = List.empty_list(nb_types.float32[::1])
-        self.RY = List.empty_list(nb_types.float32[::1])
+        self.RX, self.RP, self.RI, self.RD, self.RY = new_row_lists()
         self.slot_stop = np.zeros(0, np.int64)
         self.n_slots = 0
         self.blk_slot = np.full(len(counts), -1, np.int32)
@@ -526,8 +520,7 @@ class _Resident:
         self.span_slot.fill(-1)
         self.pv_slot.fill(-1)
         self.blk_slot.fill(-1)
-        for name in ("RX", "RP", "RI", "RD", "RY"):
-            getattr(self, name).clear()
+        clear_row_lists(self.RX, self.RP, self.RI, self.RD, self.RY)
 
     def close(self) -> None:
         self.forget_rows()
