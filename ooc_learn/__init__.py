@@ -16,7 +16,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it (never a submodule of the same name: importing one
+# binds it on the package, over the name; tests/test_packaging.py checks)
 _EXPORTS = {
     "MemoryBudget": "ooc_learn.storage.budget",
     "OOCError": "ooc_learn.storage.errors",
@@ -34,7 +35,7 @@ _EXPORTS = {
     "open_store": "ooc_learn.storage.store",
     "Store": "ooc_learn.storage.store",
     "CVResult": "ooc_learn.cv.result",
-    "train": "ooc_learn.train",
+    "train": "ooc_learn.training",
     "LinearModel": "ooc_learn.model",
     "load_model": "ooc_learn.model",
     "tree_cv": "ooc_learn.cv.treecv",

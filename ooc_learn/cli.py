@@ -249,7 +249,7 @@ def _train_body(args):
     import contextlib
 
     from ooc_learn.storage.resources import peak_rss_bytes
-    from ooc_learn.train import train
+    from ooc_learn.training import train
 
     if args.cv is not None:
         return _cv_body(args)

@@ -16,7 +16,7 @@ from ooc_learn.solvers.dcd import solve_dcd
 from ooc_learn.solvers.ibcd import solve_ibcd
 from ooc_learn.solvers.tron import solve_tron
 from ooc_learn.storage.errors import ParameterError
-from ooc_learn.train import train
+from ooc_learn.training import train
 
 TRAIN = [sys.executable, "-c",
          "import sys; from ooc_learn.cli import train_main; sys.exit(train_main())"]
