@@ -26,6 +26,8 @@ __all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_orde
 
 # Store.iter_chunks' smallest range when the cap holds less than the rows asked
 CHUNK_MIN_ROWS = 16
+# Store.gather reads wanted rows at most this far apart with one call (run_bounds)
+RUN_GAP = 16
 
 
 def matrix_nbytes(X) -> int:
@@ -46,6 +48,13 @@ def stack_rows(mats):
 
 def _nbytes(X, y, row_ids) -> int:
     return matrix_nbytes(X) + int(y.nbytes + (0 if row_ids is None else row_ids.nbytes))
+
+
+def run_bounds(rows: np.ndarray, gap: int = RUN_GAP) -> list[tuple[int, int]]:
+    """Index bounds ``(i, j)`` of the runs of sorted ``rows`` at most ``gap`` apart: each run
+    is read with one call (a few unwanted rows in between cost less than another call)."""
+    cuts = (np.flatnonzero(np.diff(rows) > gap) + 1).tolist()
+    return list(zip([0] + cuts, cuts + [len(rows)]))
 
 
 class _Slicer:
@@ -93,22 +102,19 @@ class _Slicer:
                 self._read_into(buf[i * rb:(i + 1) * rb], int(r))
         return out
 
-    def take_runs(self, rows: np.ndarray, gap: int, out: np.ndarray) -> int:
+    def take_runs(self, rows: np.ndarray, runs, out: np.ndarray) -> int:
         """Rows at the sorted positions ``rows`` (in range) into ``out`` (C-contiguous, one
-        row each), one read per run of rows at most ``gap`` apart (a few unwanted rows cost
-        less than another system call): a run of consecutive rows is read straight into
-        ``out``. Returns how many rows were read."""
+        row each), one read per run (``run_bounds``): a run of consecutive rows is read
+        straight into ``out``. Returns how many rows were read."""
         if not out.nbytes:
             return 0
         buf, rb = memoryview(out).cast("B"), self.row_bytes
-        d = np.diff(rows)
-        cuts = (np.flatnonzero(d > gap) + 1).tolist()
         # steps other than +1 before each position (a repeat is one): a run without any
         # is consecutive rows
-        odd = np.r_[0, np.cumsum(d != 1)].tolist()
+        odd = np.r_[0, np.cumsum(np.diff(rows) != 1)].tolist()
         pos = rows.tolist()
         read = 0
-        for i, j in zip([0] + cuts, cuts + [len(pos)]):
+        for i, j in runs:
             r0, r1 = pos[i], pos[j - 1] + 1
             read += r1 - r0
             if odd[j - 1] == odd[i]:
@@ -552,15 +558,15 @@ class Store:
             want = srt[a0:a1]
             # the whole block through the cache when it is cached or fits easily (later
             # gathers then cost no I/O; a sample: see above); else runs of the wanted rows
-            gap = 16  # rows: reading a few unwanted rows beats another read call
             whole = self.block_is_cached(b)
+            runs = None
             if not whole and self.reads_whole_block(b):
                 if whole_blocks:
                     whole = True
                 else:
-                    d = np.diff(want)
-                    runs = want.size + int((d[d <= gap] - 1).sum())
-                    whole = 2 * runs >= int(self.block_offsets[b + 1]) - lo
+                    runs = run_bounds(want)
+                    span = sum(int(want[j - 1] - want[i]) + 1 for i, j in runs)
+                    whole = 2 * span >= int(self.block_offsets[b + 1]) - lo
             if whole:
                 X, y, ids = self.read_block(b)
                 local = want - lo
@@ -572,14 +578,16 @@ class Store:
                 np.take(y, local, out=yout[a0:a1])
                 np.take(ids, local, out=idout[a0:a1])
                 continue
+            if runs is None:
+                runs = run_bounds(want)
             if direct:
                 a, z = int(want[0]), int(want[-1]) + 1
                 if dense:
-                    read = f["X"].take_runs(want, gap, out=Xout[a0:a1])
+                    read = f["X"].take_runs(want, runs, out=Xout[a0:a1])
                     x_bytes = Xout[a0:a1].nbytes
                     self.bytes_read += read * f["X"].row_bytes
                 else:
-                    part, read, x_bytes = self._csr_runs(want, gap)
+                    part, read, x_bytes = self._csr_runs(want, runs)
                     parts_X.append(part)
                 self.rows_read += read
                 for ds, out in ((f["y"], yout), (f["row_id"], idout)):
@@ -588,11 +596,10 @@ class Store:
                         np.take(ds[a:z], want - a, out=out[a0:a1])
                         read = z - a
                     else:
-                        read = ds.take_runs(want, gap, out=out[a0:a1])
+                        read = ds.take_runs(want, runs, out=out[a0:a1])
                     self.bytes_read += read * ds.row_bytes
                 continue
-            cuts = (np.flatnonzero(np.diff(want) > gap) + 1).tolist()
-            for r_a, r_b in zip([0] + cuts, cuts + [want.size]):
+            for r_a, r_b in runs:
                 run = want[r_a:r_b]
                 r0, r1 = int(run[0]), int(run[-1]) + 1
                 X, y, ids = self.read_range(r0, r1)
@@ -618,8 +625,8 @@ class Store:
         inv[order] = np.arange(n)
         return X[inv], yout[inv], idout[inv]
 
-    def _csr_runs(self, want: np.ndarray, gap: int):
-        """CSR rows at the sorted positions ``want`` (one block's) read run by run: the row
+    def _csr_runs(self, want: np.ndarray, runs):
+        """CSR rows at the sorted positions ``want`` (one block's) read by ``runs``: the row
         pointers of their span in one read (by runs where that is larger than the rows'
         nonzeros), each run's data and indices in one read each. Returns ``((row lengths,
         data, indices), rows read, bytes of the rows returned)``."""
@@ -627,14 +634,12 @@ class Store:
         ip_ds, dat_ds, ind_ds = f["indptr"], f["data"], f["indices"]
         a, z = int(want[0]), int(want[-1]) + 1
         d = np.diff(want)
-        cuts = (np.flatnonzero(d > gap) + 1).tolist()
-        bounds = list(zip([0] + cuts, cuts + [want.size]))
         span_ip = ip_ds[a:z + 1] if (z - a + 1) * ip_ds.row_bytes <= (
             self.estimated_bytes(want.size)) else None
         self.bytes_read += 0 if span_ip is None else span_ip.nbytes
         lens, datas, inds = [], [], []
         read = 0
-        for i, j in bounds:
+        for i, j in runs:
             r0, r1 = int(want[i]), int(want[j - 1]) + 1
             read += r1 - r0
             if span_ip is not None:
