@@ -114,10 +114,17 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
                 "Ingest with --positive-label L to train L-vs-rest.")
         t0 = time.perf_counter()
         rows0, bytes0 = st.rows_read, st.bytes_read
-        stats = _run(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
-                     max_outer=max_outer, block_size=block_size, block_solver=block_solver,
-                     epochs=epochs, init_sample=init_sample, sample_eps=sample_eps, seed=seed,
-                     spill_dir=spill_dir, on_outer=on_outer)
+        model_bytes = _model_state_bytes(solver, block_solver, st.n_features)
+        st.budget.reserve(model_bytes, f"{solver} model state for {st.n_features:,} features "
+                                       f"(w and the solver's per-feature vectors)")
+        try:
+            stats = _run(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
+                         max_outer=max_outer, block_size=block_size,
+                         block_solver=block_solver, epochs=epochs, init_sample=init_sample,
+                         sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
+                         on_outer=on_outer)
+        finally:
+            st.budget.release(model_bytes)
         w = stats.pop("w")
         stats["seconds"] = time.perf_counter() - t0
         stats.setdefault("rows_read", st.rows_read - rows0)
@@ -132,6 +139,19 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
     finally:
         if opened:
             st.close()
+
+
+# float64 vectors of d + 1 entries alive at once, per solver: IBCD holds w, the outer iterate,
+# the previous one, the step's delta, w_0's sample solution and the index's query copies
+# (float64 and float32); TRON (IBCD's primal block solver) adds its iterate, gradient, step,
+# residual and Hessian-vector product; dcd/bm hold w and a copy; PEGASOS its scaled w, its
+# average and a copy; every solver's result and the saved model add two more.
+_MODEL_VECTORS = {"ibcd": 9, "ibcd-primal": 15, "dcd": 4, "bm": 4, "pegasos": 5}
+
+
+def _model_state_bytes(solver: str, block_solver: str, d: int) -> int:
+    key = "ibcd-primal" if solver == "ibcd" and block_solver == "primal" else solver
+    return _MODEL_VECTORS[key] * 8 * (int(d) + 1)
 
 
 def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, epochs,

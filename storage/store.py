@@ -158,7 +158,8 @@ class StoreWriter:
         self._next_block = 0
         self._nnz_pos = 0
         n, d = self.n_samples, self.n_features
-        f = self._file = h5py.File(self.directory / DATA_FILE, "w", libver="latest")
+        f = self._file = h5py.File(self.directory / DATA_FILE, "w", libver="latest",
+                                       rdcc_nbytes=0)
         f.create_dataset("y", (n,), dtype=np.float32)
         f.create_dataset("row_id", (n,), dtype=np.int64)
         f.create_dataset("sqnorm", (n,), dtype=np.float32)
@@ -283,7 +284,9 @@ class Store:
                 f"{self.path} is not an ooc-learn store (no {DATA_FILE} inside).",
                 "Create one with: ooc-ingest SOURCE -o STORE")
         try:
-            self._file = h5py.File(data, "r")
+            # no chunk cache: the datasets are contiguous (every read goes straight to the
+            # file), so HDF5's default 1 MiB per dataset would be memory outside the budget
+            self._file = h5py.File(data, "r", rdcc_nbytes=0)
         except OSError as exc:
             raise StoreFormatError(f"{data} cannot be opened as HDF5 ({exc}).",
                                    "The store is damaged; re-create it with ooc-ingest "

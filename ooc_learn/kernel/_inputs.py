@@ -94,10 +94,10 @@ def gather_store(store, caller):
     if not budget.try_reserve(need):
         raise BudgetExceededError(
             f"{caller} gathers all {n} rows of the store into memory ({format_size(need)}), "
-            f"but only {format_size(budget.available)} of the {format_size(budget.limit)} "
+            f"but only {format_size(budget.available)} of the {format_size(budget.cap)} "
             f"memory cap is free.",
             f"Raise --memory (or OOC_MEMORY) to at least "
-            f"{format_size(budget.limit - budget.available + need)}, or use a subset of rows.")
+            f"{format_size(budget.cap_needed(need), up=True)}, or use a subset of rows.")
     X, y, _ = store.read_range(0, n)
     return X, np.asarray(y), need
 

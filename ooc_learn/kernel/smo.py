@@ -80,7 +80,7 @@ class KernelMatrix:
                 f"The kernel column cache needs at least 2 columns ({format_size(2 * col)}) "
                 f"but only {format_size(cap)} is available.",
                 f"Raise --memory (or OOC_MEMORY) to at least "
-                f"{format_size(budget.limit - budget.available + 2 * col + self.work_bytes)}.")
+                f"{format_size(budget.cap_needed(2 * col + self.work_bytes), up=True)}.")
         self.cache_bytes = slots * col
         budget.reserve(self.cache_bytes, "kernel column cache")
         Xd, indptr, indices, data = _layout_arrays(X)

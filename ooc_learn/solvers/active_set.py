@@ -284,7 +284,7 @@ class ActiveSet:
         if not self.can_spill:
             raise BudgetExceededError(
                 f"The IBCD active set ({self.m} rows, {format_size(self._reserved)}) does "
-                f"not fit the {format_size(self.budget.limit)} memory cap.",
+                f"not fit the {format_size(self.budget.cap)} memory cap.",
                 "Raise --memory (or OOC_MEMORY), or allow spilling to disk.")
         base = self.spill_dir if self.spill_dir is not None else tempfile.gettempdir()
         try:

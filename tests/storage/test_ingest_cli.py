@@ -113,7 +113,7 @@ def test_cli_json_and_info(tmp_path, rng, capsys):
     src = tmp_path / "t.svm"
     write_svm(src, X, y, zero_based=False)
     rc = ingest_main([str(src), "-o", str(tmp_path / "s"), "--json", "--quiet", "--no-index",
-                      "--blocks", "4", "--memory", "64M"])
+                      "--blocks", "4", "--memory", "4G"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("store", "n_samples", "n_features", "n_blocks", "layout", "seconds",
