@@ -1,13 +1,16 @@
 """Ingest sources into a block store under the memory cap.
 
-Three passes, each streaming (see :mod:`shuffle`):
+The sources are read once and the store is written once (see :mod:`shuffle`):
 
-1. parse every source in chunks (numba parsers) and append the rows to a binary spill,
-   tracking n, nnz, feature indices and the label set; hash the sources on a side thread;
-2. deal the spilled rows into R balanced random buckets (blocks are iid shards even when
-   the source is sorted by class);
-3. load one bucket at a time, order its rows (index-leaf order when the index is built,
-   else a random permutation), and write it as block b of ``data.h5``.
+1. parse every source in chunks (numba parsers) and deal each chunk's rows straight into R0
+   balanced random buckets (every bucket a stratified sample of the whole input, so blocks
+   are iid shards even when the source is sorted by class), tracking n, nnz, feature indices
+   and the label set; hash the sources on a side thread that keeps pace with the parser;
+2. with n, d, the layout and the task decided, plan the R final blocks from the buckets
+   (bucket b = block b when R0 = R, else whole buckets plus random shares of shared ones);
+   a bucket larger than a block (R0 underestimated) is dealt again;
+3. load the buckets of one block at a time, order its rows (index-leaf order when the index
+   is built, else a random permutation), and write it as block c of ``data.h5``.
 
 Everything is written in a temporary sibling directory renamed into place at the end, so an
 interrupted ingest (even SIGKILL) never leaves a store that opens, and a failed one leaves
@@ -32,7 +35,8 @@ from .budget import MemoryBudget, format_size
 from .errors import BudgetExceededError, IngestError, ParameterError, StoreExistsError
 from .format import TMP_MARKER
 from .resources import peak_rss_bytes
-from .shuffle import BucketWriter, Spill, balanced_sizes, deal_chunk, read_bucket
+from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records,
+                      plan_blocks)
 from .store import Store, StoreWriter, row_sqnorms, swap_into_place
 
 __all__ = ["ingest", "ingest_arrays", "DENSE_THRESHOLD", "MULTICLASS_MAX_CLASSES"]
@@ -47,6 +51,8 @@ MULTICLASS_MAX_CLASSES = 20
 _MAX_TRACKED_LABELS = 4096
 #: default target size of one block in memory
 _DEFAULT_BLOCK_BYTES = 64 << 20
+#: the most buckets pass 1 deals into without --blocks (each is a file, appended per flush)
+_MAX_BUCKETS = 1 << 15
 
 _FORMATS = ("auto", "libsvm", "csv", "npy", "npz")
 _LAYOUTS = ("auto", "dense", "csr")
@@ -97,26 +103,65 @@ def _clean_stale(out: Path) -> None:
 
 
 class _Hasher(threading.Thread):
-    """sha256 and size of a source file, computed beside the parse (hashlib drops the GIL)."""
+    """sha256 and size of a source file, computed beside the parse (hashlib drops the GIL).
 
-    def __init__(self, path: Path, buffer_bytes: int = 1 << 20):
+    It reads the file a second time, so it is kept within ``window`` bytes of the parser's
+    position (:meth:`advance`), both ways: the pages one of them reads are still in the page
+    cache when the other gets there, and the disk delivers the source once even when the
+    cache is small (a memory cgroup charges it).
+    """
+
+    def __init__(self, path: Path, buffer_bytes: int = 1 << 20, window: int = 64 << 20):
         super().__init__(daemon=True)
         self.path, self.digest, self.size, self.error = path, None, 0, None
         self.buffer_bytes = buffer_bytes
+        self.window = max(int(window), 2 * buffer_bytes)
+        self._parsed = 0
+        self._done = False
+        self._cond = threading.Condition()
 
     def run(self):
         try:
             h = hashlib.sha256()
             with open(self.path, "rb") as fh:
                 while True:
+                    with self._cond:
+                        while not self._done and self.size > self._parsed + self.window:
+                            self._cond.wait()
+                        if self._done:  # stopped: the ingest failed
+                            return
                     buf = fh.read(self.buffer_bytes)
                     if not buf:
                         break
                     h.update(buf)
-                    self.size += len(buf)
+                    with self._cond:
+                        self.size += len(buf)
+                        self._cond.notify_all()
             self.digest = h.hexdigest()
         except OSError as exc:  # the parser reports unreadable files itself
             self.error = exc
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def advance(self, position: int) -> None:
+        """The parser has read the file up to ``position``; wait while the hash lags far."""
+        with self._cond:
+            self._parsed = max(self._parsed, int(position))
+            self._cond.notify_all()
+            while not self._done and self.size + self.window < self._parsed:
+                self._cond.wait()
+
+    def finish(self) -> None:
+        """The parser is done with the file: let the hash run to its end and wait for it."""
+        self.advance(1 << 62)
+        self.join()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
 
 
 class _LabelTracker:
@@ -185,7 +230,8 @@ def _decide_task(tracker: _LabelTracker, task: str, positive_label):
 
 
 def _array_chunks(X, y, chunk_rows: int):
-    """RawChunk-like chunks from in-memory arrays (for :func:`ingest_arrays`)."""
+    """RawChunk-like chunks from in-memory arrays (for :func:`ingest_arrays`); ``bytes_read``
+    counts rows, against ``_chunks_total`` = n."""
     from types import SimpleNamespace
 
     n = X.shape[0]
@@ -198,7 +244,7 @@ def _array_chunks(X, y, chunk_rows: int):
             labels=np.asarray(y[a:b], dtype=np.float64), indptr=Xc.indptr.astype(np.int64),
             indices=Xc.indices.astype(np.int64), values=Xc.data.astype(np.float32),
             first_line=a + 1, line_numbers=None, min_index=0, max_index=X.shape[1] - 1,
-            n_columns=X.shape[1], bytes_read=0)
+            n_columns=X.shape[1], bytes_read=b)
 
 
 def _check_finite_labels(labels, path, chunk):
@@ -216,7 +262,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
            n_features: int | None = None, positive_label: float | None = None,
            label_column=0, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
-           overwrite: bool = False, progress: bool = False, _chunks=None) -> Store:
+           overwrite: bool = False, progress: bool = False, _chunks=None,
+           _chunks_total: int = 0) -> Store:
     """Ingest source files into a new store and return it opened.
 
     Parameters
@@ -250,13 +297,19 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     -------
     Store
         The new store, opened with the same budget; ``store.ingest_stats`` holds ``seconds``,
-        ``bytes_in``, ``peak_rss_bytes`` and ``pass_seconds`` (parse, shuffle, write).
+        ``bytes_in`` (the sources' size), ``bytes_read`` (sources + buckets read back),
+        ``bytes_written`` (buckets + the store with its index), ``store_bytes``,
+        ``bucket_bytes``, ``buckets`` (how many pass 1 dealt into), ``io_read_bytes`` /
+        ``io_write_bytes`` (this process's block I/O from ``/proc/self/io`` over the ingest,
+        None where unavailable), ``peak_rss_bytes`` and ``pass_seconds`` (parse, redeal,
+        write).
 
     Examples
     --------
     >>> store = ingest(["train.svm.xz"], "train.store", memory="512M")   # doctest: +SKIP
     """
     t0 = time.perf_counter()
+    io0 = _proc_io()
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     sources = [Path(s) for s in sources]
@@ -284,7 +337,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                              n_features=n_features, positive_label=positive_label,
                              label_column=label_column, delimiter=delimiter, header=header,
                              zero_based=zero_based, block_orderer=block_orderer,
-                             seed=seed, progress=progress, chunks=_chunks)
+                             seed=seed, progress=progress, chunks=_chunks,
+                             chunks_total=_chunks_total)
         if out.exists() and not overwrite:  # appeared while we worked
             raise StoreExistsError(f"The output {out} already exists.",
                                    "Pass --overwrite to replace it.")
@@ -293,6 +347,9 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     store = Store(out, memory=budget)
+    io1 = _proc_io()
+    stats["io_read_bytes"] = None if io0 is None or io1 is None else io1[0] - io0[0]
+    stats["io_write_bytes"] = None if io0 is None or io1 is None else io1[1] - io0[1]
     stats["seconds"] = time.perf_counter() - t0
     stats["peak_rss_bytes"] = peak_rss_bytes()
     store.ingest_stats = stats
@@ -315,26 +372,120 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
                              f"y {y.shape}.")
     chunk_rows = max(1, (4 << 20) // max(1, 4 * X.shape[1]))
     return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
-                  **kwargs)
+                  _chunks_total=X.shape[0], **kwargs)
 
 
-def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, block_rows,
-                 n_features, positive_label, label_column, delimiter, header, zero_based,
-                 block_orderer, seed, progress, chunks):
+# ---- the three passes --------------------------------------------------------------------
+def _proc_io():
+    """``(read_bytes, write_bytes)`` of this process so far (``/proc/self/io``), or None."""
+    try:
+        with open("/proc/self/io") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        return int(fields["read_bytes"]), int(fields["write_bytes"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+class _IOCount:
+    """Bytes ingest reads and writes itself: sources, buckets, the store."""
+
+    def __init__(self):
+        self.read = 0
+        self.written = 0
+
+    def add_read(self, nbytes: int) -> None:
+        self.read += int(nbytes)
+
+
+class _Parsed:
+    """What pass 1 learns about the input while it parses and deals it."""
+
+    def __init__(self):
+        self.n = 0
+        self.nnz = 0
+        self.min_index = np.iinfo(np.int64).max
+        self.max_index = -1
+        self.n_columns = None
+        self.formats: set = set()
+        self.sources: list = []
+        self.tracker = _LabelTracker()
+        self.buckets: BucketWriter | None = None
+        self.bytes_in = 0
+
+    def add(self, ch, name) -> None:
+        self.tracker.add(ch.labels)
+        self.min_index = min(self.min_index, int(ch.min_index))
+        self.max_index = max(self.max_index, int(ch.max_index))
+        if ch.n_columns is not None:
+            if self.n_columns is not None and ch.n_columns != self.n_columns:
+                raise IngestError(
+                    f"This source has {ch.n_columns} feature columns but the earlier "
+                    f"ones have {self.n_columns}.",
+                    "All sources of one store must have the same columns.", path=name)
+            self.n_columns = ch.n_columns
+        self.n += len(ch.labels)
+        self.nnz += int(ch.indptr[-1])
+
+
+class _Shape:
+    """The store's shape, decided from the pass-1 figures (also estimated after one chunk)."""
+
+    def __init__(self, p: _Parsed, *, layout, n_features, zero_based, n_blocks, block_rows,
+                 limit, check: bool):
+        base = 0
+        if "libsvm" in p.formats:
+            base = 0 if (zero_based is True or p.min_index == 0) else 1
+            if zero_based is False:
+                base = 1
+        d_data = max(p.max_index + 1 - base, p.n_columns or 0, 0)
+        d = d_data if n_features is None else n_features
+        if check and d < d_data:
+            raise IngestError(f"The sources have {d_data} features but n_features={d} was "
+                              f"given.", f"Pass --n-features {d_data} or larger.")
+        d = max(d, d_data, 1)
+        n = max(p.n, 1)
+        self.base, self.d = base, d
+        self.density = p.nnz / float(n * d)
+        self.layout = layout if layout != "auto" else (
+            "dense" if self.density >= DENSE_THRESHOLD else "csr")
+        self.bytes_per_row = (4 * d if self.layout == "dense" else 8 + 8 * p.nnz / n) + 24
+        if block_rows is None and n_blocks is None:
+            target = min(_DEFAULT_BLOCK_BYTES, limit // 8)
+            block_rows = max(1, int(target // self.bytes_per_row))
+        self.block_rows = block_rows
+        if n_blocks is None:
+            n_blocks = max(1, -(-p.n // block_rows))
+        self.n_blocks = max(1, min(n_blocks, p.n))
+
+
+def _deal_buckets(p: _Parsed, ch, total: int, *, n_blocks, block_rows, shape_kw) -> int:
+    """How many buckets pass 1 deals into, decided at the first chunk ``ch``.
+
+    ``--blocks R``: R. A first chunk that is the whole input: the final block count. Else
+    the count estimated from the chunk (rows per source byte, bytes per stored row) times
+    2 for headroom, rounded up to a power of two: pass 3 merges buckets into blocks at no
+    cost, while a bucket larger than a block costs a re-deal (one more write and read of it).
+    """
+    if n_blocks is not None:
+        return int(n_blocks)
+    est = _Shape(p, n_blocks=None, block_rows=block_rows, check=False, **shape_kw)
+    if total and ch.bytes_read >= total:
+        return est.n_blocks
+    n_est = p.n * total / max(1, ch.bytes_read) if total else p.n
+    want = 2 * n_est / est.block_rows
+    r0 = 1 << max(0, int(np.ceil(np.log2(max(1.0, want)))))
+    return int(min(r0, _MAX_BUCKETS, 1 << int(np.ceil(np.log2(max(2.0, n_est))))))
+
+
+def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_column, delimiter,
+                    header, zero_based, n_blocks, block_rows, shape_kw, buffer_bytes, rng,
+                    counter: _IOCount, progress) -> _Parsed:
+    """Pass 1: parse every source and deal its rows into buckets as they come."""
     from tqdm.auto import tqdm
 
-    spill = Spill(tmp / "spill")
-    tracker = _LabelTracker()
-    min_index, max_index, n_columns = np.iinfo(np.int64).max, -1, None
-    formats_seen = set()
-    src_meta = []
-    hashers = []
-    bytes_in = 0
+    p = _Parsed()
     # the parser holds about 6x its text chunk (buffer, carry, output arrays)
-    chunk_bytes = int(min(16 << 20, max(64 << 10, budget.limit // 32)))
-
-    # ---- pass 1: parse and spill ------------------------------------------------------
-    t_pass = time.perf_counter()
+    chunk_bytes = int(min(16 << 20, max(64 << 10, shape_kw["limit"] // 32)))
     if chunks is None:
         from .parsers import detect_format, iter_chunks
 
@@ -343,146 +494,204 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         def source_iter():
             for s in sources:
                 f = detect_format(s) if fmt == "auto" else fmt
-                formats_seen.add(f)
+                p.formats.add(f)
                 yield str(s), iter_chunks(s, f, chunk_bytes=chunk_bytes,
                                           label_column=label_column, delimiter=delimiter,
                                           header=header)
         it = source_iter()
     else:
-        total = 0
+        total = int(chunks_total)
         it = iter(chunks())
-        formats_seen.add("arrays")
-    bar = tqdm(total=total or None, unit="B", unit_scale=True, desc="parse", disable=not progress,
-               leave=False)
-    for name, chunk_iter in it:
-        if chunks is None:
-            h = _Hasher(Path(name), chunk_bytes)
-            h.start()
-            hashers.append(h)
-        rows_before = spill.n_rows
-        done_before = 0
-        for ch in chunk_iter:
-            _check_finite_labels(ch.labels, name, ch)
-            if zero_based is False and ch.min_index == 0 and "libsvm" in formats_seen:
-                raise IngestError("Feature index 0 found but zero_based=False.",
-                                  "Drop --one-based (indices are 0-based).", path=name,
-                                  line=ch.first_line)
-            spill.append(ch.labels, ch.indptr, ch.indices, ch.values)
-            tracker.add(ch.labels)
-            min_index = min(min_index, int(ch.min_index))
-            max_index = max(max_index, int(ch.max_index))
-            if ch.n_columns is not None:
-                if n_columns is not None and ch.n_columns != n_columns:
-                    raise IngestError(
-                        f"This source has {ch.n_columns} feature columns but the earlier "
-                        f"ones have {n_columns}.",
-                        "All sources of one store must have the same columns.", path=name)
-                n_columns = ch.n_columns
-            bar.update(max(0, ch.bytes_read - done_before))
-            done_before = ch.bytes_read
-        if spill.n_rows == rows_before and chunks is None:
-            raise IngestError("The source contains no data rows.",
-                              "Check that the file is not empty and is in a supported "
-                              "format (LIBSVM, CSV, .npy/.npz).", path=name)
-        src_meta.append({"name": Path(name).name, "path": str(Path(name).resolve())
-                         if chunks is None else name, "rows": spill.n_rows - rows_before})
-    bar.close()
-    spill.close_writing()
-    n, nnz = spill.n_rows, spill.nnz
-    if n == 0:
+        p.formats.add("arrays")
+    dealer = None
+    hashers = []
+    bar = tqdm(total=(total if chunks is None else 0) or None, unit="B", unit_scale=True,
+               desc="parse", disable=not progress, leave=False)
+    try:
+        for name, chunk_iter in it:
+            h = None
+            if chunks is None:
+                h = _Hasher(Path(name), min(chunk_bytes, 4 << 20), window=4 * chunk_bytes)
+                h.start()
+                hashers.append(h)
+            rows_before = p.n
+            done_before = 0
+            for ch in chunk_iter:
+                _check_finite_labels(ch.labels, name, ch)
+                if zero_based is False and ch.min_index == 0 and "libsvm" in p.formats:
+                    raise IngestError("Feature index 0 found but zero_based=False.",
+                                      "Drop --one-based (indices are 0-based).", path=name,
+                                      line=ch.first_line)
+                row0 = p.n
+                p.add(ch, name)
+                if dealer is None:
+                    r0 = _deal_buckets(p, ch, total, n_blocks=n_blocks, block_rows=block_rows,
+                                       shape_kw=shape_kw)
+                    p.buckets = BucketWriter(tmp / "buckets", r0, buffer_bytes=buffer_bytes)
+                    dealer = Dealer(r0, rng)
+                m = p.n - row0
+                p.buckets.add(dealer.deal(m), ch.labels, np.arange(row0, p.n, dtype=np.int64),
+                              ch.indptr, ch.indices, ch.values)
+                if h is not None:
+                    h.advance(ch.bytes_read)
+                    bar.update(max(0, ch.bytes_read - done_before))
+                done_before = ch.bytes_read
+            if p.n == rows_before and chunks is None:
+                raise IngestError("The source contains no data rows.",
+                                  "Check that the file is not empty and is in a supported "
+                                  "format (LIBSVM, CSV, .npy/.npz).", path=name)
+            p.sources.append({"name": Path(name).name, "path": str(Path(name).resolve())
+                              if chunks is None else name, "rows": p.n - rows_before})
+            if h is not None:
+                h.finish()
+                p.sources[-1].update(sha256=h.digest, bytes=h.size)
+                p.bytes_in += h.size
+    finally:
+        bar.close()
+        for h in hashers:
+            h.stop()
+    if p.n == 0:
         raise IngestError("The sources contain no data rows.", "Check the input files.")
-    for h, meta in zip(hashers, src_meta):
-        h.join()
-        meta.update(sha256=h.digest, bytes=h.size)
-        bytes_in += h.size
+    p.buckets.flush()
+    counter.read += p.bytes_in
+    counter.written += p.buckets.bytes_written
+    return p
 
-    # ---- decide base, width, layout, task ----------------------------------------------
-    textual = "libsvm" in formats_seen
-    base = 0
-    if textual:
-        base = 0 if (zero_based is True or min_index == 0) else 1
-        if zero_based is False:
-            base = 1
-    d_data = max(max_index + 1 - base, n_columns or 0, 0)
-    d = d_data if n_features is None else n_features
-    if d < d_data:
-        raise IngestError(f"The sources have {d_data} features but n_features={d} was given.",
-                          f"Pass --n-features {d_data} or larger.")
-    d = max(d, 1)
-    density = nnz / float(n * d)
-    lay = layout if layout != "auto" else ("dense" if density >= DENSE_THRESHOLD else "csr")
-    task_, label_map, mapper = _decide_task(tracker, task, positive_label)
 
-    bytes_per_row = (4 * d if lay == "dense" else 8 + 8 * nnz / n) + 24
-    if block_rows is None and n_blocks is None:
-        target = min(_DEFAULT_BLOCK_BYTES, budget.limit // 8)
-        block_rows = max(1, int(target // bytes_per_row))
-    if n_blocks is None:
-        n_blocks = max(1, -(-n // block_rows))
-    n_blocks = min(n_blocks, n)
-    sizes = balanced_sizes(n, n_blocks)
-    block_need = int(sizes.max() * bytes_per_row * 3)
-    if block_need > budget.limit:
+def _redeal(tmp: Path, buckets: list, max_rows: int, min_rows: int, *, buffer_bytes, rng,
+            counter: _IOCount) -> tuple[list, int]:
+    """Deal every bucket of more than ``max_rows`` rows into sub-buckets of at most
+    ``min_rows`` (so no bucket spans more than two blocks); ``(buckets, how many)``."""
+    out, redealt = [], 0
+    for i, (path, rows) in enumerate(buckets):
+        if rows <= max_rows:
+            out.append((path, rows))
+            continue
+        k = -(-rows // min_rows)
+        writer = BucketWriter(tmp / "redeal" / f"{i:06d}", k, buffer_bytes=buffer_bytes)
+        dealer = Dealer(k, rng)
+        for rec in iter_records(path, counter.add_read):
+            indptr, indices, values = rec.csr()
+            writer.add(dealer.deal(rec.n_rows), rec.labels, rec.row_ids, indptr, indices,
+                       values)
+        writer.flush()
+        path.unlink()
+        counter.written += writer.bytes_written
+        out.extend((writer.path(j), int(writer.rows[j])) for j in range(k))
+        redealt += 1
+    return out, redealt
+
+
+def _load_bucket(path, rows: int, blocks, counts, pending: dict, *, shape: _Shape, rng,
+                 counter: _IOCount) -> None:
+    """Read one bucket and hand its rows, in the store's layout, to the blocks of the plan
+    (a random share to each when it is shared)."""
+    dest = None if len(blocks) == 1 else deal_chunk(counts.copy(), rows, rng)
+    pos = 0
+    for rec in iter_records(path, counter.add_read):
+        X = rec.rows(shape.layout, shape.d, shape.base)
+        m = rec.n_rows
+        if dest is None:
+            pending.setdefault(int(blocks[0]), []).append((rec.labels, rec.row_ids, X))
+        else:
+            dd = dest[pos:pos + m]
+            for i in np.unique(dd).tolist():
+                sel = np.flatnonzero(dd == i)
+                pending.setdefault(int(blocks[i]), []).append(
+                    (rec.labels[sel], rec.row_ids[sel], X[sel]))
+        pos += m
+    if pos != rows:  # pragma: no cover - the writer counted what it wrote
+        raise OSError(f"bucket file {path} holds {pos} rows, expected {rows}")
+    path.unlink()
+
+
+def _stack(parts, layout: str):
+    labels = np.concatenate([q[0] for q in parts])
+    row_ids = np.concatenate([q[1] for q in parts])
+    if len(parts) == 1:
+        X = parts[0][2]
+    elif layout == "dense":
+        X = np.concatenate([q[2] for q in parts])
+    else:
+        X = sp.vstack([q[2] for q in parts], format="csr")
+    if layout == "csr":
+        X.sort_indices()
+    return labels, row_ids, X
+
+
+def _write_blocks(writer, forest, buckets: list, plan, offsets, *, shape: _Shape, mapper, rng,
+                  counter: _IOCount, progress) -> None:
+    """Pass 3: build block after block from the buckets (each read once) and write them."""
+    from tqdm.auto import tqdm
+
+    starts = np.concatenate(([0], np.cumsum([r for _, r in buckets])))
+    pending: dict = {}
+    nxt = 0
+    with tqdm(total=len(offsets) - 1, unit="block", desc="write", disable=not progress,
+              leave=False) as bar:
+        for c in range(len(offsets) - 1):
+            while nxt < len(buckets) and starts[nxt] < offsets[c + 1]:
+                path, rows = buckets[nxt]
+                if rows:
+                    _load_bucket(path, rows, plan.bucket_blocks[nxt], plan.bucket_counts[nxt],
+                                 pending, shape=shape, rng=rng, counter=counter)
+                nxt += 1
+            labels, row_ids, X = _stack(pending.pop(c), shape.layout)
+            y = mapper(labels).astype(np.float32)
+            sq = row_sqnorms(X)
+            if forest is not None:
+                perm = forest.order(c, int(offsets[c]), X, sq)
+            else:
+                perm = rng.permutation(len(labels))
+            writer.write_block(c, X[perm], y[perm], row_ids[perm], sq[perm])
+            del X
+            bar.update(1)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _check_block_fits(budget, rows: int, bytes_per_row: float) -> int:
+    """Bytes pass 3 needs for a block of ``rows`` rows (x3 for the parts it is stacked from,
+    or the remainder of a shared bucket, and its permuted copy); raises when the cap is
+    smaller."""
+    need = int(rows * bytes_per_row * 3)
+    if need > budget.limit:
         raise BudgetExceededError(
-            f"A block of {int(sizes.max())} rows needs about {format_size(block_need)} to "
-            f"ingest but the memory cap is {format_size(budget.limit)}.",
-            f"Raise --memory or lower --block-rows (or raise --blocks).")
-    offsets = np.zeros(n_blocks + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
+            f"A block of {rows} rows needs about {format_size(need)} to "
+            f"ingest but the memory cap is {format_size(budget.cap)}"
+            + (f" ({format_size(budget.limit)} beyond the process's fixed part)."
+               if budget.fixed else "."),
+            f"Raise --memory to at least {format_size(budget.fixed + need, up=True)} "
+            f"or lower --block-rows (or raise --blocks).")
+    return need
 
-    # ---- pass 2: deal rows into balanced random buckets ---------------------------------
-    t_parse = time.perf_counter() - t_pass
-    t_pass = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    buckets = BucketWriter(tmp / "buckets", n_blocks, buffer_bytes=budget.limit // 4)
-    remaining = sizes.copy()
-    chunk_rows = max(1024, int(chunk_bytes // max(1.0, 8 + 8 * nnz / n + 16)))
-    done = 0
-    with tqdm(total=n, unit="row", desc="shuffle", disable=not progress, leave=False) as bar:
-        for labels, indptr, indices, values in spill.iter_rows(chunk_rows):
-            m = len(labels)
-            lab = deal_chunk(remaining, m, rng)
-            buckets.add(lab, labels, np.arange(done, done + m, dtype=np.int64), indptr,
-                        indices, values)
-            done += m
-            bar.update(m)
-    buckets.flush()
-    spill.remove()
 
-    # ---- pass 3: one bucket -> one block -----------------------------------------------
-    t_shuffle = time.perf_counter() - t_pass
-    t_pass = time.perf_counter()
+def _write_store(tmp: Path, p: _Parsed, shape: _Shape, buckets: list, *, task, label_map,
+                 mapper, seed, positive_label, n_features, block_orderer, rng, counter,
+                 progress) -> None:
+    """Pass 3: plan the blocks from the buckets, write ``data.h5`` and the orderer's files."""
+    plan = plan_blocks([r for _, r in buckets], shape.n_blocks)
+    offsets = np.zeros(shape.n_blocks + 1, np.int64)
+    np.cumsum(plan.block_sizes, out=offsets[1:])
     metadata = {
-        "label_map": label_map, "sources": src_meta, "formats": sorted(formats_seen),
-        "zero_based": base == 0, "nnz": int(nnz), "density": density,
-        "params": {"n_blocks": int(n_blocks), "seed": int(seed), "layout": lay,
-                   "task": task_, "positive_label": positive_label,
+        "label_map": label_map, "sources": p.sources, "formats": sorted(p.formats),
+        "zero_based": shape.base == 0, "nnz": int(p.nnz), "density": shape.density,
+        "params": {"n_blocks": int(shape.n_blocks), "seed": int(seed), "layout": shape.layout,
+                   "task": task, "positive_label": positive_label,
                    "n_features": n_features},
     }
-    writer = StoreWriter(tmp, n_samples=n, n_features=d, nnz=nnz, layout=lay,
-                         block_offsets=offsets, task=task_, metadata=metadata)
+    writer = StoreWriter(tmp, n_samples=p.n, n_features=shape.d, nnz=p.nnz,
+                         layout=shape.layout, block_offsets=offsets, task=task,
+                         metadata=metadata)
     forest = None
-    if block_orderer is not None:
-        forest = block_orderer(tmp, n_blocks=n_blocks, n_samples=n, n_features=d, seed=seed)
     try:
-        with tqdm(total=n_blocks, unit="block", desc="write", disable=not progress,
-                  leave=False) as bar:
-            for b in range(n_blocks):
-                labels, row_ids, indptr, indices, values = read_bucket(buckets.path(b))
-                buckets.path(b).unlink()
-                if base:
-                    indices = indices - np.int32(base)
-                X = sp.csr_matrix((values, indices, indptr), shape=(len(labels), d))
-                if lay == "dense":
-                    X = X.toarray()
-                y = mapper(labels).astype(np.float32)
-                sq = row_sqnorms(X)
-                if forest is not None:
-                    perm = forest.order(b, int(offsets[b]), X, sq)
-                else:
-                    perm = rng.permutation(len(labels))
-                writer.write_block(b, X[perm], y[perm], row_ids[perm], sq[perm])
-                bar.update(1)
+        if block_orderer is not None:
+            forest = block_orderer(tmp, n_blocks=shape.n_blocks, n_samples=p.n,
+                                   n_features=shape.d, seed=seed)
+        _write_blocks(writer, forest, buckets, plan, offsets, shape=shape, mapper=mapper,
+                      rng=rng, counter=counter, progress=progress)
         if forest is not None:
             forest.close()
             forest = None
@@ -492,9 +701,56 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         if forest is not None and hasattr(forest, "abort"):
             forest.abort()
         raise
+
+
+def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, block_rows,
+                 n_features, positive_label, label_column, delimiter, header, zero_based,
+                 block_orderer, seed, progress, chunks, chunks_total):
+    deal_ss, plan_ss = np.random.SeedSequence(seed).spawn(2)
+    shape_kw = dict(layout=layout, n_features=n_features, zero_based=zero_based,
+                    limit=budget.limit)
+    buffer_bytes = max(1 << 16, budget.limit // 4)
+    counter = _IOCount()
+    t0 = time.perf_counter()
+    with budget.reservation(buffer_bytes, "bucket write buffer"):
+        # ---- pass 1: parse and deal into buckets ------------------------------------------
+        p = _parse_and_deal(tmp, sources, chunks, chunks_total, fmt=fmt,
+                            label_column=label_column, delimiter=delimiter, header=header,
+                            zero_based=zero_based, n_blocks=n_blocks, block_rows=block_rows,
+                            shape_kw=shape_kw, buffer_bytes=buffer_bytes,
+                            rng=np.random.default_rng(deal_ss), counter=counter,
+                            progress=progress)
+        # ---- decide base, width, layout, task, blocks -------------------------------------
+        shape = _Shape(p, n_blocks=n_blocks, block_rows=block_rows, check=True, **shape_kw)
+        task_, label_map, mapper = _decide_task(p.tracker, task, positive_label)
+        sizes = balanced_sizes(p.n, shape.n_blocks)  # the plan's, unless bucket b is block b
+        block_need = _check_block_fits(budget, int(sizes.max()), shape.bytes_per_row)
+        t1 = time.perf_counter()
+        buckets = [(p.buckets.path(b), int(r)) for b, r in enumerate(p.buckets.rows)]
+        rng = np.random.default_rng(plan_ss)
+        redealt = 0
+        if len(buckets) != shape.n_blocks:
+            buckets, redealt = _redeal(tmp, buckets, int(sizes.max()), int(sizes.min()),
+                                       buffer_bytes=buffer_bytes, rng=rng, counter=counter)
+            if redealt:
+                log.warning("ingest: %d of the buckets were larger than a block (the source is "
+                            "larger than its first rows suggested) and were dealt again; pass "
+                            "--blocks to deal into the final blocks at once.", redealt)
+    bucket_bytes = counter.written
+    # ---- pass 3: buckets -> blocks ----------------------------------------------------------
+    t2 = time.perf_counter()
+    with budget.reservation(block_need, "ingest block"):
+        _write_store(tmp, p, shape, buckets, task=task_, label_map=label_map, mapper=mapper,
+                     seed=seed, positive_label=positive_label, n_features=n_features,
+                     block_orderer=block_orderer, rng=rng, counter=counter, progress=progress)
     shutil.rmtree(tmp / "buckets", ignore_errors=True)
-    shutil.rmtree(tmp / "spill", ignore_errors=True)
-    pass_seconds = {"parse": t_parse, "shuffle": t_shuffle, "write": time.perf_counter() - t_pass}
+    shutil.rmtree(tmp / "redeal", ignore_errors=True)
+    store_bytes = _dir_bytes(tmp)
+    pass_seconds = {"parse": t1 - t0, "redeal": t2 - t1, "write": time.perf_counter() - t2}
     log.debug("ingest passes (s): %s", pass_seconds)
-    return {"n_samples": n, "n_features": d, "n_blocks": n_blocks, "layout": lay,
-            "task": task_, "nnz": int(nnz), "bytes_in": bytes_in, "pass_seconds": pass_seconds}
+    return {"n_samples": p.n, "n_features": shape.d, "n_blocks": shape.n_blocks,
+            "layout": shape.layout, "task": task_, "nnz": int(p.nnz), "bytes_in": p.bytes_in,
+            "bytes_read": counter.read, "bytes_written": counter.written + store_bytes,
+            "store_bytes": store_bytes, "bucket_bytes": bucket_bytes,
+            "buckets": int(p.buckets.n_buckets), "redealt_buckets": redealt,
+            "pass_seconds": pass_seconds}

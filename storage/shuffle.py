@@ -1,73 +1,41 @@
-"""External shuffle: spill parsed rows, deal them into balanced random buckets, read buckets back.
+"""External shuffle: deal rows into balanced random buckets as they are parsed; cut blocks.
 
-Pass 1 appends parsed rows to a *spill* (raw little-endian arrays, in source order). Once the
-row count n is known, pass 2 streams the spill and deals the rows into R buckets so that
-every balanced assignment (bucket sizes n//R or n//R + 1) is equally likely: for each chunk
-of m rows, the number going to each bucket is a multivariate hypergeometric draw over the
-buckets' remaining capacities, and those labels are shuffled within the chunk. Memory is
-O(chunk + R), whatever n is. Pass 3 (in :mod:`ingest`) loads one bucket at a time.
+Ingest parses its sources once and hands every chunk of rows straight to a :class:`Dealer`
+and a :class:`BucketWriter` (no spill in source order). The dealer does not need the row
+count: the rows are cut into consecutive *groups* of R0 (the bucket count) and each group
+gives one row to every bucket, in a random order drawn afresh per group. So after any number
+of rows the bucket sizes differ by at most one, and every bucket is a stratified random
+sample of the whole source (one row from each group): a source sorted by class still gives
+buckets with the global class shares.
+
+Once n, d and the layout are known, :func:`plan_blocks` cuts the buckets, concatenated in
+order, into the final R balanced blocks: bucket b = block b when R0 = R, else each block takes
+whole buckets plus a random share of the bucket(s) at its ends (``deal_chunk``), so every
+bucket file is read exactly once, block after block.
+
+Bucket files are sequences of *records* (one per flush): an int64 header ``(m, kind, k)``,
+``m`` labels (<f8), ``m`` row ids (<i8), then either CSR (``kind`` 0, ``k`` = nnz: ``m`` row
+lengths <i4, ``k`` indices <i4, ``k`` values <f4) or dense rows (``kind`` 1, ``k`` = width:
+``m * k`` values <f4, raw feature index = column), whichever is smaller for that record: a dense
+source costs 4 bytes an entry in its buckets, as in the store, not 8.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import scipy.sparse as sp
 from numba import njit
 
-__all__ = ["Spill", "BucketWriter", "read_bucket", "balanced_sizes", "deal_chunk"]
+__all__ = ["Dealer", "BucketWriter", "Record", "iter_records", "plan_blocks",
+           "balanced_sizes", "deal_chunk"]
 
-_REC_HEADER = np.dtype("<i8")
-
-
-class Spill:
-    """Append-only store of parsed rows: labels, per-row nnz, indices, values."""
-
-    _FILES = {"labels": "<f8", "rownnz": "<i4", "indices": "<i4", "values": "<f4"}
-
-    def __init__(self, directory):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._fh = {k: open(self.directory / f"spill.{k}", "wb") for k in self._FILES}
-        self.n_rows = 0
-        self.nnz = 0
-
-    def append(self, labels, indptr, indices, values) -> None:
-        rownnz = np.diff(indptr).astype("<i4")
-        self._fh["labels"].write(np.ascontiguousarray(labels, "<f8"))
-        self._fh["rownnz"].write(rownnz)
-        self._fh["indices"].write(np.ascontiguousarray(indices, "<i4"))
-        self._fh["values"].write(np.ascontiguousarray(values, "<f4"))
-        self.n_rows += len(labels)
-        self.nnz += int(indptr[-1])
-
-    def close_writing(self) -> None:
-        for fh in self._fh.values():
-            fh.close()
-
-    def iter_rows(self, chunk_rows: int):
-        """Yield ``(labels, indptr, indices, values)`` chunks of up to ``chunk_rows`` rows."""
-        fh = {k: open(self.directory / f"spill.{k}", "rb") for k in self._FILES}
-        try:
-            done = 0
-            while done < self.n_rows:
-                m = min(chunk_rows, self.n_rows - done)
-                labels = np.fromfile(fh["labels"], "<f8", m)
-                rownnz = np.fromfile(fh["rownnz"], "<i4", m)
-                indptr = np.zeros(m + 1, np.int64)
-                np.cumsum(rownnz, out=indptr[1:])
-                nz = int(indptr[-1])
-                indices = np.fromfile(fh["indices"], "<i4", nz)
-                values = np.fromfile(fh["values"], "<f4", nz)
-                yield labels, indptr, indices, values
-                done += m
-        finally:
-            for f in fh.values():
-                f.close()
-
-    def remove(self) -> None:
-        for k in self._FILES:
-            (self.directory / f"spill.{k}").unlink(missing_ok=True)
+_HEADER = np.dtype("<i8")
+_CSR, _DENSE = 0, 1
+# bytes of a row in a CSR record besides its entries: label, row id, length
+_ROW_BYTES = 8 + 8 + 4
 
 
 def balanced_sizes(n: int, n_buckets: int) -> np.ndarray:
@@ -82,7 +50,9 @@ def deal_chunk(remaining: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
 
     Sequentially drawing each row's bucket with probability proportional to the remaining
     capacity gives a uniformly random balanced assignment; a chunk's counts under that process
-    are multivariate hypergeometric, and their order within the chunk is uniform.
+    are multivariate hypergeometric, and their order within the chunk is uniform. With ``m``
+    equal to the remaining total it is a random arrangement of exact counts (how
+    :func:`plan_blocks`' boundary buckets are shared between their blocks).
     """
     counts = rng.multivariate_hypergeometric(remaining, m) if m < remaining.sum() else remaining.copy()
     remaining -= counts
@@ -91,15 +61,69 @@ def deal_chunk(remaining: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
     return labels
 
 
-class BucketWriter:
-    """Buffer rows per bucket in memory and append them as records to one file per bucket."""
+class Dealer:
+    """Bucket of each next row: every consecutive group of ``n_buckets`` rows goes one row to
+    each bucket, in a fresh random order per group (see module doc).
 
-    def __init__(self, directory, n_buckets: int, buffer_bytes: int):
+    The random stream is one ``rng.random(n_buckets)`` per group, drawn when the group starts,
+    so the assignment does not depend on how the rows are chunked.
+
+    >>> d = Dealer(4, np.random.default_rng(0))
+    >>> labels = np.concatenate([d.deal(3), d.deal(7)])
+    >>> sorted(np.bincount(labels, minlength=4).tolist())
+    [2, 2, 3, 3]
+    >>> sorted(labels[:4].tolist())
+    [0, 1, 2, 3]
+    """
+
+    def __init__(self, n_buckets: int, rng: np.random.Generator):
+        self.n_buckets = int(n_buckets)
+        self.rng = rng
+        self._left = np.empty(0, np.int64)  # the rest of the current group
+
+    def deal(self, m: int) -> np.ndarray:
+        r = self.n_buckets
+        if r == 1:
+            return np.zeros(m, np.int64)
+        out = np.empty(m, np.int64)
+        k = min(m, self._left.shape[0])
+        out[:k] = self._left[:k]
+        self._left = self._left[k:]
+        if m > k:
+            groups = -(-(m - k) // r)
+            perm = np.argsort(self.rng.random((groups, r)), axis=1).reshape(-1)
+            out[k:] = perm[:m - k]
+            self._left = perm[m - k:].copy()
+        return out
+
+
+class BucketWriter:
+    """Buffer rows per bucket in memory and append them as records to one file per bucket.
+
+    Parameters
+    ----------
+    directory : path
+        Where the bucket files go (created).
+    n_buckets : int
+    buffer_bytes : int
+        Rows are written when the buffered rows of all buckets together exceed this.
+    record_bytes : int, optional
+        The most one record holds (default ``buffer_bytes // 8``, at least 1 MiB): bounds what
+        a reader holds at once.
+
+    Attributes ``rows`` (rows per bucket), ``bytes_written``.
+    """
+
+    def __init__(self, directory, n_buckets: int, buffer_bytes: int,
+                 record_bytes: int | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.n_buckets = n_buckets
+        self.n_buckets = int(n_buckets)
         self.buffer_bytes = max(1 << 16, int(buffer_bytes))
-        self._pending: list[list] = [[] for _ in range(n_buckets)]
+        self.record_bytes = int(record_bytes or max(1 << 20, self.buffer_bytes // 8))
+        self.rows = np.zeros(self.n_buckets, np.int64)
+        self.bytes_written = 0
+        self._pending: list[list] = [[] for _ in range(self.n_buckets)]
         self._pending_bytes = 0
 
     def path(self, b: int) -> Path:
@@ -123,7 +147,9 @@ class BucketWriter:
         lab = np.ascontiguousarray(labels[order], "<f8")
         rid = np.ascontiguousarray(row_ids[order], "<i8")
         nz = lens.astype("<i4")
-        for b in np.flatnonzero(np.diff(bounds)).tolist():
+        sizes = np.diff(bounds)
+        self.rows += sizes
+        for b in np.flatnonzero(sizes).tolist():
             r0, r1 = int(bounds[b]), int(bounds[b + 1])
             e0, e1 = int(ebounds[r0]), int(ebounds[r1])
             self._pending[b].append((lab[r0:r1], rid[r0:r1], nz[r0:r1], ind[e0:e1],
@@ -134,19 +160,65 @@ class BucketWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Append each bucket's pending rows as one record (header, then field by field)."""
-        for b, recs in enumerate(self._pending):
-            if not recs:
+        """Append each bucket's pending rows as records of at most ``record_bytes``."""
+        for b, pieces in enumerate(self._pending):
+            if not pieces:
                 continue
-            m = sum(len(r[0]) for r in recs)
-            nnz = sum(len(r[3]) for r in recs)
             with open(self.path(b), "ab") as fh:
-                fh.write(np.array([m, nnz], dtype=_REC_HEADER))
-                for field in range(5):
-                    for rec in recs:
-                        fh.write(rec[field])
-            recs.clear()
+                for rec in _group_pieces(pieces, self.record_bytes):
+                    self.bytes_written += _write_record(fh, *rec)
+            pieces.clear()
         self._pending_bytes = 0
+
+
+def _piece_bytes(nz) -> np.ndarray:
+    """Cumulative CSR record bytes of a piece's rows (0 first)."""
+    c = np.zeros(nz.shape[0] + 1, np.int64)
+    np.cumsum(_ROW_BYTES + 8 * nz.astype(np.int64), out=c[1:])
+    return c
+
+
+def _group_pieces(pieces, limit: int):
+    """Concatenate consecutive pieces into records of at most ``limit`` bytes (a piece over the
+    limit is cut by rows; a single row over it is a record of its own)."""
+    group, size = [], 0
+    for lab, rid, nz, ind, val in pieces:
+        cum = _piece_bytes(nz)
+        r, m = 0, lab.shape[0]
+        while r < m:
+            if group and size + int(cum[r + 1] - cum[r]) > limit:
+                yield _concat(group)
+                group, size = [], 0
+            # the most rows from r on that fit in what is left, at least one
+            s = int(np.searchsorted(cum, cum[r] + (limit - size), "right")) - 1
+            s = min(max(s, r + 1), m)
+            e0, e1 = (int(cum[i] - _ROW_BYTES * i) // 8 for i in (r, s))
+            group.append((lab[r:s], rid[r:s], nz[r:s], ind[e0:e1], val[e0:e1]))
+            size += int(cum[s] - cum[r])
+            r = s
+    if group:
+        yield _concat(group)
+
+
+def _concat(group):
+    if len(group) == 1:
+        return group[0]
+    return tuple(np.concatenate([g[f] for g in group]) for f in range(5))
+
+
+def _write_record(fh, lab, rid, nz, ind, val) -> int:
+    """Write one record, dense when that is smaller than CSR; return the bytes written."""
+    m, nnz = lab.shape[0], ind.shape[0]
+    width = int(ind.max()) + 1 if nnz else 0
+    if nnz and 4 * m * width <= 4 * m + 8 * nnz:
+        X = np.zeros((m, width), "<f4")
+        _scatter_rows(nz, ind, val, X)
+        parts = (np.array([m, _DENSE, width], _HEADER), lab, rid, X)
+    else:
+        parts = (np.array([m, _CSR, nnz], _HEADER), lab, rid, nz, ind, val)
+    for p in parts:
+        fh.write(memoryview(np.ascontiguousarray(p)).cast("B"))
+    return sum(p.nbytes for p in parts)
 
 
 @njit(cache=True, nogil=True)
@@ -161,25 +233,136 @@ def _gather_rows(indptr, order, out_ptr, indices, values, out_ind, out_val):
             out_val[o + j] = values[a + j]
 
 
-def read_bucket(path):
-    """Load a whole bucket file: ``(labels, row_ids, indptr, indices, values)``."""
-    labels, rids, nzs, inds, vals = [], [], [], [], []
+@njit(cache=True, nogil=True)
+def _scatter_rows(rownnz, indices, values, out):
+    """Write CSR rows (given by their lengths) into the dense ``out`` (zeroed)."""
+    e = 0
+    for i in range(rownnz.shape[0]):
+        for _ in range(rownnz[i]):
+            out[i, indices[e]] = values[e]
+            e += 1
+
+
+class Record(NamedTuple):
+    """One record of a bucket file: ``values`` is ``(m, width)`` for a dense record, else the
+    CSR entries with ``rownnz`` and ``indices``. Feature indices are raw (source base)."""
+
+    labels: np.ndarray
+    row_ids: np.ndarray
+    rownnz: np.ndarray | None
+    indices: np.ndarray | None
+    values: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.labels.shape[0])
+
+    def csr(self):
+        """``(indptr, indices, values)`` of the rows, raw indices (as the parsers give)."""
+        if self.rownnz is None:
+            X = sp.csr_matrix(self.values)
+            return X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data
+        indptr = np.zeros(self.n_rows + 1, np.int64)
+        np.cumsum(self.rownnz, out=indptr[1:])
+        return indptr, self.indices, self.values
+
+    def rows(self, layout: str, n_features: int, base: int):
+        """The rows in the store's layout: float32 ``(m, d)`` ndarray or CSR matrix with
+        0-based columns (raw index - ``base``)."""
+        m, d = self.n_rows, int(n_features)
+        if self.rownnz is None:
+            Xr = self.values[:, base:]
+            if layout == "dense":
+                if Xr.shape[1] == d:
+                    return Xr if base == 0 else np.ascontiguousarray(Xr)
+                out = np.zeros((m, d), np.float32)
+                out[:, :Xr.shape[1]] = Xr
+                return out
+            X = sp.csr_matrix(Xr)
+            return sp.csr_matrix((X.data, X.indices, X.indptr), shape=(m, d))
+        indptr, indices, values = self.csr()
+        if base:
+            indices = indices - np.int32(base)
+        if layout == "dense":
+            out = np.zeros((m, d), np.float32)
+            _scatter_rows(self.rownnz, indices, values, out)
+            return out
+        return sp.csr_matrix((values, indices, indptr), shape=(m, d))
+
+
+def iter_records(path, counter=None):
+    """Yield the :class:`Record` s of one bucket file; ``counter(nbytes)`` sees every read."""
     with open(path, "rb") as fh:
         while True:
-            head = np.fromfile(fh, _REC_HEADER, 2)
-            if head.size < 2:
-                break
-            m, nnz = int(head[0]), int(head[1])
-            labels.append(np.fromfile(fh, "<f8", m))
-            rids.append(np.fromfile(fh, "<i8", m))
-            nzs.append(np.fromfile(fh, "<i4", m))
-            inds.append(np.fromfile(fh, "<i4", nnz))
-            vals.append(np.fromfile(fh, "<f4", nnz))
-    if not labels:
-        e = np.empty(0)
-        return e, e.astype(np.int64), np.zeros(1, np.int64), e.astype(np.int32), e.astype(np.float32)
-    rownnz = np.concatenate(nzs)
-    indptr = np.zeros(rownnz.size + 1, np.int64)
-    np.cumsum(rownnz, out=indptr[1:])
-    return (np.concatenate(labels), np.concatenate(rids), indptr,
-            np.concatenate(inds), np.concatenate(vals))
+            head = np.fromfile(fh, _HEADER, 3)
+            if head.size < 3:
+                return
+            m, kind, k = (int(v) for v in head)
+            lab = np.fromfile(fh, "<f8", m)
+            rid = np.fromfile(fh, "<i8", m)
+            if kind == _DENSE:
+                nz = ind = None
+                val = np.fromfile(fh, "<f4", m * k)
+                whole = val.shape[0] == m * k
+                val = val.reshape(m, k) if whole else val
+                nbytes = head.nbytes + 16 * m + 4 * m * k
+            else:
+                nz = np.fromfile(fh, "<i4", m)
+                ind = np.fromfile(fh, "<i4", k)
+                val = np.fromfile(fh, "<f4", k)
+                whole = val.shape[0] == k and ind.shape[0] == k and nz.shape[0] == m
+                nbytes = head.nbytes + _ROW_BYTES * m + 8 * k
+            if not whole or rid.shape[0] != m:  # only a bug or a full disk can cause this
+                raise OSError(f"bucket file {path} ends inside a record")
+            rec = Record(lab, rid, nz, ind, val)
+            if counter is not None:
+                counter(nbytes)
+            yield rec
+
+
+class BlockPlan(NamedTuple):
+    """How the buckets, concatenated in order, become the blocks (see :func:`plan_blocks`)."""
+
+    block_sizes: np.ndarray      # (R,)
+    bucket_blocks: list          # per bucket: int64 array of the blocks it gives rows to
+    bucket_counts: list          # per bucket: rows it gives to each of those blocks
+    identity: bool               # bucket b is block b
+
+
+def plan_blocks(bucket_rows, n_blocks: int) -> BlockPlan:
+    """Cut the buckets, concatenated in order, into ``n_blocks`` blocks of balanced sizes.
+
+    When there are as many buckets as blocks (their sizes already differ by at most one),
+    bucket b is block b. Otherwise the blocks get sizes ``balanced_sizes(n, R)`` and each
+    takes the buckets that lie inside its range of the concatenation whole, and a share of a
+    bucket it shares with a neighbour; which rows of a shared bucket go where is drawn at
+    random when it is read (``deal_chunk``), so every block stays a random sample.
+
+    >>> p = plan_blocks([3, 3, 2, 2], 3)
+    >>> p.block_sizes.tolist(), [b.tolist() for b in p.bucket_blocks]
+    ([4, 3, 3], [[0], [0, 1], [1, 2], [2]])
+    >>> [c.tolist() for c in p.bucket_counts]
+    [[3], [1, 2], [1, 1], [2]]
+    """
+    rows = np.asarray(bucket_rows, dtype=np.int64)
+    n = int(rows.sum())
+    if rows.shape[0] == n_blocks and (n_blocks == 0 or rows.max() - rows.min() <= 1):
+        return BlockPlan(rows.copy(), [np.array([b]) for b in range(n_blocks)],
+                         [np.array([s]) for s in rows], True)
+    sizes = balanced_sizes(n, n_blocks)
+    ends = np.cumsum(sizes)
+    starts = np.concatenate(([0], np.cumsum(rows)[:-1]))
+    blocks, counts = [], []
+    for a, s in zip(starts.tolist(), rows.tolist()):
+        if s == 0:
+            blocks.append(np.empty(0, np.int64))
+            counts.append(np.empty(0, np.int64))
+            continue
+        c0 = int(np.searchsorted(ends, a, "right"))
+        c1 = int(np.searchsorted(ends, a + s - 1, "right"))
+        bl = np.arange(c0, c1 + 1)
+        lo = np.maximum(np.concatenate(([0], ends))[bl], a)
+        hi = np.minimum(ends[bl], a + s)
+        blocks.append(bl)
+        counts.append(hi - lo)
+    return BlockPlan(sizes, blocks, counts, False)
