@@ -154,6 +154,7 @@ def _ingest_body(args):
            "n_features": store.n_features, "n_blocks": store.n_blocks, "layout": store.layout,
            "task": store.task, "nnz": store.nnz, "has_index": store.has_index,
            "seconds": round(st["seconds"], 4), "bytes_in": st["bytes_in"],
+           "bytes_read": st["bytes_read"], "bytes_written": st["bytes_written"],
            "mb_per_second": round(st["bytes_in"] / 1e6 / max(st["seconds"], 1e-9), 2),
            "peak_rss_bytes": st["peak_rss_bytes"], "memory_cap_bytes": budget.cap}
     store.close()
@@ -378,11 +379,20 @@ def _predict_body(args):
 
     from ooc_learn.model import load_model
 
+    from pathlib import Path
+
     budget = _budget(args)
+    # the weights as stored, read and converted (an upper bound that needs no parsing)
+    model_bytes = 3 * Path(args.model).stat().st_size if Path(args.model).is_file() else 0
+    budget.reserve(model_bytes, f"model {args.model}",
+                   hint="or check the training source for a stray large feature index")
     model = load_model(args.model)
     with contextlib.ExitStack() as stack:
         data = _open_eval_data(args.data, model, budget, stack)
         model._check_features(data.n_features)
+        # row ids, decisions, labels, the sort order and the predicted labels of every row
+        budget.reserve(40 * data.n_samples, f"predictions of {data.n_samples:,} rows",
+                       hint="or predict a part of the rows at a time")
         ids, dec, ys = [], [], []
         for X, y, row_ids in data.iter_blocks():
             ids.append(row_ids)

@@ -116,7 +116,9 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
         rows0, bytes0 = st.rows_read, st.bytes_read
         model_bytes = _model_state_bytes(solver, block_solver, st.n_features)
         st.budget.reserve(model_bytes, f"{solver} model state for {st.n_features:,} features "
-                                       f"(w and the solver's per-feature vectors)")
+                                       f"(w and the solver's per-feature vectors)",
+                          hint="or check the source for a stray large feature index (the "
+                               "store has as many features as the largest index)")
         try:
             stats = _run(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
                          max_outer=max_outer, block_size=block_size,

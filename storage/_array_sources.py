@@ -70,16 +70,12 @@ def iter_npy(path, chunk_bytes: int, label_column) -> Iterator[RawChunk]:
         lab = _label_index(p, label_column, None, width)
         keep = [j for j in range(width) if j != lab]
         step = max(1, chunk_bytes // max(1, width * reader.dtype.itemsize))
-        if f.compression is not None:  # no random access: read the rows in order
-            for a in range(0, n, step):
-                block = reader.read(min(step, n - a))
-                yield _dense_chunk(block[:, lab], block[:, keep], a, f.raw_tell(), p)
-            return
-    arr = np.load(p, mmap_mode="r", allow_pickle=False)
-    size = os.path.getsize(p)
-    for a in range(0, n, step):
-        block = np.asarray(arr[a:a + step])
-        yield _dense_chunk(block[:, lab], block[:, keep], a, int(size * min(n, a + step) / n), p)
+        # read in order, a chunk at a time, compressed or not: a memory map would leave every
+        # page it touched resident (a 3.2 GB source under a 768M cap peaked at 1.1 GB RSS,
+        # 661 MB of it the map's pages, beside the bucket buffers)
+        for a in range(0, n, step):
+            block = reader.read(min(step, n - a))
+            yield _dense_chunk(block[:, lab], block[:, keep], a, f.raw_tell(), p)
 
 
 class _NpyReader:

@@ -24,6 +24,7 @@ import math
 import os
 import re
 import threading
+import time
 from typing import Callable
 
 from .errors import BudgetExceededError, ParameterError
@@ -39,6 +40,11 @@ __all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes",
 LATE_LOAD_BYTES = 96 << 20
 # The least a run needs beyond the fixed part: w and a few blocks of rows
 MIN_WORKING_BYTES = 8 << 20
+# A process budget reads its RSS at most this often (seconds; /proc/self/statm costs ~5 us)
+RSS_PERIOD = 0.005
+# ... and keeps this much of the cap free of it: the temporaries of one step (a block's
+# margins, a fetch's parts) that are made without a reservation
+RSS_HEADROOM = 8 << 20
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
@@ -124,6 +130,8 @@ class MemoryBudget:
     def __init__(self, limit=None):
         self.limit = default_memory_bytes() if limit is None else parse_size(limit)
         self.fixed = 0  # the process's fixed part, charged by for_process (not in limit)
+        self._watch_rss = False  # for_process: reservations must also fit the real RSS
+        self._rss, self._rss_at, self._since_rss = 0, -math.inf, 0
         self._used = 0
         self._peak = 0
         self._lock = threading.RLock()
@@ -154,7 +162,27 @@ class MemoryBudget:
                 f"Raise --memory (or OOC_MEMORY) to at least "
                 f"{format_size(fixed + minimum, up=True)}.")
         budget.fixed, budget.limit = fixed, cap_bytes - fixed
+        budget._watch_rss = bool(current_rss_bytes())
         return budget
+
+    def _rss_room(self) -> float:
+        """What the process's real RSS leaves of the cap (a process budget only).
+
+        The reservations are an account of what the engine means to hold; the RSS is what the
+        process holds: temporaries, allocator holes and pages of mapped files the account
+        does not itemise. Each reservation also has to fit under the cap by the RSS, read at
+        most every RSS_PERIOD seconds, plus what was reserved (net) since that reading. A
+        reservation that fails this way evicts caches like one that fails the account; one
+        that may not evict (an optional buffer) is refused.
+        """
+        now = time.monotonic()
+        if now - self._rss_at >= RSS_PERIOD:
+            self._rss, self._rss_at, self._since_rss = current_rss_bytes(), now, 0
+        return self.cap - self._rss - self._since_rss - RSS_HEADROOM
+
+    def _free_now(self) -> float:
+        free = self.limit - self._used
+        return min(free, self._rss_room()) if self._watch_rss else free
 
     @property
     def cap(self) -> int:
@@ -175,7 +203,8 @@ class MemoryBudget:
 
     @property
     def available(self) -> int:
-        return self.limit - self._used
+        """What a reservation may take now (for a process budget, also what RSS leaves)."""
+        return int(self._free_now())
 
     def register_evictor(self, evict: Callable[[int], int]) -> None:
         """``evict(nbytes)`` frees at least ``nbytes`` if it can and returns what it freed."""
@@ -191,20 +220,34 @@ class MemoryBudget:
         """Reserve ``nbytes`` if it fits (after evicting cache entries); return success."""
         nbytes = int(nbytes)
         with self._lock:
-            if nbytes > self.available and evict:
+            if nbytes > self._free_now() and evict:
                 for evictor in list(self._evictors):
-                    need = nbytes - self.available
+                    need = nbytes - self._free_now()
                     if need <= 0:
                         break
-                    evictor(need)
-            if nbytes > self.available:
+                    if evictor(int(need)) and self._watch_rss:
+                        self._rss_at = -math.inf  # what was freed shows in a new reading
+            if nbytes > self._free_now() and self._watch_rss and evict:
+                # the caches are empty or what they freed is still in the heap's free
+                # lists: hand those pages back and read the RSS again
+                from .resources import release_free_heap
+
+                release_free_heap()
+                self._rss_at = -math.inf
+            if nbytes > (self._free_now() if not evict else self.limit - self._used):
+                # the account refuses; the RSS only presses the caches: a reservation that
+                # evicted what it could is granted where the account has room, or a run
+                # would stop for memory that temporaries hold for a moment
                 return False
             self._used += nbytes
+            self._since_rss += nbytes
             self._peak = max(self._peak, self._used)
             return True
 
-    def reserve(self, nbytes: int, what: str = "buffer", *, evict: bool = True) -> None:
-        """Reserve ``nbytes`` or raise :class:`BudgetExceededError` naming ``--memory``."""
+    def reserve(self, nbytes: int, what: str = "buffer", *, evict: bool = True,
+                hint: str = "or use smaller blocks (--block-rows)") -> None:
+        """Reserve ``nbytes`` or raise :class:`BudgetExceededError` naming ``--memory`` and,
+        after it, ``hint`` (the other way out)."""
         if not self.try_reserve(nbytes, evict=evict):
             need, free = format_size(int(nbytes)), format_size(self.available)
             if need == free:  # a few bytes short: the rounded sizes would read alike
@@ -213,12 +256,12 @@ class MemoryBudget:
                 f"The {what} needs {need} but only {free} of the {format_size(self.cap)} "
                 f"memory cap is free.",
                 f"Raise --memory (or OOC_MEMORY) to at least "
-                f"{format_size(self.cap_needed(nbytes), up=True)}, or use "
-                f"smaller blocks (--block-rows).")
+                f"{format_size(self.cap_needed(nbytes), up=True)}, {hint}.")
 
     def release(self, nbytes: int) -> None:
         with self._lock:
             self._used = max(0, self._used - int(nbytes))
+            self._since_rss -= int(nbytes)
 
     def reservation(self, nbytes: int, what: str = "buffer"):
         """Context manager: reserve on entry, release on exit."""

@@ -145,6 +145,17 @@ PRIMAL_EPS = 0.01
 # S's 165-197k rows, 35-39 s of a 57-75 s run, where TRON on S takes under a second. (A
 # spilled S stays with dual CD: TRON needs S's rows in memory)
 DUAL_SWITCH_ITERS = 300
+# a spilled S is solved in rounds of a working set read back from disk (one pass over S's
+# windows for the gradients, one window solved in memory): SPILLED_ROUNDS on the way, and for
+# the solve a stop rests on up to SPILLED_FINAL_ROUNDS, ended early once the spread has not
+# fallen by 1 % in SPILLED_STALL rounds. Ten rounds left such a solve far from the optimum
+# where the window holds a tenth of S (augmented Fashion-MNIST, 60k rows, a 15 MB working
+# share: |S| 15k, windows of ~1.5k rows, test accuracy 85.4 % against 97.8 % uncapped)
+# the fewest rows a check brings back where the cap holds less than n (more checks follow)
+MIN_CHECK_ROWS = 64
+SPILLED_ROUNDS = 10
+SPILLED_FINAL_ROUNDS = 300
+SPILLED_STALL = 20
 
 
 @dataclass
@@ -577,8 +588,17 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         added += len(rows)
         if w_prev is not None:
             came_back += int((_margins(XN, yN.astype(np.float64), w_prev, bias) < low).sum())
-        return _admit(S, in_S, forest, rows, XN, yN, w, bias, shrink_threshold, stats,
-                      resolve, pool)
+        rearranged = _admit(S, in_S, forest, rows, XN, yN, w, bias, shrink_threshold, stats,
+                            resolve, pool)
+        drop_answer()  # the rows are S's now
+        return rearranged
+
+    held = 0  # reserved for the last check's answer until its rows join S
+
+    def drop_answer():
+        nonlocal held
+        budget.release(held)
+        held = 0
 
     def resolve():  # problem (13) on S: B = S, on the way (a check follows later)
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
@@ -595,6 +615,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
     q_cost = q_found = None  # the last query's cost (stored values touched) and rows found
     row_work = (rows_src.store.n_features if rows_src.store.layout == "dense"
                 else rows_src.store.nnz / max(1, forest.n_samples)) + 1.0
+    budget = rows_src.store.budget
     nq = n  # rows asked of the next query: grows while the index finds violators densely
     nq_max = max(n, int(QUERY_SHARE * forest.n_samples) // 2)
     row_bytes = max(1, rows_src.store.estimated_bytes(1))
@@ -632,7 +653,9 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         most doubles) as long as they fit without spilling, at least n; the rows read and
         S's grown buffers coexist for a moment, so room for twice as many is asked. It
         refreshes the pool; the last item (False) says the answer is not the pool's."""
+        nonlocal held
         rows_src.clear()
+        drop_answer()
         want = check_size()
         pool.clear()
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
@@ -645,8 +668,24 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         # the last one did (where violators far outnumber what a check admits, the next scan
         # finds them anyway: on the generated store, L1, 8-14x, a pool hit of 13k rows took
         # S past the re-solve's prune, 3.6 -> 5.2 s; Fashion-MNIST's first checks find 1.5x)
+        # the check's running selection holds up to 2 want rows and its answer want more:
+        # reserved (evicting cache entries; fewer rows where the cap holds less), and the
+        # answer's part kept until its rows join S; room for the pass's own chunks (at least
+        # 64 rows) is left beside it
+        chunk_room = 64 * (row_bytes + 16)
+        while not budget.try_reserve(3 * want * (row_bytes + 16) + chunk_room):
+            if want <= MIN_CHECK_ROWS:
+                budget.reserve(3 * want * (row_bytes + 16) + chunk_room,
+                               "IBCD check's selection")
+                break
+            want = max(MIN_CHECK_ROWS, want // 2)
+        budget.release(chunk_room)
+        held = 3 * want * (row_bytes + 16)
         k_pool = 0 if S.spilled or not pool.wanted else pool.reserve(n, row_bytes + 16)
         out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want, k_pool)
+        answer = 0 if out[1] is None else matrix_nbytes(out[1]) + 16 * len(out[0])
+        budget.release(held - min(held, answer))
+        held = min(held, answer)
         pool.wanted = out[5] <= 2 * want
         pool.hold(out[6] if pool.wanted else None)
         release_free_heap()  # the check and the solve before it freed many arrays
@@ -689,8 +728,13 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         queried_at_solution, at_solution = at_solution, False
         m_old = S.m
         if k:
-            XN, yN = rows_src.fetch(rows_N)
-            if join(rows_N, XN, yN):
+            # the fetched rows and the copy that assembles them in query order live until
+            # S holds them: reserved (evicting cache entries), not taken beside the cap
+            with rows_src.store.budget.reservation(2 * k * row_bytes, "IBCD fresh rows"):
+                XN, yN = rows_src.fetch(rows_N)
+                rearranged = join(rows_N, XN, yN)
+                del XN, yN
+            if rearranged:
                 r, m_old = 0, S.m - k  # S was rearranged: the new rows are its last k
         # the block: N and the next n_e - |N| rows of the old S, cyclically
         extra = min(max(0, int(n_e) - k), m_old)
@@ -774,6 +818,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # data is (nearly) inactive; stop without scanning all of it
             solve_S(MAX_ITERS)
             stats["stopped_by_sample_rule"] += 1
+            drop_answer()
             return added, came_back
         # problem (13) on S to eps (at first in QUICK_ITERS passes), then a full check
         # without shrinking (§4.3)
@@ -791,6 +836,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         while len(rows_N) == 0 or (worst < max(eps, resid) and not (
                 converges and not full and 2 * n_viol >= S.m)):
             if full:
+                drop_answer()
                 return added, came_back
             if 0 < len(rows_N) < n:
                 # the few rows that violate join S before the full solve, which the next
@@ -1032,7 +1078,7 @@ def _prune_inactive(S, in_S, w, bias, stats) -> int:
     return 0
 
 
-def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_rounds=10,
+def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_rounds=None,
              solver="dual") -> float:
     """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
     ``max_iter`` dual CD passes; returns the spread reached (below ``eps`` when converged).
@@ -1044,8 +1090,13 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
     ``eps`` S is solved; else the rows that can move (alpha > 0, or a violated bound) are read
     back, as many as a window holds (largest violations first), and solved in memory by dual
     CD with shrinking (to ``eps`` or ``max_iter`` passes) while the others stay fixed in w;
-    at most ``max_rounds`` rounds.
+    at most ``max_rounds`` rounds (default: SPILLED_ROUNDS on the way, SPILLED_FINAL_ROUNDS
+    for a solve a stop rests on, which also ends once the spread has not fallen for
+    SPILLED_STALL rounds).
     """
+    final = max_iter >= MAX_ITERS
+    if max_rounds is None:
+        max_rounds = SPILLED_FINAL_ROUNDS if final else SPILLED_ROUNDS
     y, sqn, alpha = S.state()
     if solver == "dual" and stats["switched_to_primal"]:
         # dual CD stalled on S once: it stalls again on the S that follows, and a 100-pass
@@ -1075,13 +1126,14 @@ def _solve_S(S, w, *, loss, C, bias, eps, rng, stats, max_iter=MAX_ITERS, max_ro
         return 0.0
     base = get_loss(loss).base()
     upper, diag = base.dual_upper(C), base.dual_diag(C)
-    rounds, last = 0, np.inf
+    rounds, last, best, since_best = 0, np.inf, np.inf, 0
     while True:
         G = _S_margins(S, w, bias) - 1.0 + diag * alpha
         PG = np.where(alpha <= 0, np.minimum(G, 0), np.where(alpha >= upper, np.maximum(G, 0), G))
         spread = float(PG.max() - PG.min())
         stats["spilled_rounds"] = stats.get("spilled_rounds", 0) + 1
-        if spread < eps or rounds >= max_rounds:
+        best, since_best = (spread, 0) if spread < 0.99 * best else (best, since_best + 1)
+        if spread < eps or rounds >= max_rounds or (final and since_best >= SPILLED_STALL):
             stats["S_converged"] = spread < eps
             # like the in-memory solve: the spread its last (working-set) pass left
             return 0.0 if spread < eps else min(spread, last)

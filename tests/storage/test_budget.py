@@ -92,3 +92,43 @@ def test_listeners_see_every_entry_come_and_go():
     c.unlisten(put, drop)
     c.clear()
     assert seen[-1] == ("put", "c", "C") and len(c) == 0
+
+
+# ---- a process budget: --memory is the whole process ----------------------------------
+
+def test_a_process_budget_charges_the_fixed_part_and_refuses_a_cap_below_it():
+    from ooc_learn.storage.budget import MIN_WORKING_BYTES, current_rss_bytes
+
+    rss = current_rss_bytes()
+    b = MemoryBudget.for_process(rss + (200 << 20), late_load=50 << 20)
+    assert b.cap == rss + (200 << 20)
+    assert b.fixed >= rss + (50 << 20) and b.limit == b.cap - b.fixed
+    with pytest.raises(BudgetExceededError, match="fixed part") as ei:
+        MemoryBudget.for_process(rss + (10 << 20), late_load=50 << 20)
+    # the hint names a cap that covers the fixed part and the working minimum
+    wanted = parse_size(ei.value.hint.split("at least ")[1].rstrip("."))
+    assert wanted >= rss + (50 << 20) + MIN_WORKING_BYTES
+
+
+def test_a_process_budget_lets_real_rss_press_the_caches(monkeypatch):
+    import ooc_learn.storage.budget as B
+
+    b = MemoryBudget.for_process(B.current_rss_bytes() + (400 << 20), late_load=0)
+    assert b.try_reserve(1 << 20, evict=False)          # the account and the RSS both agree
+    b.release(1 << 20)
+    # temporaries the account does not know of: the process's RSS is near the cap
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: b.cap - (2 << 20))
+    b._rss_at = -float("inf")
+    assert b.available < (1 << 20)
+    assert not b.try_reserve(4 << 20, evict=False)      # an optional buffer is refused
+    freed = []
+    b.register_evictor(lambda need: freed.append(need) or 0)
+    assert b.try_reserve(4 << 20)                       # a needed one evicts first, then is
+    assert freed and freed[0] >= (4 << 20) - (2 << 20)  # granted where the account has room
+    with pytest.raises(BudgetExceededError, match="--memory"):
+        b.reserve(b.limit, "everything")                # the account still refuses
+
+
+def test_an_api_budget_ignores_the_process_rss():
+    b = MemoryBudget("1M")
+    assert b.fixed == 0 and b.cap == b.limit == 1 << 20 and b.available == 1 << 20

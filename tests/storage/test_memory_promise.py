@@ -12,7 +12,10 @@ import sys
 
 import numpy as np
 
-from ooc_learn.storage.resources import measure_command
+from ooc_learn.storage.resources import (measure_command, memory_cgroup_available,
+                                         run_in_memory_cgroup, run_measured)
+
+CGROUP_OK, CGROUP_WHY = memory_cgroup_available()
 
 INGEST = [sys.executable, "-c",
           "import sys; from ooc_learn.cli import ingest_main; sys.exit(ingest_main())"]
@@ -22,6 +25,20 @@ def child_peak_rss(cmd):
     rss, _, rc, err = measure_command(cmd, timeout=600)
     assert rc == 0, err
     return rss
+
+
+def capped_peak_rss(cmd, cap):
+    """Peak RSS of ``cmd`` run with ``--memory cap``: inside a memory cgroup of the cap plus
+    64 MiB for the page cache where the machine allows one (an OOM kill fails the test, as
+    it would kill a user's run), else read from the child's rusage alone."""
+    cmd = list(map(str, cmd)) + ["--memory", str(cap)]
+    if CGROUP_OK:
+        r = run_in_memory_cgroup(cmd, cap + (64 << 20), drop_caches=False, timeout=600)
+        assert r["oom_kills"] == 0 and r["rc"] == 0, (r["rc"], r["oom_kills"], r["stderr"])
+    else:  # the reason is in CGROUP_WHY
+        r = run_measured(cmd, timeout=600)
+        assert r["rc"] == 0, r["stderr"]
+    return r["peak_rss_bytes"]
 
 
 def fixed_part(cmd):
@@ -60,8 +77,7 @@ def test_ingest_of_a_source_3x_the_working_share_stays_within_the_cap(tmp_path, 
     # reaches costs LLVM memory once, not memory that grows with the data
     child_peak_rss(INGEST + [big, "-o", tmp_path / "warm.store"] + common)
     cap = fixed_part(INGEST + [tiny, "-o", tmp_path / "tiny.store"] + common) + WORKING
-    peak = child_peak_rss(INGEST + [big, "-o", tmp_path / "big.store", "--memory", str(cap)]
-                          + common)
+    peak = capped_peak_rss(INGEST + [big, "-o", tmp_path / "big.store"] + common, cap)
     assert peak <= cap, (peak - cap) / 2**20
 
 
@@ -83,8 +99,7 @@ def test_ibcd_training_on_a_store_4x_the_working_share_stays_within_the_cap(tmp_
     common = ["--quiet", "--block-size", "500"]
     child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "w.npz"] + common)  # warm numba
     cap = fixed_part(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz"] + common) + WORKING
-    peak = child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz", "--memory",
-                                   str(cap)] + common)
+    peak = capped_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz"] + common, cap)
     assert peak <= cap, (peak - cap) / 2**20
 
 
@@ -103,9 +118,9 @@ def test_ibcd_with_a_spilled_active_set_stays_within_the_cap(tmp_path, rng):
     del X
     common = ["--quiet", "--block-size", "500", "--C", "0.01", "--spill-dir", str(tmp_path)]
     cap = fixed_part(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz"] + common) + WORKING
-    common += ["--memory", str(cap)]
-    child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "w.npz"] + common)  # warm numba
-    peak = child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz"] + common)
+    child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "w.npz", "--memory", str(cap)]
+                   + common)  # warm numba
+    peak = capped_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz"] + common, cap)
     stats = load_model(tmp_path / "b.npz").meta["stats"]
     assert stats["spills"] >= 1 and stats["rows_read_back"] > 0, stats
     assert peak <= cap, (peak - cap) / 2**20
@@ -121,3 +136,32 @@ def test_a_cap_below_the_solver_minimum_names_memory(tmp_path, rng):
     r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"),
                                 "--memory", "50K", "--quiet"], capture_output=True, text=True)
     assert r.returncode == 2 and "--memory" in r.stderr, r.stderr
+
+
+def test_a_cap_below_the_fixed_part_is_refused_up_front_with_the_cap_to_raise_to(tmp_path):
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:0.5 3:1\n-1 2:0.25\n" * 20)
+    r = subprocess.run(INGEST + [str(src), "-o", str(tmp_path / "s"), "--memory", "64M",
+                                 "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 2 and "fixed part" in r.stderr and "at least" in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_model_wider_than_the_cap_is_refused_before_training(tmp_path, rng):
+    # one stray feature index of 50,000,000: w alone is 400 MB, which a 400M cap cannot hold
+    # beside the process; every solver refuses with the figures instead of being OOM-killed
+    src = tmp_path / "wide.svm"
+    lines = [f"{rng.choice(['1', '-1'])} 1:{rng.random():.3f} 7:{rng.random():.3f}"
+             for _ in range(200)]
+    src.write_text("\n".join(lines) + "\n1 50000000:1\n")
+    r = subprocess.run(INGEST + [str(src), "-o", str(tmp_path / "s"), "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for solver in ("ibcd", "dcd", "bm", "pegasos"):
+        r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"),
+                                    "--solver", solver, "--memory", "400M", "--quiet"],
+                           capture_output=True, text=True)
+        assert r.returncode == 2, (solver, r.stderr)
+        assert "50,000,000 features" in r.stderr and "--memory" in r.stderr, r.stderr
+        assert "stray large feature index" in r.stderr
+        assert not (tmp_path / "m.npz").exists()
