@@ -165,3 +165,34 @@ def test_a_model_wider_than_the_cap_is_refused_before_training(tmp_path, rng):
         assert "50,000,000 features" in r.stderr and "--memory" in r.stderr, r.stderr
         assert "stray large feature index" in r.stderr
         assert not (tmp_path / "m.npz").exists()
+
+
+INDEX = [sys.executable, "-c",
+         "import sys; from ooc_learn.cli import index_main; sys.exit(index_main())"]
+PREDICT = [sys.executable, "-c",
+           "import sys; from ooc_learn.cli import predict_main; sys.exit(predict_main())"]
+
+
+def test_index_build_and_prediction_on_a_store_4x_the_working_share_stay_within_the_cap(
+        tmp_path, rng):
+    from ooc_learn.api import ingest_arrays
+
+    n, d = 120_000, 100  # 48 MB of dense float32 rows
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = np.where(X[:, :5].sum(1) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "big", block_rows=5000, build_index=False).close()
+    ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=False).close()
+    del X
+    q = ["--quiet"]
+    child_peak_rss(INDEX + [tmp_path / "tiny", "--overwrite"] + q)  # warm numba
+    cap = fixed_part(INDEX + [tmp_path / "tiny", "--overwrite"] + q) + WORKING
+    peak = capped_peak_rss(INDEX + [tmp_path / "big", "--overwrite"] + q, cap)
+    assert peak <= cap, (peak - cap) / 2**20
+    # a model trained on the tiny store predicts every row of the big one
+    child_peak_rss(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "m.npz", "--solver", "dcd"] + q)
+    child_peak_rss(PREDICT + [tmp_path / "m.npz", tmp_path / "big"] + q)  # warm numba
+    cap = fixed_part(PREDICT + [tmp_path / "m.npz", tmp_path / "tiny"] + q) + WORKING
+    peak = capped_peak_rss(PREDICT + [tmp_path / "m.npz", tmp_path / "big", "-o",
+                                      tmp_path / "p.csv"] + q, cap)
+    assert peak <= cap, (peak - cap) / 2**20
+    assert sum(1 for _ in open(tmp_path / "p.csv")) == n + 1
