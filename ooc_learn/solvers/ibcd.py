@@ -151,11 +151,11 @@ DUAL_SWITCH_ITERS = 300
 # fallen by 1 % in SPILLED_STALL rounds. Ten rounds left such a solve far from the optimum
 # where the window holds a tenth of S (augmented Fashion-MNIST, 60k rows, a 15 MB working
 # share: |S| 15k, windows of ~1.5k rows, test accuracy 85.4 % against 97.8 % uncapped)
-# the fewest rows a check brings back where the cap holds less than n (more checks follow)
-MIN_CHECK_ROWS = 64
 SPILLED_ROUNDS = 10
 SPILLED_FINAL_ROUNDS = 300
 SPILLED_STALL = 20
+# the fewest rows a check brings back where the cap holds less than n (more checks follow)
+MIN_CHECK_ROWS = 64
 
 
 @dataclass
@@ -730,7 +730,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         if k:
             # the fetched rows and the copy that assembles them in query order live until
             # S holds them: reserved (evicting cache entries), not taken beside the cap
-            with rows_src.store.budget.reservation(2 * k * row_bytes, "IBCD fresh rows"):
+            with budget.reservation(2 * k * row_bytes, "IBCD fresh rows"):
                 XN, yN = rows_src.fetch(rows_N)
                 rearranged = join(rows_N, XN, yN)
                 del XN, yN
