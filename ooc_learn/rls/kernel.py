@@ -62,8 +62,8 @@ def row_sqnorms64(X) -> np.ndarray:
     if sp.issparse(X):
         X = _as64(X)
         return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
-    X = np.asarray(X, dtype=np.float64)
-    return np.einsum("ij,ij->i", X, X)
+    # accumulated in float64 without a float64 copy of float32 rows (einsum casts in buffers)
+    return np.einsum("ij,ij->i", X, X, dtype=np.float64, casting="safe")
 
 
 def _cross(XA, XB) -> np.ndarray:

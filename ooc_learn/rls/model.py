@@ -37,6 +37,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import scipy.linalg as la
+import scipy.sparse as sp
 from scipy.linalg.blas import dsyrk
 
 from ooc_learn.storage.budget import MemoryBudget
@@ -77,6 +78,10 @@ def check_lambdas(lams, owner: str) -> np.ndarray:
         raise ParameterError(f"The 'lams' parameter of {owner} must hold values > 0. "
                              f"Got {arr[bad][0]!r} instead.", "Use e.g. np.logspace(-6, 3, 20).")
     return arr
+
+
+# see SparseRLS.fit: BLAS/LAPACK memory that appears on first use, charged to a process budget
+LIBRARY_BYTES = 48 << 20
 
 
 class SparseRLS:
@@ -183,12 +188,25 @@ class SparseRLS:
         return 8 * (4 * n * n + 4 * n * v + m * v + 6 * n)
 
     @staticmethod
-    def _train_work(n: int, chunk: int, arrays: int = 3) -> int:
+    def _train_work(n: int, chunk: int, arrays: int = 3, row_copy: float = 0.0) -> int:
         """Bytes of the training pass's temporaries: the n x n K_BB before its Cholesky factor,
         a chunk's kernel rows and R rows with the previous chunk's still alive (3 chunk x n;
-        4 with fit-time folds, whose R columns are copied out per fold), the divide-and-conquer
-        eigensolver's workspace (1 + 6 n + 2 n^2 doubles, 3 + 5 n ints)."""
-        return 8 * max(n * n, arrays * chunk * n, 2 * n * n + 12 * n + 8)
+        4 with fit-time folds, whose R columns are copied out per fold) and the float64 copy
+        of the chunk's own rows the cross product takes (``row_copy`` doubles a row), the
+        divide-and-conquer eigensolver's workspace (1 + 6 n + 2 n^2 doubles, 3 + 5 n ints)."""
+        return int(8 * max(n * n, chunk * (arrays * n + row_copy), 2 * n * n + 12 * n + 8))
+
+    @staticmethod
+    def _row_copy_doubles(X, d: int) -> float:
+        """Doubles a row takes in the float64 copy ``kernel_block`` makes of a chunk: d for
+        dense rows, 1.5 per stored value for CSR (data and indices). Where d exceeds the basis
+        (Fashion-MNIST's 784 against 500), this copy outweighs the kernel rows: left out of
+        the chunk's size, a 768M fit peaked at 784 MiB."""
+        if sp.issparse(X):
+            return 1.5 * X.nnz / max(1, X.shape[0])
+        if getattr(X, "layout", "dense") == "csr":
+            return 1.5 * X.nnz / max(1, X.n_samples)
+        return float(d)
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, X, y=None) -> "SparseRLS":
@@ -216,13 +234,21 @@ class SparseRLS:
         n, v = basis.size, Y.shape[1]
         budget = self._budget
         state = self._state_nbytes(n, v, m)
+        if budget.fixed:
+            # a process budget (the whole process under the cap) also carries what BLAS and
+            # LAPACK map and allocate on first use: their buffers and code pages (measured:
+            # the first 4000 x 784 x 500 product +12 MiB beside its result, the first eigh
+            # +26 MiB); they stay resident as long as the process does
+            state += LIBRARY_BYTES
         budget.reserve(state, "sparse RLS model (n x n, n x v and m x v matrices)")
         self._state_bytes = state
         # row chunks of the training pass (and of later passes over the rows): 3 chunk x n
         # float64 alive at once, shrunk to the free budget (at least 16 rows)
         fold_of, grams = self._start_fold_grams(src, n, v)     # reserved before the chunks
         arrays = 3 if self.folds is None else 4
-        chunk = int(min(n_chunk, max(16, (budget.available - 8 * n * n) // (8 * arrays * n))))
+        row_copy = self._row_copy_doubles(X, d)
+        chunk = int(min(n_chunk, max(16, (budget.available - 8 * n * n)
+                                      // (8 * (arrays * n + row_copy)))))
         if chunk < n_chunk and chunk < m:
             src = make_source(X, chunk)
         self._source, self._Y, self.basis_ = src, Y, basis
@@ -230,7 +256,7 @@ class SparseRLS:
         self._bsorted = basis[self._bsorted_order]
         self.gamma_ = self.spec.resolved_gamma(d)
         self.n_features_in_ = d
-        work = self._train_work(n, min(chunk, m), arrays)
+        work = self._train_work(n, min(chunk, m), arrays, row_copy)
         with budget.reservation(work, "sparse RLS training work (eigensolver, row chunks)"):
             self.X_basis_ = src.take(basis)
             xb = matrix_nbytes(self.X_basis_)
