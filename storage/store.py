@@ -18,7 +18,8 @@ import scipy.sparse as sp
 
 from .budget import MemoryBudget
 from .cache import LRUCache
-from .errors import ClosedError, IndexStateError, ParameterError, StoreFormatError
+from .errors import (BudgetExceededError, ClosedError, IndexStateError, ParameterError,
+                     StoreFormatError)
 from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE, TMP_MARKER
 
 __all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order",
@@ -458,6 +459,21 @@ class Store:
             out = self.read_range(self.block_offsets[b], self.block_offsets[b + 1])
             return out, _nbytes(*out)
 
+        rows = int(self.block_offsets[b + 1] - self.block_offsets[b])
+        need = self.estimated_bytes(rows)
+        if need > self.budget.limit and not self.block_is_cached(b):
+            # a block the cache cannot hold would be read beside the cap: refused, naming
+            # the ways out (the store's blocks were sized at ingest for a larger cap)
+            from .budget import format_size
+
+            fit = max(1, self.budget.limit // 4 // max(1, self.estimated_bytes(1)))
+            raise BudgetExceededError(
+                f"Block {b} of {self.path} holds {rows:,} rows ({format_size(need)}), more "
+                f"than the {format_size(self.budget.limit)} the memory cap "
+                f"{format_size(self.budget.cap)} leaves for data.",
+                f"Raise --memory to at least {format_size(self.budget.cap_needed(need), up=True)}"
+                f", or re-ingest with --block-rows {fit} (blocks are sized at ingest from its "
+                f"--memory).")
         return self._cache.get_or_load(("block", b), load)
 
     @property

@@ -180,7 +180,8 @@ def test_index_build_and_prediction_on_a_store_4x_the_working_share_stay_within_
     n, d = 120_000, 100  # 48 MB of dense float32 rows
     X = rng.normal(size=(n, d)).astype(np.float32)
     y = np.where(X[:, :5].sum(1) > 0, 1.0, -1.0)
-    ingest_arrays(X, y, tmp_path / "big", block_rows=5000, build_index=False).close()
+    # 1 MB blocks: the build holds 7 of them at once, under the 12 MiB working share
+    ingest_arrays(X, y, tmp_path / "big", block_rows=2500, build_index=False).close()
     ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=False).close()
     del X
     q = ["--quiet"]
@@ -196,3 +197,23 @@ def test_index_build_and_prediction_on_a_store_4x_the_working_share_stay_within_
                                       tmp_path / "p.csv"] + q, cap)
     assert peak <= cap, (peak - cap) / 2**20
     assert sum(1 for _ in open(tmp_path / "p.csv")) == n + 1
+
+
+def test_blocks_larger_than_the_working_share_are_refused_with_the_ways_out(tmp_path, rng):
+    # a store ingested under a large cap (64 MB blocks by default) read under a small one:
+    # every command that reads whole blocks refuses before reading, never exceeding the cap
+    from ooc_learn.api import ingest_arrays
+
+    X = rng.normal(size=(80_000, 100)).astype(np.float32)  # one block of 32 MB
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=1, build_index=False).close()
+    ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=False).close()
+    cap = fixed_part(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz", "--solver", "dcd",
+                              "--quiet"]) + (20 << 20)  # 20 MiB for data
+    for cmd in (TRAIN + [tmp_path / "s", "-o", tmp_path / "m.npz", "--solver", "pegasos"],
+                PREDICT + [tmp_path / "t.npz", tmp_path / "s"],
+                INDEX + [tmp_path / "s"]):
+        r = run_measured(list(map(str, cmd)) + ["--quiet", "--memory", str(cap)], timeout=600)
+        assert r["rc"] == 2, r["stderr"]
+        assert "--block-rows" in r["stderr"] and "--memory" in r["stderr"], r["stderr"]
+        assert r["peak_rss_bytes"] <= cap
