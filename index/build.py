@@ -68,9 +68,8 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
                 # out where the cap cannot hold them (a store ingested under a larger cap has
                 # larger blocks)
                 need = 7 * st.estimated_bytes(rows)
-                fit = max(1, budget.limit // 4 // max(1, st.estimated_bytes(1)))
                 budget.reserve(need, f"index build of block {b} ({rows:,} rows)",
-                               hint=f"or re-ingest with --block-rows {fit}")
+                               hint=f"or re-ingest with --block-rows {st.block_rows_that_fit()}")
                 try:
                     X, _, _ = st.read_range(offsets[b], offsets[b + 1])
                     sq = st.sqnorms(offsets[b], offsets[b + 1])

@@ -156,7 +156,7 @@ def _ingest_body(args):
            "seconds": round(st["seconds"], 4), "bytes_in": st["bytes_in"],
            "bytes_read": st["bytes_read"], "bytes_written": st["bytes_written"],
            "mb_per_second": round(st["bytes_in"] / 1e6 / max(st["seconds"], 1e-9), 2),
-           "peak_rss_bytes": st["peak_rss_bytes"], "memory_cap_bytes": budget.cap}
+           "peak_rss_bytes": st["peak_rss_bytes"]}
     store.close()
     text = (f"{out['store']}: {out['n_samples']} rows x {out['n_features']} features, "
             f"{out['n_blocks']} blocks, {out['layout']}, {out['task']}"
@@ -309,7 +309,7 @@ def _train_body(args):
            "truncate": s, "seconds": round(st["seconds"], 4), "objective": st.get("objective"),
            "n_sv": st.get("n_sv"), "outer_iterations": st.get("outer_iterations"),
            "rows_read": st.get("rows_read"), "bytes_read": st.get("bytes_read"),
-           "peak_rss_bytes": None, "memory_cap_bytes": budget.cap}
+           "peak_rss_bytes": None}
     if args.test is not None:
         with contextlib.ExitStack() as stack:
             test = _open_eval_data(args.test, model, budget, stack)
@@ -377,9 +377,9 @@ def _predict_body(args):
 
     import numpy as np
 
-    from ooc_learn.model import load_model
-
     from pathlib import Path
+
+    from ooc_learn.model import load_model
 
     budget = _budget(args)
     # the weights as stored, read and converted (an upper bound that needs no parsing)

@@ -153,7 +153,8 @@ class MemoryBudget:
         """
         budget = cls(cap)
         cap_bytes = budget.limit
-        fixed = current_rss_bytes() + int(late_load)
+        rss = current_rss_bytes()
+        fixed = rss + int(late_load)
         if cap_bytes - fixed < minimum:
             raise BudgetExceededError(
                 f"The memory cap {format_size(cap_bytes)} does not cover this process's fixed "
@@ -162,7 +163,7 @@ class MemoryBudget:
                 f"Raise --memory (or OOC_MEMORY) to at least "
                 f"{format_size(fixed + minimum, up=True)}.")
         budget.fixed, budget.limit = fixed, cap_bytes - fixed
-        budget._watch_rss = bool(current_rss_bytes())
+        budget._watch_rss = bool(rss)  # 0: no reading on this platform
         return budget
 
     def _rss_room(self) -> float:

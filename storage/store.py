@@ -466,7 +466,7 @@ class Store:
             # the ways out (the store's blocks were sized at ingest for a larger cap)
             from .budget import format_size
 
-            fit = max(1, self.budget.limit // 4 // max(1, self.estimated_bytes(1)))
+            fit = self.block_rows_that_fit()
             raise BudgetExceededError(
                 f"Block {b} of {self.path} holds {rows:,} rows ({format_size(need)}), more "
                 f"than the {format_size(self.budget.limit)} the memory cap "
@@ -475,6 +475,11 @@ class Store:
                 f", or re-ingest with --block-rows {fit} (blocks are sized at ingest from its "
                 f"--memory).")
         return self._cache.get_or_load(("block", b), load)
+
+    def block_rows_that_fit(self) -> int:
+        """The ``--block-rows`` to re-ingest with so that a block takes a quarter of this
+        budget's working share (the hint of the refusals of blocks that do not fit)."""
+        return max(1, self.budget.limit // 4 // max(1, self.estimated_bytes(1)))
 
     @property
     def block_cache(self) -> LRUCache:
