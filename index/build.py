@@ -3,7 +3,7 @@
 The rows of every block must move into leaf order, so the data file is rewritten: the storage
 layer's :func:`~ooc_learn.storage.store.rewrite_block_order` writes a new store directory
 beside the old one, this module builds each block's tree as its permutation is asked for and
-writes the forest into the new directory, and one rename swaps it in. A crash (even SIGKILL)
+writes it into the new directory's index at once, and one rename swaps it in. A crash (even SIGKILL)
 leaves the old store as it was.
 """
 
@@ -55,11 +55,14 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
                                   f"Rebuild it with `ooc-index {store_path} --overwrite`.")
         shape = dict(n_blocks=st.n_blocks, n_samples=st.n_samples, n_features=st.n_features)
         offsets = st.block_offsets.copy()
-    trees = {}
     stats = {"build_seconds": 0.0}
 
-    def perms():
-        with open_store(store_path, memory=budget) as st:
+    def perms(new_dir):
+        # each block's tree goes to the new store's index as soon as it is built: the forest
+        # of a large store does not fit where one block has to
+        with open_store(store_path, memory=budget) as st, \
+                ForestWriter(Path(new_dir) / INDEX_DIR, width=width, leaf_size=leaf_size,
+                             seed=seed, **shape) as writer:
             for b in range(st.n_blocks):
                 rows = int(offsets[b + 1] - offsets[b])
                 # the block, the tree build's temporaries and the block read again and
@@ -74,21 +77,16 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
                     X, _, _ = st.read_range(offsets[b], offsets[b + 1])
                     sq = st.sqnorms(offsets[b], offsets[b + 1])
                     t = time.perf_counter()
-                    perm, trees[b] = build_block_tree(X, sq, width=width, leaf_size=leaf_size,
-                                                      seed=block_seed(seed, b))
+                    perm, tree = build_block_tree(X, sq, width=width, leaf_size=leaf_size,
+                                                  seed=block_seed(seed, b))
                     stats["build_seconds"] += time.perf_counter() - t
                     del X
+                    writer.add_tree(b, int(offsets[b]), tree)
+                    del tree
                     yield perm
                 finally:
                     budget.release(need)
 
-    def write_index(directory):
-        with ForestWriter(Path(directory) / INDEX_DIR, width=width, leaf_size=leaf_size,
-                          seed=seed, **shape) as writer:
-            for b in range(shape["n_blocks"]):
-                writer.add_tree(b, int(offsets[b]), trees.pop(b))
-
-    rewrite_block_order(store_path, perms(), memory=budget,
-                        extra_files={INDEX_DIR: write_index})
+    rewrite_block_order(store_path, perms, memory=budget)
     stats.update(seconds=time.perf_counter() - t0, n_blocks=shape["n_blocks"])
     return stats

@@ -743,14 +743,14 @@ def open_store(path, memory=None) -> Store:
     return Store(path, memory=memory)
 
 
-def rewrite_block_order(store_path, perms, *, memory=None, extra_files=None) -> None:
-    """Rewrite ``data.h5`` with each block's rows permuted by ``perms[b]`` (block-local).
+def rewrite_block_order(store_path, perms, *, memory=None) -> None:
+    """Rewrite ``data.h5`` with each block's rows permuted by a block-local permutation.
 
-    ``perms`` is an iterable yielding one permutation per block, in block order (it may be a
-    generator that reads the block from the old store to compute it). The new file is written
-    beside the old one and swapped in with one rename, so a crash leaves the old store intact.
-    ``extra_files`` maps names to callables ``fn(tmp_dir)`` that write more files (the index)
-    into the new store directory before the swap.
+    ``perms(new_dir)`` returns an iterable of one permutation per block, in block order; it
+    may be a generator that reads each block from the old store to compute its permutation and
+    writes more files (the index) into ``new_dir``, the new store directory, as it goes. The
+    new directory is written beside the old one and swapped in with one rename, so a crash
+    leaves the old store intact.
     """
     store_path = Path(store_path)
     with open_store(store_path, memory=memory) as old:
@@ -762,14 +762,12 @@ def rewrite_block_order(store_path, perms, *, memory=None, extra_files=None) -> 
             w = StoreWriter(tmp, n_samples=old.n_samples, n_features=old.n_features,
                             nnz=old.nnz, layout=old.layout, block_offsets=old.block_offsets,
                             task=old.task, metadata=old.metadata)
-            for b, perm in enumerate(perms):
+            for b, perm in enumerate(perms(tmp)):
                 X, y, ids = old.read_range(old.block_offsets[b], old.block_offsets[b + 1])
                 perm = np.asarray(perm, dtype=np.int64)
                 w.write_block(b, X[perm], y[perm], ids[perm], old.sqnorms(
                     old.block_offsets[b], old.block_offsets[b + 1])[perm])
             w.finish()
-            for fn in (extra_files or {}).values():
-                fn(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

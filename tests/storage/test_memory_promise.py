@@ -208,12 +208,16 @@ def test_blocks_larger_than_the_working_share_are_refused_with_the_ways_out(tmp_
     y = np.where(X[:, 0] > 0, 1.0, -1.0)
     ingest_arrays(X, y, tmp_path / "s", n_blocks=1, build_index=False).close()
     ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=False).close()
-    cap = fixed_part(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz", "--solver", "dcd",
-                              "--quiet"]) + (20 << 20)  # 20 MiB for data
-    for cmd in (TRAIN + [tmp_path / "s", "-o", tmp_path / "m.npz", "--solver", "pegasos"],
-                PREDICT + [tmp_path / "t.npz", tmp_path / "s"],
-                INDEX + [tmp_path / "s"]):
-        r = run_measured(list(map(str, cmd)) + ["--quiet", "--memory", str(cap)], timeout=600)
+    q = ["--quiet"]
+    fixed_part(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz", "--solver", "dcd"] + q)
+    for cmd, tiny_cmd in (
+            (TRAIN + [tmp_path / "s", "-o", tmp_path / "m.npz", "--solver", "pegasos"],
+             TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t2.npz", "--solver", "pegasos"]),
+            (PREDICT + [tmp_path / "t.npz", tmp_path / "s"],
+             PREDICT + [tmp_path / "t.npz", tmp_path / "tiny"]),
+            (INDEX + [tmp_path / "s"], INDEX + [tmp_path / "tiny", "--overwrite"])):
+        cap = fixed_part(tiny_cmd + q) + (20 << 20)  # 20 MiB for data: less than the block
+        r = run_measured(list(map(str, cmd)) + q + ["--memory", str(cap)], timeout=600)
         assert r["rc"] == 2, r["stderr"]
         assert "--block-rows" in r["stderr"] and "--memory" in r["stderr"], r["stderr"]
         assert r["peak_rss_bytes"] <= cap
