@@ -31,11 +31,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
 
 
-def _budget(args) -> MemoryBudget:
+def _budget(args, *, solvers: bool = False, parsers: bool = False) -> MemoryBudget:
     """The run's budget: ``--memory`` is the whole process, its fixed part charged first.
 
-    The libraries every command loads are imported before the fixed part is measured, so the
-    measurement holds them and the allowance covers only what loads later (compiled kernels).
+    The libraries every command loads are imported, and numba's compiler set up, before the
+    fixed part is measured, so the measurement holds them and the allowance covers only what
+    loads later: the command's own compiled kernels, the solvers' (``solvers``) and the text
+    parsers' (``parsers``) where it uses them.
     """
     import h5py  # noqa: F401
     import lmdb  # noqa: F401
@@ -43,9 +45,24 @@ def _budget(args) -> MemoryBudget:
     import numpy  # noqa: F401
     import scipy.sparse  # noqa: F401
 
-    budget = MemoryBudget.for_process(None if args.memory is None else parse_size(args.memory))
+    from ooc_learn._jit import start_jit
+
+    start_jit()
+    from ooc_learn.storage.budget import late_load_bytes
+
+    budget = MemoryBudget.for_process(None if args.memory is None else parse_size(args.memory),
+                                      late_load=late_load_bytes(solvers=solvers,
+                                                                parsers=parsers))
     args.budget_ = budget  # run_command reports its figures in --json
     return budget
+
+
+def _any_text(paths) -> bool:
+    """Whether any of ``paths`` is a text source (its parsers' kernels will load)."""
+    from ooc_learn.storage.store import is_store
+
+    return any(p is not None and not is_store(p) and not str(p).endswith((".npy", ".npz"))
+               for p in paths)
 
 
 def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv=None) -> int:
@@ -140,7 +157,7 @@ def _label_column(text: str):
 def _ingest_body(args):
     from ooc_learn.api import ingest
 
-    budget = _budget(args)
+    budget = _budget(args, parsers=_any_text(args.sources))
     store = ingest(args.sources, args.output, format=args.format, layout=args.layout,
                    task=args.task, n_blocks=args.blocks, block_rows=args.block_rows,
                    n_features=args.n_features, positive_label=args.positive_label,
@@ -280,7 +297,7 @@ def _train_body(args):
     if args.output is None:
         raise ParameterError("ooc-train needs -o MODEL (or --cv K to cross-validate).",
                              "Add -o model.npz.")
-    budget = _budget(args)
+    budget = _budget(args, solvers=True, parsers=_any_text([args.test]))
     from tqdm.auto import tqdm
 
     bar = tqdm(desc="train", unit="outer", disable=args.quiet, leave=False)
@@ -340,7 +357,7 @@ def _cv_body(args):
                                  "Use e.g. --cv 10 or --cv loo.") from None
     if args.lam is not None and not args.lam > 0:
         raise ParameterError(f"--lam must be > 0. Got {args.lam!r}.", "Try 1e-6.")
-    budget = _budget(args)
+    budget = _budget(args, solvers=True)
     with open_store(args.store, memory=budget) as store:
         if args.learner == "pegasos":
             learner = Pegasos(lam=1e-6 if args.lam is None else args.lam)
@@ -381,7 +398,7 @@ def _predict_body(args):
 
     from ooc_learn.model import load_model
 
-    budget = _budget(args)
+    budget = _budget(args, parsers=_any_text([args.data]))
     # the weights as stored, read and converted (an upper bound that needs no parsing)
     model_bytes = 3 * Path(args.model).stat().st_size if Path(args.model).is_file() else 0
     budget.reserve(model_bytes, f"model {args.model}",
