@@ -144,6 +144,7 @@ class MemoryBudget:
         self.fixed = 0  # the process's fixed part, charged by for_process (not in limit)
         self._watch_rss = False  # for_process: reservations must also fit the real RSS
         self._rss, self._rss_at, self._since_rss = 0, -math.inf, 0
+        self._skip_learn = False
         self._used = 0
         self._peak = 0
         self._lock = threading.RLock()
@@ -191,7 +192,27 @@ class MemoryBudget:
         now = time.monotonic()
         if now - self._rss_at >= RSS_PERIOD:
             self._rss, self._rss_at, self._since_rss = current_rss_bytes(), now, 0
+            if self._skip_learn:
+                self._skip_learn = False
+            else:
+                self._learn_fixed()
         return self.cap - self._rss - self._since_rss - RSS_HEADROOM
+
+    def _learn_fixed(self) -> None:
+        """Move what the process holds beyond its account from the working share to the fixed
+        part, down to the working minimum.
+
+        The RSS exceeds fixed part + reservations only when something the account does not
+        itemise (a kernel that loaded late, allocator holes, a temporary) took more than the
+        allowance left: from then on the account plans with the smaller working share, so the
+        caches give way instead of the soft grants of :meth:`try_reserve` filling the cap.
+        """
+        over = self._rss - self.fixed - self._used
+        room = self.limit - MIN_WORKING_BYTES
+        if over > 0 and room > 0:
+            over = min(over, room)
+            self.fixed += over
+            self.limit -= over
 
     def _free_now(self) -> float:
         free = self.limit - self._used
@@ -239,7 +260,9 @@ class MemoryBudget:
                     if need <= 0:
                         break
                     if evictor(int(need)) and self._watch_rss:
-                        self._rss_at = -math.inf  # what was freed shows in a new reading
+                        # what was freed shows in a new reading, unless the heap still holds
+                        # it or a caller still holds a view of it: no lesson for _learn_fixed
+                        self._rss_at, self._skip_learn = -math.inf, True
             if nbytes > self._free_now() and self._watch_rss and evict:
                 # the caches are empty or what they freed is still in the heap's free
                 # lists: hand those pages back and read the RSS again

@@ -129,6 +129,32 @@ def test_a_process_budget_lets_real_rss_press_the_caches(monkeypatch):
         b.reserve(b.limit, "everything")                # the account still refuses
 
 
+def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fixed_part(
+        monkeypatch):
+    import ooc_learn.storage.budget as B
+
+    rss = B.current_rss_bytes()
+    b = MemoryBudget.for_process(rss + (300 << 20), late_load=10 << 20)
+    fixed, limit = b.fixed, b.limit
+    b.reserve(50 << 20, "rows")
+    # a kernel that loaded late and a temporary: 40 MiB beyond fixed part + reservations
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: fixed + (50 << 20) + (40 << 20))
+    b._rss_at = -float("inf")
+    assert b.available <= limit - (50 << 20) - (40 << 20)
+    assert b.fixed == fixed + (40 << 20) and b.limit == limit - (40 << 20)
+    assert b.cap == fixed + limit                       # the cap itself never moves
+    # what is within the account teaches nothing: reservations not yet touched, say
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: fixed)
+    b._rss_at = -float("inf")
+    b.available
+    assert b.fixed == fixed + (40 << 20)
+    # the working share never falls below the minimum a run needs
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: b.cap * 2)
+    b._rss_at = -float("inf")
+    b.available
+    assert b.limit == B.MIN_WORKING_BYTES and b.cap == fixed + limit
+
+
 def test_an_api_budget_ignores_the_process_rss():
     b = MemoryBudget("1M")
     assert b.fixed == 0 and b.cap == b.limit == 1 << 20 and b.available == 1 << 20
