@@ -488,12 +488,17 @@ def run_setting(runner: Runner, setting: str, only: set[str], data_meta: dict) -
             model.unlink(missing_ok=True)
             runner.run(name, setting, train_cmd + ["-o", str(model)] + extra)
     if "predict" in only:
-        model = models / f"{setting}-ibcd.npz"
-        if model.exists():
-            runner.run("predict", setting, _ooc("ooc-predict") + [str(model), str(test),
+        # the exact-stop model, else the sampled rule's (the exact stop may not finish
+        # within --timeout)
+        found = [m for m in (models / f"{setting}-ibcd.npz", models / f"{setting}-ibcd-paper.npz")
+                 if m.exists()]
+        if found:
+            print(f"    predict {setting}: {found[0].name}", flush=True)
+            runner.run("predict", setting, _ooc("ooc-predict") + [str(found[0]), str(test),
                                                                   *common])
         else:
-            print(f"    predict {setting}: no {model} (run ibcd first)", flush=True)
+            print(f"    predict {setting}: no {setting}-ibcd(-paper).npz (run ibcd first)",
+                  flush=True)
     if "treecv" in only:
         runner.run("treecv", setting, _ooc("ooc-train") + [
             str(store), "--cv", "10", "--cv-method", "tree", "--learner", "pegasos",
