@@ -34,20 +34,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _budget(args, *, solvers: bool = False, parsers: bool = False) -> MemoryBudget:
     """The run's budget: ``--memory`` is the whole process, its fixed part charged first.
 
-    The libraries every command loads are imported, and numba's compiler set up, before the
-    fixed part is measured, so the measurement holds them and the allowance covers only what
-    loads later: the command's own compiled kernels, the solvers' (``solvers``) and the text
-    parsers' (``parsers``) where it uses them.
+    ``for_process`` imports the libraries every command loads and sets numba's compiler up
+    before it measures the fixed part, so the measurement holds them and the allowance covers
+    only what loads later: the command's own compiled kernels, the solvers' (``solvers``) and
+    the text parsers' (``parsers``) where it uses them.
     """
-    import h5py  # noqa: F401
-    import lmdb  # noqa: F401
-    import numba  # noqa: F401
-    import numpy  # noqa: F401
-    import scipy.sparse  # noqa: F401
-
-    from ooc_learn._jit import start_jit
-
-    start_jit()
     from ooc_learn.storage.budget import late_load_bytes
 
     budget = MemoryBudget.for_process(None if args.memory is None else parse_size(args.memory),

@@ -122,6 +122,20 @@ def default_memory_bytes() -> int:
     return max(64 << 20, total // 4)
 
 
+def _load_libraries() -> None:
+    """Import what every command loads and set numba's compiler up (one cached kernel,
+    ``ooc_learn._jit``), so that a process budget's RSS reading holds them."""
+    import h5py  # noqa: F401
+    import lmdb  # noqa: F401
+    import numba  # noqa: F401
+    import numpy  # noqa: F401
+    import scipy.sparse  # noqa: F401
+
+    from ooc_learn._jit import start_jit
+
+    start_jit()
+
+
 class MemoryBudget:
     """A byte budget that caches and buffers reserve from.
 
@@ -145,6 +159,7 @@ class MemoryBudget:
         self._watch_rss = False  # for_process: reservations must also fit the real RSS
         self._rss, self._rss_at, self._since_rss = 0, -math.inf, 0
         self._skip_learn = False
+        self._grant_limit = None  # for_process: the working share as first charged
         self._used = 0
         self._peak = 0
         self._lock = threading.RLock()
@@ -166,6 +181,7 @@ class MemoryBudget:
         """
         budget = cls(cap)
         cap_bytes = budget.limit
+        _load_libraries()
         rss = current_rss_bytes()
         fixed = rss + int(late_load)
         if cap_bytes - fixed < minimum:
@@ -176,6 +192,7 @@ class MemoryBudget:
                 f"Raise --memory (or OOC_MEMORY) to at least "
                 f"{format_size(fixed + minimum, up=True)}.")
         budget.fixed, budget.limit = fixed, cap_bytes - fixed
+        budget._grant_limit = budget.limit
         budget._watch_rss = bool(rss)  # 0: no reading on this platform
         return budget
 
@@ -205,7 +222,9 @@ class MemoryBudget:
         The RSS exceeds fixed part + reservations only when something the account does not
         itemise (a kernel that loaded late, allocator holes, a temporary) took more than the
         allowance left: from then on the account plans with the smaller working share, so the
-        caches give way instead of the soft grants of :meth:`try_reserve` filling the cap.
+        caches give way instead of the soft grants of :meth:`try_reserve` filling the cap. A
+        reservation that must be had is still granted within the working share as first
+        charged once the caches are empty: a run does not stop for memory a lesson took.
         """
         over = self._rss - self.fixed - self._used
         room = self.limit - MIN_WORKING_BYTES
@@ -270,7 +289,8 @@ class MemoryBudget:
 
                 release_free_heap()
                 self._rss_at = -math.inf
-            if nbytes > (self._free_now() if not evict else self.limit - self._used):
+            grant = self.limit if self._grant_limit is None else self._grant_limit
+            if nbytes > (self._free_now() if not evict else grant - self._used):
                 # the account refuses; the RSS only presses the caches: a reservation that
                 # evicted what it could is granted where the account has room, or a run
                 # would stop for memory that temporaries hold for a moment

@@ -114,6 +114,7 @@ def test_a_process_budget_lets_real_rss_press_the_caches(monkeypatch):
     import ooc_learn.storage.budget as B
 
     b = MemoryBudget.for_process(B.current_rss_bytes() + (400 << 20), late_load=0)
+    limit = b.limit
     assert b.try_reserve(1 << 20, evict=False)          # the account and the RSS both agree
     b.release(1 << 20)
     # temporaries the account does not know of: the process's RSS is near the cap
@@ -126,7 +127,7 @@ def test_a_process_budget_lets_real_rss_press_the_caches(monkeypatch):
     assert b.try_reserve(4 << 20)                       # a needed one evicts first, then is
     assert freed and freed[0] >= (4 << 20) - (2 << 20)  # granted where the account has room
     with pytest.raises(BudgetExceededError, match="--memory"):
-        b.reserve(b.limit, "everything")                # the account still refuses
+        b.reserve(limit, "everything")                  # the account still refuses
 
 
 def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fixed_part(
@@ -143,6 +144,14 @@ def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fix
     assert b.available <= limit - (50 << 20) - (40 << 20)
     assert b.fixed == fixed + (40 << 20) and b.limit == limit - (40 << 20)
     assert b.cap == fixed + limit                       # the cap itself never moves
+    # caches give way to the lesson; a reservation that must be had is still granted within
+    # the working share as first charged, and refused beyond it
+    freed = []
+    b.register_evictor(lambda need: freed.append(need) or 0)
+    assert not b.try_reserve(limit - (80 << 20), evict=False)
+    assert b.try_reserve(limit - (80 << 20)) and freed
+    assert not b.try_reserve(40 << 20)
+    b.release(limit - (80 << 20))
     # what is within the account teaches nothing: reservations not yet touched, say
     monkeypatch.setattr(B, "current_rss_bytes", lambda: fixed)
     b._rss_at = -float("inf")
