@@ -542,7 +542,8 @@ def warm_up(args) -> None:
     d.mkdir(exist_ok=True)
     src, store, model = d / "tiny.npy", d / "store", d / "model.npz"
     np.save(src, np.load(args.work / "test.npy", mmap_mode="r")[:2000])
-    mem = ["--memory", "256M", "--quiet"]
+    # roomy: SparseRLS alone charges ~218 MiB of fixed part and 48 MiB for BLAS/LAPACK
+    mem = ["--memory", "512M", "--quiet"]
     cmds = [_ooc("ooc-ingest") + [str(src), "-o", str(store), "--label-column", "0",
                                   "--overwrite", *mem]]
     for solver in ("ibcd", "dcd", "bm", "pegasos"):
@@ -552,7 +553,7 @@ def warm_up(args) -> None:
                                   "--sample-eps", "0.05", *mem],
              _ooc("ooc-predict") + [str(model), str(src), *mem],
              _ooc("ooc-train") + [str(store), "--cv", "10", "--learner", "pegasos", *mem],
-             _self("rls", args, store=store, memory="256M", rls_kernel=args.rls_kernel,
+             _self("rls", args, store=store, memory="512M", rls_kernel=args.rls_kernel,
                    rls_basis=min(args.rls_basis, 200), rls_lam=args.rls_lam)]
     failed = 0
     for cmd in cmds:
