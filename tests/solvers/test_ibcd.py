@@ -540,3 +540,27 @@ def test_sampled_rule_keeps_asking_the_index_where_a_scan_would_read_the_store(t
                 objectives["exact"] = truncated_objective(Xa, ya, exact.w, 0.1, 1.0)
     assert objectives[None] == pytest.approx(objectives["exact"], rel=1e-3)
     assert objectives["exact"] < objectives["600K"] < 1.1 * objectives["exact"]
+
+
+def test_fresh_rows_the_cap_cannot_hold_join_in_part(tmp_path, rng, monkeypatch):
+    # a query's rows need 2 copies in memory until S holds them; where the cap cannot hold
+    # them all, as many as it can (halving, down to 64 rows) join and a later query or check
+    # finds the others: the answer is still optimal (a 1.02M-row run at --memory 224M once
+    # stopped with exit 2 after 110 s for 11 kB)
+    from ooc_learn.storage.store import open_store
+
+    X, y = problem(rng, n=3000, d=20, flip=0.1)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True).close()
+    with open_store(tmp_path / "s", memory="64M") as store:
+        budget, cut_at = store.budget, 2 * 100 * 4 * 20
+        take = budget.try_reserve
+
+        def squeezed(nbytes, *, evict=True):  # the fetch's reservation, from _inner_loop
+            if sys._getframe(1).f_code.co_name == "_inner_loop" and nbytes > cut_at:
+                return False
+            return take(nbytes, evict=evict)
+
+        monkeypatch.setattr(budget, "try_reserve", squeezed)
+        res = solve_ibcd(store, C=0.1, n=400, eps=0.01, init_sample=500, seed=3)
+        assert res.stats["fetches_cut"] > 0
+        assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=0.1) < 0.02
