@@ -32,7 +32,7 @@ with shrinking undone (§4.3), by a sequential block scan since the whole data i
 most violating rows it finds (at most |S|) join S. The index is asked again unless a query was
 cut or the scan finds rows ``SCAN_MARGIN`` times cheaper, in which case the scans alone find
 the rest of this convex problem's violators. Only when a check finds nothing (or violations
-below the tolerance) after a solve of S to ``eps`` within LIBLINEAR's 300 passes is the
+below the tolerance) after a solve of S to ``eps`` within 1000 passes (``MAX_ITERS``) is the
 convex problem solved on all rows. For the squared hinge, a solve of S that dual CD has not
 finished in 300 passes goes on by TRON, as LIBLINEAR's -s 1 does (``DUAL_SWITCH_ITERS``).
 
@@ -67,16 +67,18 @@ __all__ = ["solve_ibcd", "IBCDResult"]
 log = logging.getLogger(__name__)
 
 # dual CD passes over the initial sample: w_0 only starts the search, its precision is not
-# the answer's (LIBLINEAR's 300 passes cost seconds on 10,000 rows of Fashion-MNIST)
+# the answer's (1000 passes cost seconds on 10,000 rows of Fashion-MNIST)
 INIT_ITERS = 50
 # dual CD passes for a solve of S (problem 13): on the way (S doubled, or a check follows) at
-# most QUICK_ITERS; the solve a stop rests on gets LIBLINEAR's MAX_ITERS: since 2.42 (2020)
-# LIBLINEAR's dual solvers stop at 300 passes (train_one's dual_solver_max_iter; before, 1000).
-# Where dual CD converges slowly (Fashion-MNIST and the generated store, C = 1) S's solves
-# stop there before most checks, which then find more rows anyway; LIBLINEAR 2.50 itself
-# stops at 300 on 12,000 rows of augmented Fashion-MNIST tops-vs-rest at C = 1
+# most QUICK_ITERS; the solve a stop rests on gets MAX_ITERS, LIBLINEAR's limit before 2.42
+# and scikit-learn's LinearSVC default. (LIBLINEAR >= 2.42 stops its dual solvers at 300,
+# train_one's dual_solver_max_iter. Tried here: the README's 20k-row example then ends with
+# S unconverged and a warning, where 1000 converges; the sampled rule at 1g, 768M, took
+# 25-34 s against 33-36 s, within this machine's noise, objective no lower.) Where dual CD
+# converges slowly (Fashion-MNIST and the generated store, C = 1) S's solves stop at the
+# limit before most checks, which then find more rows anyway
 QUICK_ITERS = 100
-MAX_ITERS = 300
+MAX_ITERS = 1000
 # the leaves a query read are remembered for the fetch that follows in at most 1/8 of the cap
 MEMO_SHARE = 8
 # a query examines at most this share of the rows (and at least 2n): once qualifying rows are
