@@ -156,10 +156,11 @@ class MemoryBudget:
     def __init__(self, limit=None):
         self.limit = default_memory_bytes() if limit is None else parse_size(limit)
         self.fixed = 0  # the process's fixed part, charged by for_process (not in limit)
+        # the working share as first charged (_learn_fixed lowers limit, never this)
+        self._grant_limit = self.limit
         self._watch_rss = False  # for_process: reservations must also fit the real RSS
         self._rss, self._rss_at, self._since_rss = 0, -math.inf, 0
         self._skip_learn = False
-        self._grant_limit = None  # for_process: the working share as first charged
         self._used = 0
         self._peak = 0
         self._lock = threading.RLock()
@@ -289,8 +290,7 @@ class MemoryBudget:
 
                 release_free_heap()
                 self._rss_at = -math.inf
-            grant = self.limit if self._grant_limit is None else self._grant_limit
-            if nbytes > (self._free_now() if not evict else grant - self._used):
+            if nbytes > (self._free_now() if not evict else self._grant_limit - self._used):
                 # the account refuses; the RSS only presses the caches: a reservation that
                 # evicted what it could is granted where the account has room, or a run
                 # would stop for memory that temporaries hold for a moment

@@ -679,12 +679,8 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         # answer's part kept until its rows join S; room for the pass's own chunks (at least
         # 64 rows) is left beside it
         chunk_room = 64 * (row_bytes + 16)
-        while not budget.try_reserve(3 * want * (row_bytes + 16) + chunk_room):
-            if want <= MIN_CHECK_ROWS:
-                budget.reserve(3 * want * (row_bytes + 16) + chunk_room,
-                               "IBCD check's selection")
-                break
-            want = max(MIN_CHECK_ROWS, want // 2)
+        want = _reserve_rows(budget, want, 3 * (row_bytes + 16), "IBCD check's selection",
+                             extra=chunk_room)
         budget.release(chunk_room)
         held = 3 * want * (row_bytes + 16)
         k_pool = 0 if S.spilled or not pool.wanted else pool.reserve(n, row_bytes + 16)
@@ -740,12 +736,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # MIN_CHECK_ROWS) join now; a later query or check finds the others again (1.02M
             # rows at --memory 224M: 1000 rows needed 6.3 MB where 6.28 MB was free, and the
             # run stopped after 110 s)
-            k_in = k
-            while not budget.try_reserve(2 * k_in * row_bytes):
-                if k_in <= MIN_CHECK_ROWS:  # raises, naming --memory and the figures
-                    budget.reserve(2 * k_in * row_bytes, "IBCD fresh rows")
-                    break
-                k_in = max(MIN_CHECK_ROWS, k_in // 2)
+            k_in = _reserve_rows(budget, k, 2 * row_bytes, "IBCD fresh rows")
             stats["fetches_cut"] += int(k_in < k)
             try:
                 XN, yN = rows_src.fetch(rows_N[:k_in])
@@ -880,6 +871,18 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             stats["scans_preferred"] += 1
         # shrinking starts afresh after a check (§4.3): only S stays marked
         _reshrink(forest, S, shrink_threshold)
+
+
+def _reserve_rows(budget, k: int, per_row: int, what: str, *, extra: int = 0) -> int:
+    """Reserve ``k * per_row + extra`` bytes, halving ``k`` down to MIN_CHECK_ROWS while the
+    cap cannot hold them; return the ``k`` reserved. Below that floor the reservation raises
+    the ``--memory`` error with the figures."""
+    while not budget.try_reserve(k * per_row + extra):
+        if k <= MIN_CHECK_ROWS:
+            budget.reserve(k * per_row + extra, what)
+            break
+        k = max(MIN_CHECK_ROWS, k // 2)
+    return k
 
 
 def _reshrink(forest, S, threshold) -> None:

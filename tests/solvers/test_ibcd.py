@@ -555,8 +555,10 @@ def test_fresh_rows_the_cap_cannot_hold_join_in_part(tmp_path, rng, monkeypatch)
         budget, cut_at = store.budget, 2 * 100 * 4 * 20
         take = budget.try_reserve
 
-        def squeezed(nbytes, *, evict=True):  # the fetch's reservation, from _inner_loop
-            if sys._getframe(1).f_code.co_name == "_inner_loop" and nbytes > cut_at:
+        def squeezed(nbytes, *, evict=True):  # the fetch's reservation only
+            caller = sys._getframe(1)
+            if (caller.f_code.co_name == "_reserve_rows" and nbytes > cut_at
+                    and caller.f_locals.get("what") == "IBCD fresh rows"):
                 return False
             return take(nbytes, evict=evict)
 
