@@ -87,3 +87,33 @@ def seed_state(rng) -> np.ndarray:
     """A splitmix64 state for the kernels drawn from a seed or a ``np.random.Generator``."""
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     return np.array([gen.integers(0, 2**63, dtype=np.int64)], dtype=np.uint64)
+
+
+def margins(X, y, w, bias) -> np.ndarray:
+    """y_i [x_i, bias]^T w in float64, without the float64 copy of X that X @ w would make."""
+    from . import _kernels as K
+
+    Xd, ip, ix, dt, sparse = kernel_args(X)
+    out = np.empty(X.shape[0])
+    K.rows_dot(Xd, ip, ix, dt, sparse, float(bias), np.arange(X.shape[0], dtype=np.int64),
+               np.ascontiguousarray(w, dtype=np.float64), out)
+    return y * out
+
+
+def rows_in_order(parts, size: int):
+    """``(X, y)`` of ``size`` rows assembled from parts ``(positions, X, y)``: dense rows are
+    written once into place, CSR parts stacked and then permuted."""
+    from ooc_learn.storage.store import stack_rows
+
+    y = np.empty(size, parts[0][2].dtype)
+    for p, _, yp in parts:
+        y[p] = yp
+    if isinstance(parts[0][1], np.ndarray):
+        X = np.empty((size,) + parts[0][1].shape[1:], parts[0][1].dtype)
+        for p, Xp, _ in parts:
+            X[p] = Xp
+        return X, y
+    pos = np.concatenate([p[0] for p in parts])
+    inv = np.empty_like(pos)
+    inv[pos] = np.arange(pos.size)
+    return stack_rows([p[1] for p in parts])[inv], y

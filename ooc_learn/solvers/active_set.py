@@ -97,8 +97,12 @@ class ActiveSet:
         return cap_rows * (STATE_BYTES + 4 * self.d)
 
     def _caps_for(self, need_rows: int, need_nnz: int) -> tuple[int, int]:
-        # grow by half: the copy holds old + new, so doubling would need 3x the content
-        cap_rows = max(self._cap_rows, 1024)
+        # grow by half: the copy holds old + new, so doubling would need 3x the content;
+        # from at least 1024 rows, or what 1/8 of the cap holds where that is fewer (1024
+        # rows of 600 features took 2.5 MB of a 3 MB cap for 338 rows, and the check that
+        # followed could not have its 64 rows)
+        floor = min(1024, self.budget.limit // 8 // max(1, self._bytes_for(1, 0)))
+        cap_rows = max(self._cap_rows, floor, 1)
         while cap_rows < need_rows:
             cap_rows = cap_rows * 3 // 2
         cap_nnz = 0
@@ -132,6 +136,11 @@ class ActiveSet:
         return plan, self._bytes_for(cap_rows, cap_nnz), largest_old
 
     def _grow(self, need_rows: int, need_nnz: int) -> None:
+        if need_rows <= self._cap_rows and (not self.sparse or self.spilled
+                                            or need_nnz <= self._cap_nnz):
+            # S holds them already (as ``fits`` says): near its share, _caps_for would
+            # give a capacity below the current one, a reallocation fits never paid for
+            return
         cap_rows, cap_nnz = self._caps_for(need_rows, need_nnz)
         if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
             return

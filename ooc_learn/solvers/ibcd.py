@@ -57,10 +57,12 @@ import numpy as np
 from ooc_learn.losses import get_loss
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.resources import release_free_heap
-from ooc_learn.storage.store import matrix_nbytes, stack_rows
+from ooc_learn.storage.store import matrix_nbytes
 
+from ._common import margins, rows_in_order
 from .active_set import ActiveSet
 from .dcd import dcd_subproblem, solve_dcd
+from .ibcd_check import Checker, reserve_rows
 
 __all__ = ["solve_ibcd", "IBCDResult"]
 
@@ -129,14 +131,6 @@ DENSE_QUERY = 0.4
 # keeps the extra solves within about one more solve of the final S
 RESOLVE_GROWTH = 2.0
 CHECK_GROWTH = 1
-# the check keeps the rows nearest the margin that did not join S (y w^T x < 1 + POOL_BAND;
-# with the truncated loss also the outliers within POOL_BAND of the outlier boundary), at
-# most n of them in 1/POOL_SHARE of the cap: after the solve of S that follows, the rows it
-# made violate are looked for there first, and the store is scanned again only when the pool
-# has none (a solve moves w a little; the rows it pushes over the margin were near it). A
-# stop still rests on a full scan
-POOL_BAND = 1.0
-POOL_SHARE = 8
 # TRON's stopping rule for the primal block solver, on blocks and on S: LIBLINEAR's -s 2
 # default |grad f(w)| <= PRIMAL_EPS max(min(pos, neg), 1) / l |grad f(0)|, pos and neg the
 # problem's rows of each class (on Fashion-MNIST's class 1, without the class factor S's TRON
@@ -160,8 +154,6 @@ SPILLED_FINAL_ROUNDS = 300
 SPILLED_STALL = 20
 # dual CD passes over one window in a sweep of a spilled S
 SPILLED_WINDOW_ITERS = 20
-# the fewest rows a check brings back where the cap holds less than n (more checks follow)
-MIN_CHECK_ROWS = 64
 
 
 @dataclass
@@ -172,18 +164,6 @@ class IBCDResult:
     sv_rows: np.ndarray
     sv_alpha: np.ndarray
     stats: dict = field(default_factory=dict)
-
-
-def _margins(X, y, w, bias):
-    """y_i [x_i, bias]^T w in float64, without the float64 copy of X that X @ w would make."""
-    from . import _kernels as K
-    from ._common import kernel_args
-
-    Xd, ip, ix, dt, sparse = kernel_args(X)
-    out = np.empty(X.shape[0])
-    K.rows_dot(Xd, ip, ix, dt, sparse, float(bias), np.arange(X.shape[0], dtype=np.int64),
-               np.ascontiguousarray(w, dtype=np.float64), out)
-    return y * out
 
 
 def _check(C, n, eps, sample_eps, max_outer, init_sample, s, block_iters, loss, solver):
@@ -294,20 +274,31 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
                   spill_dir=_spill_dir(store, spill_dir))
     in_S = np.zeros(N_all, bool)
     store.budget.reserve(N_all, "IBCD active-set mask")
-    pool = _Pool(store.budget)
+    checker = None
     try:
         sv = np.flatnonzero(res0.alpha > 0)
         S.add(sample[sv], Xs[sv], ys[sv], _row_sqn(Xs[sv]), res0.alpha[sv])
         in_S[sample[sv]] = True
         del Xs, ys, res0
-        return _outer_loop(rows_src, forest, S, in_S, pool, w, loss=loss, base_loss=base_loss,
+        stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
+                 "queries": 0, "queries_cut": 0, "queries_truncated": 0,
+                 "queries_imprecise": 0, "queries_grown": 0, "scans_preferred": 0,
+                 "queries_slow": 0, "full_solves_skipped": 0, "pruned": 0,
+                 "S_resolves": 0, "switched_to_primal": 0, "stopped_by_sample_rule": 0,
+                 "sample_rule_rechecks": 0, "fetches_cut": 0, "outer_log": []}
+        from ooc_learn.index.forest import outlier_margin
+
+        checker = Checker(rows_src, in_S, low=outlier_margin(loss, s), bias=bias, pool_rows=n,
+                          stats=stats)
+        return _outer_loop(rows_src, forest, S, in_S, checker, w, stats=stats, loss=loss, base_loss=base_loss,
                            C=C, s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
                            max_outer=max_outer, block_iters=block_iters,
                            block_solver=block_solver, shrink_threshold=shrink_threshold,
                            rng=rng, on_outer=on_outer, t0=t0, rows_read0=rows_read0,
                            bytes_read0=bytes_read0)
     finally:
-        pool.clear()
+        if checker is not None:
+            checker.clear()
         S.release()
         store.budget.release(N_all)
         forest.close()
@@ -428,24 +419,7 @@ class _RowSource:
             parts.append((pos, X, y))
         if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(rows.size)):
             return parts[0][1], parts[0][2]
-        return _in_order(parts, rows.size)
-
-
-def _in_order(parts, size: int):
-    """``(X, y)`` of ``size`` rows assembled from parts ``(positions, X, y)``: dense rows are
-    written once into place, CSR parts stacked and then permuted."""
-    y = np.empty(size, parts[0][2].dtype)
-    for p, _, yp in parts:
-        y[p] = yp
-    if isinstance(parts[0][1], np.ndarray):
-        X = np.empty((size,) + parts[0][1].shape[1:], parts[0][1].dtype)
-        for p, Xp, _ in parts:
-            X[p] = Xp
-        return X, y
-    pos = np.concatenate([p[0] for p in parts])
-    inv = np.empty_like(pos)
-    inv[pos] = np.arange(pos.size)
-    return stack_rows([p[1] for p in parts])[inv], y
+        return rows_in_order(parts, rows.size)
 
 
 def _row_sqn(X) -> np.ndarray:
@@ -457,20 +431,13 @@ def _row_sqn(X) -> np.ndarray:
     return K.row_sqnorms(*kernel_args(X), X.shape[0])
 
 
-def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bias, n, eps,
+def _outer_loop(rows_src, forest, S, in_S, checker, w, *, stats, loss, base_loss, C, s, bias, n, eps,
                 sample_eps, max_outer, block_iters, block_solver, shrink_threshold, rng,
                 on_outer, t0, rows_read0, bytes_read0):
     from ooc_learn.index.forest import outlier_margin
 
     store = rows_src.store
     low = outlier_margin(loss, s)
-    stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
-             "queries": 0, "queries_cut": 0, "queries_truncated": 0, "queries_imprecise": 0,
-             "queries_grown": 0, "scans_preferred": 0, "queries_slow": 0,
-             "full_solves_skipped": 0, "full_checks": 0, "pool_hits": 0, "pruned": 0,
-             "S_resolves": 0, "switched_to_primal": 0, "stopped_by_sample_rule": 0,
-             "sample_rule_rechecks": 0, "fetches_cut": 0,
-             "outer_log": []}
     outer = 0
     converged_outer = False
     w_prev = None  # the outer iterate before w_t
@@ -487,7 +454,7 @@ def _outer_loop(rows_src, forest, S, in_S, pool, w, *, loss, base_loss, C, s, bi
                 # s = 1: S ended at 7549 rows for 467 support vectors without this)
                 _prune_inactive(S, in_S, w, bias, stats)
         added, came_back = _inner_loop(
-            rows_src, forest, S, in_S, pool, w, w_t, loss=loss, C=C, s=s, bias=bias, n=n,
+            rows_src, forest, S, in_S, checker, w, w_t, loss=loss, C=C, s=s, bias=bias, n=n,
             eps=eps, sample_eps=sample_eps, block_iters=block_iters, block_solver=block_solver,
             shrink_threshold=shrink_threshold, rng=rng, stats=stats, w_prev=w_prev)
         w_prev = w_t
@@ -546,7 +513,7 @@ def _S_margins(S, w, bias) -> np.ndarray:
     y = S.state()[0]
     out = np.empty(S.m)
     for a, b, X in S.windows():
-        out[a:b] = _margins(X, y[a:b], w, bias)
+        out[a:b] = margins(X, y[a:b], w, bias)
     return out
 
 
@@ -573,7 +540,7 @@ def _drop_outliers(S, in_S, w, w_t, low, bias) -> int:
     return removed
 
 
-def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n, eps,
+def _inner_loop(rows_src, forest, S, in_S, checker, w, w_t, *, loss, C, s, bias, n, eps,
                 sample_eps, block_iters, block_solver, shrink_threshold, rng, stats,
                 w_prev=None) -> tuple[int, int]:
     """Algorithm 1 on the convex problem at w_t; return how many rows joined S, and how
@@ -593,18 +560,11 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         nonlocal added, came_back
         added += len(rows)
         if w_prev is not None:
-            came_back += int((_margins(XN, yN.astype(np.float64), w_prev, bias) < low).sum())
+            came_back += int((margins(XN, yN.astype(np.float64), w_prev, bias) < low).sum())
         rearranged = _admit(S, in_S, forest, rows, XN, yN, w, bias, shrink_threshold, stats,
-                            resolve, pool)
-        drop_answer()  # the rows are S's now
+                            resolve, checker)
+        checker.drop_answer()  # the rows are S's now
         return rearranged
-
-    held = 0  # reserved for the last check's answer until its rows join S
-
-    def drop_answer():
-        nonlocal held
-        budget.release(held)
-        held = 0
 
     def resolve():  # problem (13) on S: B = S, on the way (a check follows later)
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
@@ -644,56 +604,18 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             want = max(n, min(want, S.window_rows()))
         return want
 
-    def from_pool(thresh):
-        """The check's answer from the pool when it holds rows violating by ``thresh`` or
-        more (else None; a stop rests on a scan). A spilled S has none: S spills only after
-        the pool gave its room up (``_admit``), and no scan gathers one while S is spilled."""
-        got = pool.take(w, w_t, low, bias, in_S, check_size(), thresh)
-        if got is None:
-            return None
-        stats["pool_hits"] += 1
-        return got + (True,)
-
-    def scan():
-        """The check of §4.3: the most violating rows outside S, up to |S| of them (S at
-        most doubles) as long as they fit without spilling, at least n; the rows read and
-        S's grown buffers coexist for a moment, so room for twice as many is asked. It
-        refreshes the pool; the last item (False) says the answer is not the pool's."""
-        nonlocal held
+    def check(thresh):
+        """The check of §4.3 (the pool or a scan; see ibcd_check): at most |S| rows (S at
+        most doubles), at least n, as many as fit without spilling (the rows read and S's
+        grown buffers coexist for a moment, so room for twice as many is asked)."""
         rows_src.clear()
-        drop_answer()
-        want = check_size()
-        pool.clear()
+        want = max(n, CHECK_GROWTH * S.m)
+        if S.spilled:  # the rows pass through memory on their way to S's file
+            want = max(n, min(want, S.window_rows()))
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(n, want // 2)
-        # the pool: n rows in at most 1/POOL_SHARE of the cap, twice that reserved while the
-        # check's running selection holds them (max(n, |S|) rows cost the generated store's
-        # squared hinge, |S| 150k, 1.5 -> 2.7 s copying rows never used); kept only where
-        # the scan found at most twice the violators it may admit, and gathered only where
-        # the last one did (where violators far outnumber what a check admits, the next scan
-        # finds them anyway: on the generated store, L1, 8-14x, a pool hit of 13k rows took
-        # S past the re-solve's prune, 3.6 -> 5.2 s; Fashion-MNIST's first checks find 1.5x)
-        # the check's running selection holds up to 2 want rows and its answer want more:
-        # reserved (evicting cache entries; fewer rows where the cap holds less), and the
-        # answer's part kept until its rows join S; room for the pass's own chunks (at least
-        # 64 rows) is left beside it
-        chunk_room = 64 * (row_bytes + 16)
-        want = _reserve_rows(budget, want, 3 * (row_bytes + 16), "IBCD check's selection",
-                             extra=chunk_room)
-        budget.release(chunk_room)
-        held = 3 * want * (row_bytes + 16)
-        k_pool = 0 if S.spilled or not pool.wanted else pool.reserve(n, row_bytes + 16)
-        out = _check_all_rows(rows_src, w, w_t, low, in_S, bias, want, k_pool)
-        answer = 0 if out[1] is None else matrix_nbytes(out[1]) + 16 * len(out[0])
-        budget.release(held - min(held, answer))
-        held = min(held, answer)
-        pool.wanted = out[5] <= 2 * want
-        pool.hold(out[6] if pool.wanted else None)
-        release_free_heap()  # the check and the solve before it freed many arrays
-        stats["full_checks"] += 1
-        stats["rows_examined"] += int(out[4])
-        return out[:6] + (False,)
+        return checker.check(w, w_t, want, thresh, keep_pool=not S.spilled)
 
     def solve_S(max_iter):
         """Problem (13) on S to eps in at most ``max_iter`` passes; returns what dual CD
@@ -736,7 +658,7 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # MIN_CHECK_ROWS) join now; a later query or check finds the others again (1.02M
             # rows at --memory 224M: 1000 rows needed 6.3 MB where 6.28 MB was free, and the
             # run stopped after 110 s)
-            k_in = _reserve_rows(budget, k, 2 * row_bytes, "IBCD fresh rows")
+            k_in = reserve_rows(budget, k, 2 * row_bytes, "IBCD fresh rows")
             stats["fetches_cut"] += int(k_in < k)
             try:
                 XN, yN = rows_src.fetch(rows_N[:k_in])
@@ -828,13 +750,13 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
             # data is (nearly) inactive; stop without scanning all of it
             solve_S(MAX_ITERS)
             stats["stopped_by_sample_rule"] += 1
-            drop_answer()
+            checker.drop_answer()
             return added, came_back
         # problem (13) on S to eps (at first in QUICK_ITERS passes), then a full check
         # without shrinking (§4.3)
         resid = solve_S(QUICK_ITERS)
         full = resid == 0.0
-        rows_N, XN, yN, worst, n_e, n_viol, pooled = from_pool(max(eps, resid)) or scan()
+        ans = check(max(eps, resid))
         # every row outside S violates y w^T x >= 1 by less than the dual CD tolerance (its
         # projected gradient is within eps of 0), or by less than what dual CD left on S
         # when it stopped at its pass limit (as LIBLINEAR does): adding rows cannot do
@@ -843,46 +765,37 @@ def _inner_loop(rows_src, forest, S, in_S, pool, w, w_t, *, loss, C, s, bias, n,
         # at its pass limit) and the check still finds |S| / 2 violators or more: then it
         # is not the end, and they join S without that solve (generated store, squared
         # hinge: 65 -> 51 s; no other benchmark run changes)
-        while len(rows_N) == 0 or (worst < max(eps, resid) and not (
-                converges and not full and 2 * n_viol >= S.m)):
+        # (only a scan's answer comes here: the pool answers with a violation of
+        # max(eps, resid) or more, else the check scans)
+        while len(ans.rows) == 0 or (ans.worst < max(eps, resid) and not (
+                converges and not full and 2 * ans.n_viol >= S.m)):
             if full:
-                drop_answer()
+                assert ans.scanned  # a stop rests on every row examined
+                checker.drop_answer()
                 return added, came_back
-            if 0 < len(rows_N) < n:
+            if 0 < len(ans.rows) < n:
                 # the few rows that violate join S before the full solve, which the next
                 # check then certifies (else they cost a solve and a scan of their own)
-                if join(rows_N, XN, yN):
+                if join(ans.rows, ans.X, ans.y):
                     r = 0
             resid, full = solve_S(MAX_ITERS), True
             converges = resid == 0.0
-            rows_N, XN, yN, worst, n_e, n_viol, pooled = from_pool(max(eps, resid)) or scan()
-        stats["full_solves_skipped"] += int(not full and worst < max(eps, resid))
-        if join(rows_N, XN, yN):
+            ans = check(max(eps, resid))
+        stats["full_solves_skipped"] += int(not full and ans.worst < max(eps, resid))
+        if join(ans.rows, ans.X, ans.y):
             r = 0
         # the index or the scan for the rows still violating? The next scan finds at least
         # min(left, |S|) of them; the last query found q_found at q_cost. Where the scan
         # finds rows SCAN_MARGIN times cheaper, or fewer than n/2 are left (a query would be
         # cut), the rest of this problem is scan-only
-        left = n_viol - len(rows_N)
-        if cost_model and not scan_only and not pooled and (
+        left = ans.n_viol - len(ans.rows)
+        if cost_model and not scan_only and ans.scanned and (
                 2 * left < n or min(left, S.m) * q_cost >= SCAN_MARGIN * max(1, q_found)
                 * scan_cost()):
             scan_only = True
             stats["scans_preferred"] += 1
         # shrinking starts afresh after a check (§4.3): only S stays marked
         _reshrink(forest, S, shrink_threshold)
-
-
-def _reserve_rows(budget, k: int, per_row: int, what: str, *, extra: int = 0) -> int:
-    """Reserve ``k * per_row + extra`` bytes, halving ``k`` down to MIN_CHECK_ROWS while the
-    cap cannot hold them; return the ``k`` reserved. Below that floor the reservation raises
-    the ``--memory`` error with the figures."""
-    while not budget.try_reserve(k * per_row + extra):
-        if k <= MIN_CHECK_ROWS:
-            budget.reserve(k * per_row + extra, what)
-            break
-        k = max(MIN_CHECK_ROWS, k // 2)
-    return k
 
 
 def _reshrink(forest, S, threshold) -> None:
@@ -893,169 +806,7 @@ def _reshrink(forest, S, threshold) -> None:
     forest.shrink(threshold, rows=S.rows[: S.m])
 
 
-def _check_all_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0):
-    """The convergence check of §4.3 on every row outside S: a sequential pass over the
-    blocks (the whole data must be examined, so the index's best-first order buys nothing
-    here and a block scan avoids its per-leaf overhead). Returns the (at most ``n``) rows
-    satisfying eq. 10 (not an outlier at w_t, y w^T x < 1) that violate it most, with their
-    ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none), the
-    number of rows examined, the number of rows satisfying eq. 10, and the pool: up to
-    ``pool_rows`` of the other rows within POOL_BAND of a boundary, nearest first, as
-    ``(rows, X, y)`` (or None). Near a boundary: a row satisfying y w^T x >= 1 by
-    y w^T x - 1, an outlier at w_t by |y w^T x - low| (the next outer iteration's w_t is
-    near w: where y w^T x >= low it may rejoin the problem). The rows are copied out of the
-    chunks as the pass goes (no second read)."""
-    store = rows_src.store
-    chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
-    truncated = math.isfinite(low)
-    admit = _Nearest(n, 0.0)
-    near = _Nearest(pool_rows, POOL_BAND)
-    worst = 0.0
-    n_viol = examined = 0
-    for a, X, y, _ in store.iter_chunks(chunk, ids=False):
-        free = ~in_S[a:a + X.shape[0]]
-        y64 = y.astype(np.float64)
-        m = _margins(X, y64, w, bias)
-        hit = np.flatnonzero(free & (m < 1.0 + max(0.0, near.top)))
-        examined += int(free.sum())
-        if not hit.size:
-            continue
-        key = m[hit] - 1.0
-        v = key < 0.0
-        if truncated:
-            out = _margins(X[hit], y64[hit], w_t, bias) < low
-            key[out] = np.abs(key[out] + 1.0 - low)
-            v &= ~out
-        n_viol += int(v.sum())
-        if v.any():
-            worst = max(worst, float(-key[v].min()))
-            admit.offer(a + hit[v], key[v], X, y, hit[v])
-        near.offer(a + hit[~v], key[~v], X, y, hit[~v])
-    got, pool = admit.result(), near.result()
-    pool = None if pool is None else (pool[0], pool[2], pool[3])
-    if got is None:
-        return np.empty(0, np.int64), None, None, 0.0, examined, n_viol, pool
-    rows, _, XN, yN = got
-    order = np.argsort(rows, kind="stable")  # S takes its rows in store order
-    return rows[order], XN[order], yN[order], worst, examined, n_viol, pool
-
-
-class _Nearest:
-    """A running selection over the check's pass: the ``k`` rows of smallest key below
-    ``top`` with copies of their ``X`` and ``y``, holding at most 2k (``top`` falls to the
-    k-th key each time it merges)."""
-
-    def __init__(self, k: int, top: float):
-        self.k, self.top = int(k), float(top) if k else -np.inf
-        self.parts, self.count = [], 0
-
-    def offer(self, rows, key, X, y, local) -> None:
-        c = np.flatnonzero(key < self.top)
-        if not c.size:
-            return
-        if c.size > self.k:  # no more of one chunk's rows are copied than can be kept
-            c = c[np.argpartition(key[c], self.k - 1)[:self.k]]
-        self.parts.append((rows[c], key[c], X[local[c]], y[local[c]]))
-        self.count += c.size
-        if self.count > 2 * self.k:
-            self.parts = [_select(self.parts, self.k)]
-            self.count = self.k
-            self.top = min(self.top, float(self.parts[0][1].max()))
-
-    def result(self):
-        """(rows, keys, X, y), smallest key first (ties in store order), or None."""
-        return _select(self.parts, self.k) if self.parts else None
-
-
-def _select(parts, k):
-    """The ``k`` rows of smallest key among the check's candidate parts, smallest first
-    (ties in store order), as one ``(rows, keys, X, y)``."""
-    rows = np.concatenate([p[0] for p in parts])
-    m = np.concatenate([p[1] for p in parts])
-    if rows.size > k:
-        sel = np.argpartition(m, k - 1)[:k]
-        sel = sel[np.lexsort((rows[sel], m[sel]))]
-    else:
-        sel = np.lexsort((rows, m))
-    # the rows of X taken part by part (the parts' X are never concatenated whole)
-    ends = np.cumsum([p[0].size for p in parts])
-    which = np.searchsorted(ends, sel, side="right")
-    pieces = []
-    for i in np.unique(which):
-        pos = np.flatnonzero(which == i)
-        local = sel[pos] - (ends[i - 1] if i else 0)
-        pieces.append((pos, parts[i][2][local], parts[i][3][local]))
-    X, y = _in_order(pieces, sel.size)
-    return rows[sel], m[sel], X, y
-
-
-class _Pool:
-    """Rows a check found near the margin that did not join S (see POOL_BAND), held within a
-    reservation from the budget until the next check replaces them; dropped when S needs the
-    room."""
-
-    def __init__(self, budget):
-        self.budget = budget
-        self.rows = np.empty(0, np.int64)
-        self.X = self.y = None
-        self.nbytes = 0  # reserved: what the pool holds, or what a check gathering it may
-        self.wanted = True  # whether the next check keeps a pool
-
-    def __len__(self) -> int:
-        return int(self.rows.size)
-
-    def clear(self) -> None:
-        self.rows = np.empty(0, np.int64)
-        self.X = self.y = None
-        self.budget.release(self.nbytes)
-        self.nbytes = 0
-
-    def reserve(self, k: int, row_bytes: int) -> int:
-        """Drop the pool and reserve room for a check to gather the next one: ``k`` rows in
-        at most 1/POOL_SHARE of the cap, twice that while the check's running selection
-        holds them (halved until the budget gives it). Returns how many rows to gather."""
-        self.clear()
-        k = min(k, self.budget.limit // POOL_SHARE // row_bytes)
-        while k and not self.budget.try_reserve(2 * k * row_bytes):
-            k //= 2
-        self.nbytes = 2 * k * row_bytes
-        return k
-
-    def hold(self, pool) -> None:
-        """Keep ``pool`` (rows, X, y, or None) from the check; the part of its reservation
-        the pool does not need goes back."""
-        keep = 0 if pool is None else min(
-            self.nbytes, matrix_nbytes(pool[1]) + pool[2].nbytes + pool[0].nbytes)
-        self.budget.release(self.nbytes - keep)
-        self.nbytes = keep
-        self.rows, self.X, self.y = (np.empty(0, np.int64), None, None) if pool is None else pool
-
-    def take(self, w, w_t, low, bias, in_S, n, thresh):
-        """The pool's rows satisfying eq. 10 at ``w`` (up to ``n``, most violating first;
-        they leave the pool) when the worst violates by ``thresh`` or more, as the check's
-        ``(rows, X, y, worst, examined, n_viol)``; else None."""
-        if not len(self):
-            return None
-        y64 = self.y.astype(np.float64)
-        m = _margins(self.X, y64, w, bias)
-        ok = ~in_S[self.rows] & (m < 1.0)
-        if ok.any() and math.isfinite(low):
-            ok[ok] = _margins(self.X[ok], y64[ok], w_t, bias) >= low
-        hit = np.flatnonzero(ok)
-        if not hit.size or 1.0 - m[hit].min() < thresh:
-            return None
-        hit = hit[np.lexsort((self.rows[hit], m[hit]))]
-        sel = np.sort(hit[:n])
-        rest = np.ones(len(self), bool)
-        rest[sel] = False
-        rest &= ~in_S[self.rows]
-        out = (self.rows[sel], self.X[sel], self.y[sel], float(1.0 - m[hit[0]]), len(self),
-               int(hit.size))
-        self.rows, self.X, self.y = self.rows[rest], self.X[rest], self.y[rest]
-        return out
-
-
-def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve, pool) -> bool:
+def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve, checker) -> bool:
     """Rows ``rows`` (``XN``, ``yN``) join S and are marked on the index. §4.2 under a tight
     cap: when they do not fit, the inactive rows (alpha = 0, y w^T x >= 1) leave S first (the
     index brings them back if they violate again; the final check examines every row); if S
@@ -1065,7 +816,7 @@ def _admit(S, in_S, forest, rows, XN, yN, w, bias, threshold, stats, resolve, po
     k = XN.shape[0]
     nnz = int(XN.indptr[-1]) if S.sparse else 0
     if not S.fits(k, nnz):
-        pool.clear()
+        checker.pool.clear()
     moved = not S.fits(k, nnz)
     if moved:
         _prune_inactive(S, in_S, w, bias, stats)

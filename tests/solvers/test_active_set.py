@@ -99,6 +99,41 @@ def test_fits_respects_the_resident_share(rng):
     S.release()
 
 
+def test_a_small_set_under_a_small_cap_takes_a_small_share(rng):
+    # S's first capacity: 1024 rows, or what 1/8 of the cap holds where that is fewer (1024
+    # rows of 600 features once took 2.5 MB of a 3 MB cap for 338 rows, and the check that
+    # followed could not have its 64 rows)
+    budget = MemoryBudget("3M")
+    S = ActiveSet(600, False, budget)
+    S.add(np.arange(50), _rows(rng, 50, 600, False), np.ones(50), np.zeros(50))
+    assert S._cap_rows >= 50 and budget.used <= budget.limit // 8
+    # growing keeps S's rows and reserves as it goes
+    S.add(np.arange(50, 400), _rows(rng, 350, 600, False), np.ones(350), np.zeros(350))
+    assert S.m == 400 and budget.used == S._reserved < budget.limit // 2
+    S.release()
+    assert budget.used == 0
+
+
+def test_adding_what_fits_never_reallocates(rng):
+    # beyond its resident share (the cap's working share shrank since S grew), _caps_for
+    # gives the need + 1/16: a capacity that already holds the rows must not be traded for
+    # that smaller one (an add that fits() said would fit reserved a copy of S and failed a
+    # 1 MB cap mid-run)
+    budget = MemoryBudget("1M")
+    S = ActiveSet(100, False, budget, resident_share=0.5)
+    k = 1
+    while S.fits(k + 100):
+        k += 100
+    S.add(np.arange(k), _rows(rng, k, 100, False), np.ones(k), np.zeros(k))
+    S.keep(np.arange(k) % 2 == 0)  # rows left S (a prune): the capacity stays
+    budget.limit = budget.limit * 3 // 4  # as a process budget's RSS lesson shrinks it
+    cap, reserved = S._cap_rows, S._reserved
+    assert S.fits(10)
+    S.add(np.arange(10) + k, _rows(rng, 10, 100, False), np.ones(10), np.zeros(10))
+    assert S._cap_rows == cap and S._reserved == reserved == budget.used
+    S.release()
+
+
 def test_growth_copies_one_array_at_a_time(tmp_path, rng):
     # a spilled S's state (40 bytes a row) grows by half: with every old and new array held at
     # once a growth needs old + new bytes, one array at a time new + the largest old array

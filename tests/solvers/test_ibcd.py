@@ -68,7 +68,7 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
     # first query the scans find the rows. "no-pool": every check scans the store (the pool
     # of rows near the margin is off)
     if query_share == "no-pool":
-        monkeypatch.setattr("ooc_learn.solvers.ibcd.POOL_SHARE", 1 << 62)
+        monkeypatch.setattr("ooc_learn.solvers.ibcd_check.POOL_SHARE", 1 << 62)
     elif query_share == "scan":
         monkeypatch.setattr("ooc_learn.solvers.ibcd.VISIT_COST", 10 ** 12)
     elif query_share is not None:
@@ -557,7 +557,7 @@ def test_fresh_rows_the_cap_cannot_hold_join_in_part(tmp_path, rng, monkeypatch)
 
         def squeezed(nbytes, *, evict=True):  # the fetch's reservation only
             caller = sys._getframe(1)
-            if (caller.f_code.co_name == "_reserve_rows" and nbytes > cut_at
+            if (caller.f_code.co_name == "reserve_rows" and nbytes > cut_at
                     and caller.f_locals.get("what") == "IBCD fresh rows"):
                 return False
             return take(nbytes, evict=evict)

@@ -1,10 +1,11 @@
-"""The IBCD check's pool: the rows nearest a boundary that a check read but did not admit."""
+"""IBCD's check (ibcd_check): the scan, and the pool of rows near a boundary that a scan read
+but did not admit."""
 
 import numpy as np
 import pytest
 
 from ooc_learn.api import ingest_arrays
-from ooc_learn.solvers import ibcd
+from ooc_learn.solvers import ibcd, ibcd_check
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.store import open_store
 
@@ -22,7 +23,7 @@ def _brute(X, y, w, w_t, low, in_S, n, k, bias=1.0):
     worst = float((1.0 - m[viol]).max()) if viol.any() else 0.0
     v = np.flatnonzero(viol)
     admitted = v[np.lexsort((v, key[v]))][:n]
-    near = np.flatnonzero(~in_S & ~viol & (key < ibcd.POOL_BAND))
+    near = np.flatnonzero(~in_S & ~viol & (key < ibcd_check.POOL_BAND))
     pool = near[np.lexsort((near, key[near]))][:k]
     return np.sort(admitted), worst, int(viol.sum()), pool
 
@@ -44,7 +45,7 @@ def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, r
     with open_store(tmp_path / "s", memory="300K") as st:
         src = ibcd._RowSource(st)
         for n, k in [(40, 0), (40, 150), (5000, 0)]:
-            rows, XN, yN, worst, examined, n_viol, pool = ibcd._check_all_rows(
+            rows, XN, yN, worst, examined, n_viol, pool = ibcd_check.scan_rows(
                 src, w, w_t, low, in_S, 1.0, n, k)
             ref_rows, ref_worst, ref_viol, ref_pool = _brute(Xa, ya.astype(float), w, w_t,
                                                              low, in_S, n, k)
@@ -68,7 +69,7 @@ def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
     X, y = problem(rng, n=600, d=6, flip=0.1)
     Xb = np.hstack([X.astype(float), np.ones((600, 1))])
     budget = MemoryBudget("16M")
-    pool = ibcd._Pool(budget)
+    pool = ibcd_check.Pool(budget)
     rows = np.arange(0, 600, 2)
     assert pool.reserve(rows.size, 1 << 11) == rows.size  # 2 x 300 x 2 KB within 16M / 8
     reserved = budget.used
@@ -110,7 +111,7 @@ def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse, monkeypatc
         res = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
         assert res.stats["pool_hits"] >= 1
         assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < 2 * eps
-        monkeypatch.setattr(ibcd, "POOL_SHARE", 1 << 62)
+        monkeypatch.setattr(ibcd_check, "POOL_SHARE", 1 << 62)
         ref = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
         assert ref.stats["pool_hits"] == 0
         Xa, ya, _ = store.read_range(0, store.n_samples)
@@ -119,3 +120,4 @@ def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse, monkeypatc
             return truncated_objective(Xa, ya, w, C, np.inf)
 
         assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
+

@@ -1,0 +1,317 @@
+"""IBCD's convergence check (Yen et al., KDD 2013, §4.3) and the pool that spares it a scan.
+
+The check looks at every row outside the active set S for those satisfying eq. 10 at w
+(not an outlier at the outer iterate w_t, y w^T x < 1) and hands the most violating ones to
+IBCD. Two sources answer it, cheapest first:
+
+* the **pool**: rows (values included) that the last scan found near a boundary but did not
+  admit. After the solve of S that follows a check, the rows the solve pushed over the
+  margin were near it. No reads.
+* the **scan**: a sequential pass over the store. It refreshes the pool, and it is the only
+  answer a stop may rest on (``Answer.scanned``): the pool holds some rows only.
+
+Keys: a row satisfying eq. 10 has key y w^T x - 1 < 0 (most violating first); another row
+y w^T x - 1 >= 0, or, for an outlier at w_t, |y w^T x - low| (the next outer iterate may
+bring it back into the problem).
+
+Tried and left out (session 16): "leads", the ids of every row a scan found within a band of
+a boundary, read back by id instead of the next scans. On Fashion-MNIST (class 1, C = 1)
+under a 1/10 cap they cut the exact stop's scans from 8 to 3-4 and its rows read from 8.8 to
+4.3-5.7 stores, but in a 300 MiB cgroup (the store not in the page cache) the run took
+2.6-2.7 s against 1.8 s: a scattered row cost ~8x a scanned one even with the kernel told of
+them all first, and answers from the leads were smaller, so S was solved more often.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ooc_learn.storage.resources import release_free_heap
+from ooc_learn.storage.store import matrix_nbytes
+
+from ._common import margins, rows_in_order
+
+__all__ = ["Answer", "Checker", "Nearest", "Pool", "reserve_rows", "scan_rows"]
+
+# the pool: rows within POOL_BAND of a boundary, at most IBCD's n of them in 1/POOL_SHARE of
+# the cap (twice that while the scan's running selection holds them)
+POOL_BAND = 1.0
+POOL_SHARE = 8
+# the fewest rows a check brings back where the cap holds fewer (more checks follow)
+MIN_CHECK_ROWS = 64
+
+
+class Answer(NamedTuple):
+    """A check's answer: the rows to admit (store order) with their values and labels, the
+    largest violation 1 - y w^T x seen, rows examined, rows seen violating, and its source
+    ("scan" or "pool")."""
+
+    rows: np.ndarray
+    X: object
+    y: np.ndarray | None
+    worst: float
+    examined: int
+    n_viol: int
+    source: str
+
+    @property
+    def scanned(self) -> bool:
+        """Whether every row outside S was examined: only then may a stop rest on it."""
+        return self.source == "scan"
+
+
+def reserve_rows(budget, k: int, per_row: int, what: str, *, extra: int = 0) -> int:
+    """Reserve ``k * per_row + extra`` bytes, halving ``k`` down to MIN_CHECK_ROWS while the
+    cap cannot hold them; return the ``k`` reserved. Below that floor the reservation raises
+    the ``--memory`` error with the figures."""
+    while not budget.try_reserve(k * per_row + extra):
+        if k <= MIN_CHECK_ROWS:
+            budget.reserve(k * per_row + extra, what)
+            break
+        k = max(MIN_CHECK_ROWS, k // 2)
+    return k
+
+
+class Checker:
+    """The check of §4.3 for one IBCD run: :meth:`check` answers from the pool, else by a
+    scan. The rows of an answer stay reserved from the budget until :meth:`drop_answer`
+    (they have joined S)."""
+
+    def __init__(self, rows_src, in_S, *, low: float, bias: float, pool_rows: int, stats):
+        self.src, self.store = rows_src, rows_src.store
+        self.budget = self.store.budget
+        self.in_S, self.low, self.bias = in_S, low, bias
+        self.pool_rows = pool_rows
+        self.stats = stats
+        self.pool = Pool(self.budget)
+        self.row_bytes = max(1, self.store.estimated_bytes(1))
+        self.held = 0  # reserved for the last answer until its rows join S
+        for k in ("pool_hits", "full_checks"):
+            stats.setdefault(k, 0)
+
+    def clear(self) -> None:
+        self.drop_answer()
+        self.pool.clear()
+
+    def drop_answer(self) -> None:
+        self.budget.release(self.held)
+        self.held = 0
+
+    def check(self, w, w_t, want: int, thresh: float, *, keep_pool: bool = True) -> Answer:
+        """The rows satisfying eq. 10 at ``w``, at most ``want`` of them, most violating
+        first. The pool answers only with a violation of ``thresh`` or more; otherwise the
+        store is scanned. ``keep_pool=False`` (S spilled): no pool is held."""
+        self.drop_answer()
+        return self._from_pool(w, w_t, want, thresh) or self._scan(w, w_t, want, keep_pool)
+
+    def _from_pool(self, w, w_t, want, thresh):
+        got = self.pool.take(w, w_t, self.low, self.bias, self.in_S, want, thresh)
+        if got is None:
+            return None
+        self.stats["pool_hits"] += 1
+        return Answer(*got, "pool")
+
+    def _reserve_selection(self, want: int) -> int:
+        """Room for a check's running selection (up to 2 ``want`` rows) and its answer
+        (``want`` more), with a read chunk's room left beside it; returns the rows it holds."""
+        per_row = self.row_bytes + 16
+        chunk_room = 64 * per_row
+        want = reserve_rows(self.budget, want, 3 * per_row, "IBCD check's selection",
+                            extra=chunk_room)
+        self.budget.release(chunk_room)
+        self.held = 3 * want * per_row
+        return want
+
+    def _keep_answer(self, X, rows) -> None:
+        """Of the selection's reservation keep what the answer holds."""
+        answer = 0 if X is None else matrix_nbytes(X) + 16 * len(rows)
+        self.budget.release(self.held - min(self.held, answer))
+        self.held = min(self.held, answer)
+
+    def _scan(self, w, w_t, want, keep_pool):
+        """The check on every row (a sequential pass); refreshes the pool."""
+        self.src.clear()
+        self.pool.clear()
+        # the selection, then the pool, each with room for the pass's chunks left beside it
+        want = self._reserve_selection(want)
+        k_pool = (self.pool.reserve(self.pool_rows, self.row_bytes + 16,
+                                    room=64 * (self.row_bytes + 16))
+                  if keep_pool and self.pool.wanted else 0)
+        rows, XN, yN, worst, examined, n_viol, pool = scan_rows(
+            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool)
+        self._keep_answer(XN, rows)
+        # a pool only where the scan found at most twice the violators it may admit (else
+        # the next scan finds them anyway, and the pool's rows are copied for nothing)
+        self.pool.wanted = n_viol <= 2 * want
+        self.pool.hold(pool if self.pool.wanted else None)
+        release_free_heap()  # the check and the solve before it freed many arrays
+        self.stats["full_checks"] += 1
+        self.stats["rows_examined"] = self.stats.get("rows_examined", 0) + examined
+        return Answer(rows, XN, yN, worst, examined, n_viol, "scan")
+
+
+def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0):
+    """The check on every row outside S: a sequential pass over the blocks (the whole data
+    must be examined, so the index's best-first order buys nothing here and a block scan
+    avoids its per-leaf overhead). Returns the (at most ``n``) rows satisfying eq. 10 that
+    violate it most, with their ``X`` and ``y``, the largest violation 1 - y w^T x over all
+    rows (0 when none), the number of rows examined, the number of rows satisfying eq. 10,
+    and the pool: up to ``pool_rows`` of the other rows within POOL_BAND of a boundary,
+    nearest first, as ``(rows, X, y)`` (or None). Rows are copied out of the chunks as the
+    pass goes (no second read)."""
+    store = rows_src.store
+    chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
+    truncated = math.isfinite(low)
+    admit = Nearest(n, 0.0)
+    near = Nearest(pool_rows, POOL_BAND)
+    worst = 0.0
+    n_viol = examined = 0
+    for a, X, y, _ in store.iter_chunks(chunk, ids=False):
+        free = ~in_S[a:a + X.shape[0]]
+        y64 = y.astype(np.float64)
+        m = margins(X, y64, w, bias)
+        hit = np.flatnonzero(free & (m < 1.0 + max(0.0, near.top)))
+        examined += int(free.sum())
+        if not hit.size:
+            continue
+        key = m[hit] - 1.0
+        v = key < 0.0
+        if truncated:
+            out = margins(X[hit], y64[hit], w_t, bias) < low
+            key[out] = np.abs(key[out] + 1.0 - low)
+            v &= ~out
+        n_viol += int(v.sum())
+        if v.any():
+            worst = max(worst, float(-key[v].min()))
+            admit.offer(a + hit[v], key[v], X, y, hit[v])
+        near.offer(a + hit[~v], key[~v], X, y, hit[~v])
+    got, pool = admit.result(), near.result()
+    pool = None if pool is None else (pool[0], pool[2], pool[3])
+    if got is None:
+        return np.empty(0, np.int64), None, None, 0.0, examined, n_viol, pool
+    rows, _, XN, yN = got
+    order = np.argsort(rows, kind="stable")  # S takes its rows in store order
+    return rows[order], XN[order], yN[order], worst, examined, n_viol, pool
+
+
+class Nearest:
+    """A running selection over a pass: the ``k`` rows of smallest key below ``top`` with
+    copies of their ``X`` and ``y``, holding at most 2k (``top`` falls to the k-th key each
+    time it merges)."""
+
+    def __init__(self, k: int, top: float):
+        self.k, self.top = int(k), float(top) if k else -np.inf
+        self.parts, self.count = [], 0
+
+    def offer(self, rows, key, X, y, local) -> None:
+        c = np.flatnonzero(key < self.top)
+        if not c.size:
+            return
+        if c.size > self.k:  # no more of one chunk's rows are copied than can be kept
+            c = c[np.argpartition(key[c], self.k - 1)[:self.k]]
+        self.parts.append((rows[c], key[c], X[local[c]], y[local[c]]))
+        self.count += c.size
+        if self.count > 2 * self.k:
+            self.parts = [_select(self.parts, self.k)]
+            self.count = self.k
+            self.top = min(self.top, float(self.parts[0][1].max()))
+
+    def result(self):
+        """(rows, keys, X, y), smallest key first (ties in store order), or None."""
+        return _select(self.parts, self.k) if self.parts else None
+
+
+def _smallest(rows, key, k):
+    """Positions of the ``k`` smallest keys, smallest first (ties by row)."""
+    sel = np.argpartition(key, k - 1)[:k] if rows.size > k else np.arange(rows.size)
+    return sel[np.lexsort((rows[sel], key[sel]))]
+
+
+def _select(parts, k):
+    """The ``k`` rows of smallest key among a selection's parts, smallest first (ties in
+    store order), as one ``(rows, keys, X, y)``."""
+    rows = np.concatenate([p[0] for p in parts])
+    m = np.concatenate([p[1] for p in parts])
+    sel = _smallest(rows, m, k)
+    # the rows of X taken part by part (the parts' X are never concatenated whole)
+    ends = np.cumsum([p[0].size for p in parts])
+    which = np.searchsorted(ends, sel, side="right")
+    pieces = []
+    for i in np.unique(which):
+        pos = np.flatnonzero(which == i)
+        local = sel[pos] - (ends[i - 1] if i else 0)
+        pieces.append((pos, parts[i][2][local], parts[i][3][local]))
+    X, y = rows_in_order(pieces, sel.size)
+    return rows[sel], m[sel], X, y
+
+
+class Pool:
+    """Rows a check found near the margin that did not join S (see POOL_BAND), held within a
+    reservation from the budget until the next check replaces them; dropped when S needs the
+    room."""
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.rows = np.empty(0, np.int64)
+        self.X = self.y = None
+        self.nbytes = 0  # reserved: what the pool holds, or what a check gathering it may
+        self.wanted = True  # whether the next check keeps a pool
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def clear(self) -> None:
+        self.rows = np.empty(0, np.int64)
+        self.X = self.y = None
+        self.budget.release(self.nbytes)
+        self.nbytes = 0
+
+    def reserve(self, k: int, row_bytes: int, room: int = 0) -> int:
+        """Drop the pool and reserve room for a check to gather the next one: ``k`` rows in
+        at most 1/POOL_SHARE of the cap, twice that while the check's running selection
+        holds them (halved until the budget gives it with ``room`` bytes left beside it).
+        Returns how many rows to gather."""
+        self.clear()
+        k = min(k, self.budget.limit // POOL_SHARE // row_bytes)
+        while k and not self.budget.try_reserve(2 * k * row_bytes + room):
+            k //= 2
+        if k:
+            self.budget.release(room)
+        self.nbytes = 2 * k * row_bytes
+        return k
+
+    def hold(self, pool) -> None:
+        """Keep ``pool`` (rows, X, y, or None) from the check; the part of its reservation
+        the pool does not need goes back."""
+        keep = 0 if pool is None else min(
+            self.nbytes, matrix_nbytes(pool[1]) + pool[2].nbytes + pool[0].nbytes)
+        self.budget.release(self.nbytes - keep)
+        self.nbytes = keep
+        self.rows, self.X, self.y = (np.empty(0, np.int64), None, None) if pool is None else pool
+
+    def take(self, w, w_t, low, bias, in_S, n, thresh):
+        """The pool's rows satisfying eq. 10 at ``w`` (up to ``n``, most violating first;
+        they leave the pool) when the worst violates by ``thresh`` or more, as the check's
+        ``(rows, X, y, worst, examined, n_viol)``; else None."""
+        if not len(self):
+            return None
+        y64 = self.y.astype(np.float64)
+        m = margins(self.X, y64, w, bias)
+        ok = ~in_S[self.rows] & (m < 1.0)
+        if ok.any() and math.isfinite(low):
+            ok[ok] = margins(self.X[ok], y64[ok], w_t, bias) >= low
+        hit = np.flatnonzero(ok)
+        if not hit.size or 1.0 - m[hit].min() < thresh:
+            return None
+        hit = hit[np.lexsort((self.rows[hit], m[hit]))]
+        sel = np.sort(hit[:n])
+        rest = np.ones(len(self), bool)
+        rest[sel] = False
+        rest &= ~in_S[self.rows]
+        out = (self.rows[sel], self.X[sel], self.y[sel], float(1.0 - m[hit[0]]), len(self),
+               int(hit.size))
+        self.rows, self.X, self.y = self.rows[rest], self.X[rest], self.y[rest]
+        return out
