@@ -50,12 +50,10 @@ def _dense_chunk(labels, feats, row0: int, bytes_read: int, path) -> RawChunk:
     with np.errstate(over="ignore"):
         f32 = np.asarray(feats, dtype=np.float32)
     _finite(f32, path, "a value", row0)
-    mask = f32 != 0
-    indptr = np.zeros(f32.shape[0] + 1, np.int64)
-    np.cumsum(mask.sum(axis=1), out=indptr[1:])
-    cols = np.nonzero(mask)[1].astype(np.int64)
+    indptr = np.empty(f32.shape[0] + 1, np.int64)
+    cols, vals = K.dense_to_csr(np.ascontiguousarray(f32), indptr)
     n_cols = f32.shape[1]
-    return RawChunk(labels, indptr, cols, f32[mask], row0 + 1, None,
+    return RawChunk(labels, indptr, cols, vals, row0 + 1, None,
                     0 if n_cols else INDEX_SENTINEL, n_cols - 1, n_cols, bytes_read)
 
 

@@ -35,7 +35,7 @@ from .budget import MemoryBudget, format_size
 from .errors import BudgetExceededError, IngestError, ParameterError, StoreExistsError
 from .format import TMP_MARKER
 from .resources import peak_rss_bytes
-from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records,
+from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records, read_bucket,
                       plan_blocks)
 from .store import Store, StoreWriter, row_sqnorms, swap_into_place
 
@@ -552,7 +552,7 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_colu
             h.stop()
     if p.n == 0:
         raise IngestError("The sources contain no data rows.", "Check the input files.")
-    p.buckets.flush()
+    p.buckets.close()
     counter.read += p.bytes_in
     counter.written += p.buckets.bytes_written
     return p
@@ -574,7 +574,7 @@ def _redeal(tmp: Path, buckets: list, max_rows: int, min_rows: int, *, buffer_by
             indptr, indices, values = rec.csr()
             writer.add(dealer.deal(rec.n_rows), rec.labels, rec.row_ids, indptr, indices,
                        values)
-        writer.flush()
+        writer.close()
         path.unlink()
         counter.written += writer.bytes_written
         out.extend((writer.path(j), int(writer.rows[j])) for j in range(k))
@@ -586,22 +586,16 @@ def _load_bucket(path, rows: int, blocks, counts, pending: dict, *, shape: _Shap
                  counter: _IOCount) -> None:
     """Read one bucket and hand its rows, in the store's layout, to the blocks of the plan
     (a random share to each when it is shared)."""
-    dest = None if len(blocks) == 1 else deal_chunk(counts.copy(), rows, rng)
-    pos = 0
-    for rec in iter_records(path, counter.add_read):
-        X = rec.rows(shape.layout, shape.d, shape.base)
-        m = rec.n_rows
-        if dest is None:
-            pending.setdefault(int(blocks[0]), []).append((rec.labels, rec.row_ids, X))
-        else:
-            dd = dest[pos:pos + m]
-            for i in np.unique(dd).tolist():
-                sel = np.flatnonzero(dd == i)
-                pending.setdefault(int(blocks[i]), []).append(
-                    (rec.labels[sel], rec.row_ids[sel], X[sel]))
-        pos += m
-    if pos != rows:  # pragma: no cover - the writer counted what it wrote
-        raise OSError(f"bucket file {path} holds {pos} rows, expected {rows}")
+    labels, row_ids, X = read_bucket(path, shape.layout, shape.d, shape.base, counter.add_read)
+    if labels.shape[0] != rows:  # pragma: no cover - the writer counted what it wrote
+        raise OSError(f"bucket file {path} holds {labels.shape[0]} rows, expected {rows}")
+    if len(blocks) == 1:
+        pending.setdefault(int(blocks[0]), []).append((labels, row_ids, X))
+    else:
+        dest = deal_chunk(counts.copy(), rows, rng)
+        for i in range(len(blocks)):
+            sel = np.flatnonzero(dest == i)
+            pending.setdefault(int(blocks[i]), []).append((labels[sel], row_ids[sel], X[sel]))
     path.unlink()
 
 

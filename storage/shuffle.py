@@ -22,6 +22,7 @@ source costs 4 bytes an entry in its buckets, as in the store, not 8.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-__all__ = ["Dealer", "BucketWriter", "Record", "iter_records", "plan_blocks",
+__all__ = ["Dealer", "BucketWriter", "Record", "iter_records", "read_bucket", "plan_blocks",
            "balanced_sizes", "deal_chunk"]
 
 _HEADER = np.dtype("<i8")
@@ -125,6 +126,10 @@ class BucketWriter:
         self.bytes_written = 0
         self._pending: list[list] = [[] for _ in range(self.n_buckets)]
         self._pending_bytes = 0
+        # bucket files stay open between flushes where the process may hold that many
+        # (reopening 1024 files per flush was 11 % of a 3.2 GB ingest at --memory 224M)
+        self._files: dict = {}
+        self._max_open = max(0, _open_files_allowed() - 256)
 
     def path(self, b: int) -> Path:
         return self.directory / f"bucket{b:06d}.bin"
@@ -164,11 +169,35 @@ class BucketWriter:
         for b, pieces in enumerate(self._pending):
             if not pieces:
                 continue
-            with open(self.path(b), "ab") as fh:
-                for rec in _group_pieces(pieces, self.record_bytes):
-                    self.bytes_written += _write_record(fh, *rec)
+            fh = self._files.get(b)
+            if fh is None:
+                fh = open(self.path(b), "ab")
+            for rec in _group_pieces(pieces, self.record_bytes):
+                self.bytes_written += _write_record(fh, *rec)
+            if b in self._files or len(self._files) < self._max_open:
+                self._files[b] = fh
+                fh.flush()  # the file is complete after each flush (a reader may follow)
+            else:
+                fh.close()
             pieces.clear()
         self._pending_bytes = 0
+
+    def close(self) -> None:
+        """Flush, and close the bucket files (the files are complete after this)."""
+        self.flush()
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+
+
+def _open_files_allowed() -> int:
+    """The process's soft limit on open files (1024 where it cannot be read)."""
+    try:
+        import resource
+
+        return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return 1024
 
 
 def _piece_bytes(nz) -> np.ndarray:
@@ -318,6 +347,69 @@ def iter_records(path, counter=None):
             if counter is not None:
                 counter(nbytes)
             yield rec
+
+
+def read_bucket(path, layout: str, n_features: int, base: int, counter=None):
+    """All rows of one bucket file in the store's layout, as ``(labels, row_ids, X)``.
+
+    The file is read with one call and its records are decoded from that buffer straight
+    into the outputs: a record costs a few array views, where :func:`iter_records` costs five
+    reads and a conversion (a 3.2 GB ingest at --memory 224M wrote 340k records of ~10 KB, 48 s
+    of pass 3). ``counter(nbytes)`` sees the bytes read."""
+    buf = np.fromfile(path, np.uint8)
+    if counter is not None:
+        counter(buf.nbytes)
+    heads, off, n, nnz = [], 0, 0, 0
+    while off < buf.size:
+        if off + 24 > buf.size:
+            raise OSError(f"bucket file {path} ends inside a record")
+        m, kind, k = struct.unpack_from("<qqq", buf, off)
+        size = 24 + 16 * m + (4 * m * k if kind == _DENSE else 4 * m + 8 * k)
+        if off + size > buf.size:
+            raise OSError(f"bucket file {path} ends inside a record")
+        heads.append((off + 24, m, kind, k))
+        n += m
+        nnz += k if kind == _CSR else 0
+        off += size
+    labels, row_ids = np.empty(n, "<f8"), np.empty(n, "<i8")
+    d = int(n_features)
+    dense = layout == "dense"
+    X = np.zeros((n, d), np.float32) if dense else None
+    parts = []  # CSR output: (row lengths, indices, values) per record
+    pos = 0
+    for o, m, kind, k in heads:
+        labels[pos:pos + m] = buf[o:o + 8 * m].view("<f8")
+        row_ids[pos:pos + m] = buf[o + 8 * m:o + 16 * m].view("<i8")
+        o += 16 * m
+        if kind == _DENSE:
+            V = buf[o:o + 4 * m * k].view("<f4").reshape(m, k)[:, base:]
+            if dense:
+                X[pos:pos + m, :V.shape[1]] = V
+            else:
+                Vc = sp.csr_matrix(V)
+                parts.append((np.diff(Vc.indptr), Vc.indices, Vc.data))
+        else:
+            nz = buf[o:o + 4 * m].view("<i4")
+            ind = buf[o + 4 * m:o + 4 * m + 4 * k].view("<i4")
+            val = buf[o + 4 * m + 4 * k:o + 4 * m + 8 * k].view("<f4")
+            if base:
+                ind = ind - np.int32(base)
+            if dense:
+                _scatter_rows(nz, ind, val, X[pos:pos + m])
+            else:
+                parts.append((nz, ind, val))
+        pos += m
+    del buf
+    if dense:
+        return labels, row_ids, X
+    indptr = np.zeros(n + 1, np.int64)
+    if parts:
+        np.cumsum(np.concatenate([q[0] for q in parts]), out=indptr[1:])
+        ind = np.concatenate([q[1] for q in parts]).astype(np.int32, copy=False)
+        val = np.concatenate([q[2] for q in parts]).astype(np.float32, copy=False)
+    else:
+        ind, val = np.empty(0, np.int32), np.empty(0, np.float32)
+    return labels, row_ids, sp.csr_matrix((val, ind, indptr), shape=(n, d))
 
 
 class BlockPlan(NamedTuple):

@@ -13,7 +13,7 @@ from ooc_learn.api import ingest
 from ooc_learn.storage import ingest as ingest_mod
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import IngestError
-from ooc_learn.storage.shuffle import BucketWriter, Dealer, iter_records, plan_blocks
+from ooc_learn.storage.shuffle import BucketWriter, Dealer, iter_records, plan_blocks, read_bucket
 
 
 def class_sorted_csv(path, rng, n=12000, d=8):
@@ -256,7 +256,9 @@ def test_bucket_records_round_trip(tmp_path, rng, dense_rows):
                   dtype=np.float32)
     keep = np.ones(n, np.float32)
     keep[7] = 0  # an empty row
-    X = (sp.diags(keep) @ X).tocsr()
+    cols = np.ones(d, np.float32)
+    cols[0] = 0  # raw index 0 unused: the rows are also read with base 1 below
+    X = (sp.diags(keep) @ X @ sp.diags(cols)).tocsr()
     X.eliminate_zeros()
     labels = rng.normal(size=n)
     w = BucketWriter(tmp_path / "b", 3, buffer_bytes=1 << 16, record_bytes=1 << 12)
@@ -283,4 +285,19 @@ def test_bucket_records_round_trip(tmp_path, rng, dense_rows):
         np.testing.assert_array_equal(Xc.toarray()[:, :d], X[ids].toarray())
         np.testing.assert_array_equal(np.concatenate([r.labels for r in recs]), labels[ids])
         total += w.path(b).stat().st_size
+        # the whole file in one read, records decoded into the store's layout: the same rows
+        # (raw indices shifted by the base, columns past the last entry zero)
+        for layout, width, base in (("dense", d, 0), ("csr", d + 2, 0), ("dense", d - 1, 1),
+                                    ("csr", d - 1, 1)):
+            got_n = [0]
+            lab_b, ids_b, Xb = read_bucket(w.path(b), layout, width, base,
+                                           lambda k: got_n.__setitem__(0, got_n[0] + k))
+            assert got_n[0] == w.path(b).stat().st_size
+            np.testing.assert_array_equal(ids_b, ids)
+            np.testing.assert_array_equal(lab_b, labels[ids])
+            want = np.zeros((len(ids), width), np.float32)
+            ref = X[ids].toarray()[:, base:]
+            want[:, :ref.shape[1]] = ref[:, :width]
+            assert Xb.shape == want.shape and sp.issparse(Xb) == (layout == "csr")
+            np.testing.assert_array_equal(Xb.toarray() if sp.issparse(Xb) else Xb, want)
     assert read[0] == total == w.bytes_written
