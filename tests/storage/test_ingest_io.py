@@ -301,3 +301,29 @@ def test_bucket_records_round_trip(tmp_path, rng, dense_rows):
             assert Xb.shape == want.shape and sp.issparse(Xb) == (layout == "csr")
             np.testing.assert_array_equal(Xb.toarray() if sp.issparse(Xb) else Xb, want)
     assert read[0] == total == w.bytes_written
+
+
+def test_bucket_records_survive_short_writes(tmp_path, rng, monkeypatch):
+    # writev may write fewer bytes than asked (a signal): the record's rest follows in order
+    import os
+
+    from ooc_learn.storage import shuffle
+
+    real = os.writev
+
+    def short(fd, views):  # at most 7 bytes a call
+        first = next(bytes(v[:7]) for v in views if v.nbytes)
+        return real(fd, [first])
+
+    monkeypatch.setattr(shuffle.os, "writev", short)
+    X = sp.random(40, 12, density=0.3, random_state=3, format="csr", dtype=np.float32)
+    w = BucketWriter(tmp_path / "b", 2, buffer_bytes=1 << 16)
+    lab = np.arange(40) % 2
+    w.add(lab, np.arange(40.0), np.arange(40), X.indptr.astype(np.int64),
+          X.indices.astype(np.int64), X.data)
+    w.close()
+    for b in range(2):
+        labels, ids, Xb = read_bucket(w.path(b), "dense", 12, 0)
+        np.testing.assert_array_equal(ids, np.flatnonzero(lab == b))
+        np.testing.assert_array_equal(labels, ids.astype(float))
+        np.testing.assert_array_equal(Xb, X[ids].toarray())
