@@ -327,3 +327,32 @@ def test_bucket_records_survive_short_writes(tmp_path, rng, monkeypatch):
         np.testing.assert_array_equal(ids, np.flatnonzero(lab == b))
         np.testing.assert_array_equal(labels, ids.astype(float))
         np.testing.assert_array_equal(Xb, X[ids].toarray())
+
+
+@pytest.mark.parametrize("later", ["alike", "denser"])
+def test_binary_sources_deal_into_a_quarter_more_buckets_than_blocks(tmp_path, rng, later):
+    # a .npy's rows are all one size: the bucket count is the block count estimated from the
+    # first chunk plus a quarter (not doubled to a power of two), so records are larger. Rows
+    # denser than the first chunk's (a dense layout where CSR was estimated: fewer rows a
+    # block) make buckets larger than blocks, which are dealt again: the store is the same
+    n, d = 200_000, 20
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    if later == "denser":
+        X[: n // 2] *= rng.random((n // 2, d)) < 0.1  # the first half 10 % dense
+    y = rng.choice([-1.0, 1.0], n).astype(np.float32)
+    src = tmp_path / "x.npy"
+    np.save(src, np.column_stack([y, X]))
+    # 17 MB under an 8 MiB cap: blocks and parse chunks hold a small share of it
+    with ingest([src], tmp_path / "s", build_index=False, memory="8M", seed=1) as store:
+        st = store.ingest_stats
+        assert_balanced(store, n)
+        if later == "alike":
+            R = st["n_blocks"]
+            assert R >= 8 and R <= st["buckets"] <= int(np.ceil(1.25 * R)) + 1
+            assert st["redealt_buckets"] == 0
+        else:
+            assert st["redealt_buckets"] > 0
+        Xs, ys, ids = store.read_range(0, n)
+        assert np.array_equal(np.sort(ids), np.arange(n))
+        np.testing.assert_array_equal(Xs.toarray() if sp.issparse(Xs) else Xs, X[ids])
+        np.testing.assert_array_equal(ys, y[ids])
