@@ -509,14 +509,11 @@ def verify_files(path) -> None:
 
 def _remove_stale_builds(path: Path) -> None:
     """Delete temporary build directories left by killed writers (their pid is gone)."""
+    from ooc_learn.storage.resources import process_gone
+
     for tmp in path.parent.glob(f"{path.name}.tmp-*"):
-        try:
-            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if process_gone(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]):
             shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
 
 
 def open_reader(path) -> lmdb.Environment:

@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from .budget import MemoryBudget, format_size
 from .errors import BudgetExceededError, IngestError, ParameterError, StoreExistsError
 from .format import TMP_MARKER
-from .resources import peak_rss_bytes
+from .resources import peak_rss_bytes, process_gone
 from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records, read_bucket,
                       plan_blocks)
 from .store import Store, StoreWriter, row_sqnorms, swap_into_place
@@ -92,15 +92,7 @@ def _clean_stale(out: Path) -> None:
     for p in out.parent.iterdir():
         if not p.name.startswith(prefix):
             continue
-        pid = p.name[len(prefix):].split("-")[0]
-        try:
-            os.kill(int(pid), 0)
-            alive = True
-        except (ValueError, ProcessLookupError):
-            alive = False
-        except PermissionError:
-            alive = True
-        if not alive:
+        if process_gone(p.name[len(prefix):].split("-")[0]):
             shutil.rmtree(p, ignore_errors=True)
 
 

@@ -75,6 +75,19 @@ _WRAP = ("import resource, subprocess, sys, time\n"
          "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, dt, r)")
 
 
+def process_gone(pid) -> bool:
+    """Whether no process ``pid`` runs on this machine, so that a temporary folder named
+    after it (a killed run's) may be removed. False where unsure: a live process, another
+    user's (no permission to signal it), a name that holds no pid."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OverflowError, PermissionError):
+        return False
+    return False
+
+
 def measure_command(cmd, *, timeout: float | None = None) -> tuple[int, float, int, str]:
     """Run ``cmd`` as the only child of a fresh wrapper process and read its peak RSS there.
 

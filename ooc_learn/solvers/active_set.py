@@ -17,6 +17,7 @@ directory that :meth:`ActiveSet.release` removes.
 from __future__ import annotations
 
 import shutil
+import os
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from ooc_learn.storage.errors import BudgetExceededError
 
 __all__ = ["ActiveSet"]
 
+# spill folders are named SPILL_PREFIX + the owner's pid + "-" + a random part
+SPILL_PREFIX = ".ooc-ibcd-spill-"
 # share of the cap S may hold in memory before it spills: the rest is the caches' floor
 RESIDENT_SHARE = 0.8
 # per-row state kept in memory: row id, label, norm, alpha (8 bytes each), CSR offset (8)
@@ -315,8 +318,16 @@ class ActiveSet:
         self.spills += 1
 
     def _new_folder(self, base) -> Path:
-        """A private spill folder under ``base`` with empty row files."""
-        folder = Path(tempfile.mkdtemp(prefix=".ooc-ibcd-spill-", dir=base))
+        """A private spill folder under ``base`` (named after this process) with empty row
+        files; the folders of runs whose process is gone (a killed run cannot remove its
+        own: 13 of them, up to 139 MB each, had piled up beside a benchmark's stores) are
+        removed first."""
+        from ooc_learn.storage.resources import process_gone
+
+        for old in Path(base).glob(f"{SPILL_PREFIX}*"):
+            if process_gone(old.name[len(SPILL_PREFIX):].split("-")[0]):
+                shutil.rmtree(old, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=base))
         for name in (("data.bin", "indices.bin") if self.sparse else ("X.bin",)):
             (folder / name).touch()
         return folder

@@ -188,3 +188,30 @@ def test_ibcd_with_a_spilled_active_set_is_optimal_on_all_rows(tmp_path, rng, sp
         assert resident.stats["spills"] == 0
         assert res.stats["objective"] == pytest.approx(resident.stats["objective"], rel=1e-3)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ooc-ibcd-spill-")]
+
+
+def test_spilling_removes_the_folders_of_killed_runs_only(tmp_path, rng):
+    # a run killed while spilled cannot remove its folder; the next spill beside it removes
+    # the folders whose process is gone, and keeps a live process's and any it cannot read
+    import os
+    import subprocess
+    import sys
+
+    from ooc_learn.solvers.active_set import SPILL_PREFIX
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / f"{SPILL_PREFIX}{int(done.stdout)}-abc123"
+    live = tmp_path / f"{SPILL_PREFIX}{os.getpid()}-def456"
+    odd = tmp_path / f"{SPILL_PREFIX}notapid"
+    for p in (dead, live, odd):
+        p.mkdir()
+        (p / "X.bin").write_bytes(b"\0" * 64)
+    S = ActiveSet(5, False, MemoryBudget("16M"), spill_dir=tmp_path)
+    S.add(np.arange(10), _rows(rng, 10, 5, False), np.ones(10), np.zeros(10))
+    S.spill()
+    assert not dead.exists() and live.exists() and odd.exists()
+    own = [p for p in tmp_path.iterdir() if p not in (live, odd)]
+    assert len(own) == 1 and own[0].name.startswith(f"{SPILL_PREFIX}{os.getpid()}-")
+    S.release()
+    assert not own[0].exists()
