@@ -154,6 +154,11 @@ SPILLED_FINAL_ROUNDS = 300
 SPILLED_STALL = 20
 # dual CD passes over one window in a sweep of a spilled S
 SPILLED_WINDOW_ITERS = 20
+# working-set rounds of the solve of a spilled S each time it doubles (its inactive rows are
+# pruned after it): 120k rows of tops-vs-rest, s = 1, sampled rule, 5 seeds, 10 -> 30 rounds:
+# 8M cap 11.5-17 s -> 14.6-19 s, mean test accuracy 96.62 -> 96.65 %; 16M cap 5.5-7 s ->
+# 6.7-7.8 s, 96.61 -> 96.74 % (without these solves 96.71 and 96.86 %, 29-44 s and 12-17 s)
+SPILLED_RESOLVE_ROUNDS = 30
 
 
 @dataclass
@@ -568,7 +573,7 @@ def _inner_loop(rows_src, forest, S, in_S, checker, w, w_t, *, loss, C, s, bias,
 
     def resolve():  # problem (13) on S: B = S, on the way (a check follows later)
         _solve_S(S, w, loss=loss, C=C, bias=bias, eps=eps, rng=rng, stats=stats,
-                 solver=block_solver, max_iter=QUICK_ITERS)
+                 solver=block_solver, max_iter=QUICK_ITERS, max_rounds=SPILLED_RESOLVE_ROUNDS)
 
     # scan-only: the scan check has taken the index's place for the rest of this convex
     # problem (a query was cut, or cost more than a scan; see VISIT_COST)
