@@ -332,87 +332,86 @@ class Record(NamedTuple):
         return sp.csr_matrix((values, indices, indptr), shape=(m, d))
 
 
+def _body_bytes(m: int, kind: int, k: int) -> int:
+    """Bytes of a record after its header (see the module docstring)."""
+    return 16 * m + (4 * m * k if kind == _DENSE else 4 * m + 8 * k)
+
+
+def _decode(body: np.ndarray, m: int, kind: int, k: int) -> Record:
+    """The :class:`Record` a record's body (uint8, after the header) holds, as views."""
+    lab, rid, o = body[:8 * m].view("<f8"), body[8 * m:16 * m].view("<i8"), 16 * m
+    if kind == _DENSE:
+        return Record(lab, rid, None, None, body[o:o + 4 * m * k].view("<f4").reshape(m, k))
+    return Record(lab, rid, body[o:o + 4 * m].view("<i4"),
+                  body[o + 4 * m:o + 4 * m + 4 * k].view("<i4"),
+                  body[o + 4 * m + 4 * k:o + 4 * m + 8 * k].view("<f4"))
+
+
 def iter_records(path, counter=None):
-    """Yield the :class:`Record` s of one bucket file; ``counter(nbytes)`` sees every read."""
+    """Yield the :class:`Record` s of one bucket file, one record in memory at a time (two
+    reads each); ``counter(nbytes)`` sees every read."""
     with open(path, "rb") as fh:
         while True:
             head = np.fromfile(fh, _HEADER, 3)
             if head.size < 3:
                 return
             m, kind, k = (int(v) for v in head)
-            lab = np.fromfile(fh, "<f8", m)
-            rid = np.fromfile(fh, "<i8", m)
-            if kind == _DENSE:
-                nz = ind = None
-                val = np.fromfile(fh, "<f4", m * k)
-                whole = val.shape[0] == m * k
-                val = val.reshape(m, k) if whole else val
-                nbytes = head.nbytes + 16 * m + 4 * m * k
-            else:
-                nz = np.fromfile(fh, "<i4", m)
-                ind = np.fromfile(fh, "<i4", k)
-                val = np.fromfile(fh, "<f4", k)
-                whole = val.shape[0] == k and ind.shape[0] == k and nz.shape[0] == m
-                nbytes = head.nbytes + _ROW_BYTES * m + 8 * k
-            if not whole or rid.shape[0] != m:  # only a bug or a full disk can cause this
+            size = _body_bytes(m, kind, k)
+            body = np.fromfile(fh, np.uint8, size)
+            if body.size != size:  # only a bug or a full disk can cause this
                 raise OSError(f"bucket file {path} ends inside a record")
-            rec = Record(lab, rid, nz, ind, val)
             if counter is not None:
-                counter(nbytes)
-            yield rec
+                counter(head.nbytes + size)
+            yield _decode(body, m, kind, k)
 
 
 def read_bucket(path, layout: str, n_features: int, base: int, counter=None):
     """All rows of one bucket file in the store's layout, as ``(labels, row_ids, X)``.
 
     The file is read with one call and its records are decoded from that buffer straight
-    into the outputs: a record costs a few array views, where :func:`iter_records` costs five
-    reads and a conversion (a 3.2 GB ingest at --memory 224M wrote 340k records of ~10 KB, 48 s
-    of pass 3). ``counter(nbytes)`` sees the bytes read."""
+    into the outputs: a record costs a few array views, where :func:`iter_records` and
+    :meth:`Record.rows` cost two reads and an array of its own (a 3.2 GB ingest at --memory
+    224M wrote 340k records of ~10 KB; five reads and a conversion each took 48 s of pass 3).
+    ``counter(nbytes)`` sees the bytes read."""
     buf = np.fromfile(path, np.uint8)
     if counter is not None:
         counter(buf.nbytes)
-    heads, off, n, nnz = [], 0, 0, 0
+    recs, off, n = [], 0, 0
     while off < buf.size:
         if off + 24 > buf.size:
             raise OSError(f"bucket file {path} ends inside a record")
         m, kind, k = struct.unpack_from("<qqq", buf, off)
-        size = 24 + 16 * m + (4 * m * k if kind == _DENSE else 4 * m + 8 * k)
-        if off + size > buf.size:
+        end = off + 24 + _body_bytes(m, kind, k)
+        if end > buf.size:
             raise OSError(f"bucket file {path} ends inside a record")
-        heads.append((off + 24, m, kind, k))
+        recs.append(_decode(buf[off + 24:end], m, kind, k))
         n += m
-        nnz += k if kind == _CSR else 0
-        off += size
+        off = end
     labels, row_ids = np.empty(n, "<f8"), np.empty(n, "<i8")
     d = int(n_features)
     dense = layout == "dense"
     X = np.zeros((n, d), np.float32) if dense else None
     parts = []  # CSR output: (row lengths, indices, values) per record
     pos = 0
-    for o, m, kind, k in heads:
-        labels[pos:pos + m] = buf[o:o + 8 * m].view("<f8")
-        row_ids[pos:pos + m] = buf[o + 8 * m:o + 16 * m].view("<i8")
-        o += 16 * m
-        if kind == _DENSE:
-            V = buf[o:o + 4 * m * k].view("<f4").reshape(m, k)[:, base:]
+    for rec in recs:
+        m = rec.n_rows
+        labels[pos:pos + m] = rec.labels
+        row_ids[pos:pos + m] = rec.row_ids
+        if rec.rownnz is None:
+            V = rec.values[:, base:]
             if dense:
                 X[pos:pos + m, :V.shape[1]] = V
             else:
                 Vc = sp.csr_matrix(V)
                 parts.append((np.diff(Vc.indptr), Vc.indices, Vc.data))
         else:
-            nz = buf[o:o + 4 * m].view("<i4")
-            ind = buf[o + 4 * m:o + 4 * m + 4 * k].view("<i4")
-            val = buf[o + 4 * m + 4 * k:o + 4 * m + 8 * k].view("<f4")
-            if base:
-                ind = ind - np.int32(base)
+            ind = rec.indices - np.int32(base) if base else rec.indices
             if dense:
-                _scatter_rows(nz, ind, val, X[pos:pos + m])
+                _scatter_rows(rec.rownnz, ind, rec.values, X[pos:pos + m])
             else:
-                parts.append((nz, ind, val))
+                parts.append((rec.rownnz, ind, rec.values))
         pos += m
-    del buf
+    del buf, recs
     if dense:
         return labels, row_ids, X
     indptr = np.zeros(n + 1, np.int64)

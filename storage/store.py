@@ -114,12 +114,6 @@ class _Slicer:
         # is consecutive rows
         odd = np.r_[0, np.cumsum(np.diff(rows) != 1)].tolist()
         pos = rows.tolist()
-        if len(runs) > 1 and hasattr(os, "posix_fadvise"):
-            # scattered runs: the kernel is told of them all before the first read, so it
-            # reads them in parallel (one at a time, an NVMe disk served ~27k a second)
-            for i, j in runs:
-                os.posix_fadvise(self.fd, self.offset + pos[i] * rb,
-                                 (pos[j - 1] + 1 - pos[i]) * rb, os.POSIX_FADV_WILLNEED)
         read = 0
         for i, j in runs:
             r0, r1 = pos[i], pos[j - 1] + 1

@@ -16,8 +16,8 @@ directory that :meth:`ActiveSet.release` removes.
 
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import tempfile
 from pathlib import Path
 

@@ -295,8 +295,8 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
 
         checker = Checker(rows_src, in_S, low=outlier_margin(loss, s), bias=bias, pool_rows=n,
                           stats=stats)
-        return _outer_loop(rows_src, forest, S, in_S, checker, w, stats=stats, loss=loss, base_loss=base_loss,
-                           C=C, s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
+        return _outer_loop(rows_src, forest, S, in_S, checker, w, stats=stats, loss=loss,
+                           base_loss=base_loss, C=C, s=s, bias=bias, n=n, eps=eps, sample_eps=sample_eps,
                            max_outer=max_outer, block_iters=block_iters,
                            block_solver=block_solver, shrink_threshold=shrink_threshold,
                            rng=rng, on_outer=on_outer, t0=t0, rows_read0=rows_read0,
@@ -436,8 +436,8 @@ def _row_sqn(X) -> np.ndarray:
     return K.row_sqnorms(*kernel_args(X), X.shape[0])
 
 
-def _outer_loop(rows_src, forest, S, in_S, checker, w, *, stats, loss, base_loss, C, s, bias, n, eps,
-                sample_eps, max_outer, block_iters, block_solver, shrink_threshold, rng,
+def _outer_loop(rows_src, forest, S, in_S, checker, w, *, stats, loss, base_loss, C, s, bias,
+                n, eps, sample_eps, max_outer, block_iters, block_solver, shrink_threshold, rng,
                 on_outer, t0, rows_read0, bytes_read0):
     from ooc_learn.index.forest import outlier_margin
 
@@ -494,8 +494,8 @@ def _outer_loop(rows_src, forest, S, in_S, checker, w, *, stats, loss, base_loss
                  spills=S.spills, rows_spilled=S.rows_spilled,
                  rows_read_back=S.rows_read_back, seconds=time.perf_counter() - t0)
     if not stats.get("S_converged", True):
-        warnings.warn(f"IBCD's dual CD on the active set reached its {MAX_ITERS} passes before the "
-                      "projected-gradient spread fell to eps (as LIBLINEAR stops at max_iter): "
+        warnings.warn(f"IBCD's dual CD on the active set reached its {MAX_ITERS} passes before "
+                      "the projected-gradient spread fell to eps (as LIBLINEAR stops at max_iter): "
                       "the solution is approximate. Raise eps or lower C.", RuntimeWarning,
                       stacklevel=3)
     if not converged_outer:
@@ -614,9 +614,7 @@ def _inner_loop(rows_src, forest, S, in_S, checker, w, w_t, *, loss, C, s, bias,
         most doubles), at least n, as many as fit without spilling (the rows read and S's
         grown buffers coexist for a moment, so room for twice as many is asked)."""
         rows_src.clear()
-        want = max(n, CHECK_GROWTH * S.m)
-        if S.spilled:  # the rows pass through memory on their way to S's file
-            want = max(n, min(want, S.window_rows()))
+        want = check_size()
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(n, want // 2)

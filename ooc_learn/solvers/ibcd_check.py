@@ -13,13 +13,6 @@ IBCD. Two sources answer it, cheapest first:
 Keys: a row satisfying eq. 10 has key y w^T x - 1 < 0 (most violating first); another row
 y w^T x - 1 >= 0, or, for an outlier at w_t, |y w^T x - low| (the next outer iterate may
 bring it back into the problem).
-
-Tried and left out (session 16): "leads", the ids of every row a scan found within a band of
-a boundary, read back by id instead of the next scans. On Fashion-MNIST (class 1, C = 1)
-under a 1/10 cap they cut the exact stop's scans from 8 to 3-4 and its rows read from 8.8 to
-4.3-5.7 stores, but in a 300 MiB cgroup (the store not in the page cache) the run took
-2.6-2.7 s against 1.8 s: a scattered row cost ~8x a scanned one even with the kernel told of
-them all first, and answers from the leads were smaller, so S was solved more often.
 """
 
 from __future__ import annotations
@@ -89,7 +82,7 @@ class Checker:
         self.pool = Pool(self.budget)
         self.row_bytes = max(1, self.store.estimated_bytes(1))
         self.held = 0  # reserved for the last answer until its rows join S
-        for k in ("pool_hits", "full_checks"):
+        for k in ("pool_hits", "full_checks", "rows_examined"):
             stats.setdefault(k, 0)
 
     def clear(self) -> None:
@@ -149,7 +142,7 @@ class Checker:
         self.pool.hold(pool if self.pool.wanted else None)
         release_free_heap()  # the check and the solve before it freed many arrays
         self.stats["full_checks"] += 1
-        self.stats["rows_examined"] = self.stats.get("rows_examined", 0) + examined
+        self.stats["rows_examined"] += examined
         return Answer(rows, XN, yN, worst, examined, n_viol, "scan")
 
 
@@ -224,18 +217,13 @@ class Nearest:
         return _select(self.parts, self.k) if self.parts else None
 
 
-def _smallest(rows, key, k):
-    """Positions of the ``k`` smallest keys, smallest first (ties by row)."""
-    sel = np.argpartition(key, k - 1)[:k] if rows.size > k else np.arange(rows.size)
-    return sel[np.lexsort((rows[sel], key[sel]))]
-
-
 def _select(parts, k):
     """The ``k`` rows of smallest key among a selection's parts, smallest first (ties in
     store order), as one ``(rows, keys, X, y)``."""
     rows = np.concatenate([p[0] for p in parts])
     m = np.concatenate([p[1] for p in parts])
-    sel = _smallest(rows, m, k)
+    sel = np.argpartition(m, k - 1)[:k] if rows.size > k else np.arange(rows.size)
+    sel = sel[np.lexsort((rows[sel], m[sel]))]
     # the rows of X taken part by part (the parts' X are never concatenated whole)
     ends = np.cumsum([p[0].size for p in parts])
     which = np.searchsorted(ends, sel, side="right")
