@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import struct
-import uuid
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -52,6 +51,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ooc_learn.storage.errors import IndexStateError, ParameterError
+from ooc_learn.storage.replace import recover, remove_stale, replace_dir, temp_sibling
 
 from .tree import FlatTree
 
@@ -352,9 +352,8 @@ class ForestWriter:
         self.params = dict(n_blocks=int(n_blocks), n_samples=int(n_samples),
                            n_features=int(n_features), width=int(width),
                            leaf_size=int(leaf_size), seed=int(seed))
-        _remove_stale_builds(self.path)
-        self._tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-"
-                                        f"{uuid.uuid4().hex[:8]}")
+        remove_stale(self.path)
+        self._tmp = temp_sibling(self.path)
         self._env = lmdb.open(str(self._tmp), map_size=1 << 16, subdir=True, sync=False,
                               metasync=False, max_dbs=0, readahead=False)
         self._psize = self._env.stat()["psize"]
@@ -433,14 +432,7 @@ class ForestWriter:
                        "data.mdb": {"size": size, "crc32": crc}}, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        # replace any old index: move it aside first so the swap is two renames
-        old = None
-        if self.path.exists():
-            old = self.path.with_name(f"{self.path.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(self.path, old)
-        os.replace(self._tmp, self.path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(self._tmp, self.path)  # the old index or the new one, at every instant
         return self.path
 
     def abort(self) -> None:
@@ -507,15 +499,6 @@ def verify_files(path) -> None:
         raise CorruptIndex("data.mdb fails its checksum")
 
 
-def _remove_stale_builds(path: Path) -> None:
-    """Delete temporary build directories left by killed writers (their pid is gone)."""
-    from ooc_learn.storage.resources import process_gone
-
-    for tmp in path.parent.glob(f"{path.name}.tmp-*"):
-        if process_gone(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def open_reader(path) -> lmdb.Environment:
     """Verify the files, then open the environment read-only.
 
@@ -524,6 +507,8 @@ def open_reader(path) -> lmdb.Environment:
     is read-only (nobody can be writing it then).
     """
     path = Path(path)
+    if not path.exists():
+        recover(path)  # a replace killed between its two renames: the old index back
     if not (path / "data.mdb").is_file():
         raise FileNotFoundError(str(path))
     verify_files(path)

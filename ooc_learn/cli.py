@@ -74,6 +74,11 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the disk, not the data: one line, the file and the fix
+        message, hint, code = _os_error(exc)
+        print(f"{prog}: {message}", file=sys.stderr)
+        print(f"{prog}: hint: {hint}", file=sys.stderr)
+        return code
     if result is None:
         return 0
     budget = getattr(args, "budget_", None)
@@ -91,6 +96,22 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     else:
         print(result["text"])
     return 0
+
+
+def _os_error(exc: OSError) -> tuple[str, str, int]:
+    """A message, a hint and an exit code for a failure of the file system."""
+    import errno
+
+    where = exc.filename or "a file"
+    what = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC or exc.errno == getattr(errno, "EDQUOT", None):
+        return (f"{where}: {what} (nothing already stored was replaced).",
+                "Free disk space, or write to another disk (-o, --spill-dir, TMPDIR).", 1)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"{where}: {what}.", "Choose a folder you can write to (-o).", 2)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"{where}: {what}.", "Check the path.", 2
+    return f"{where}: {what}.", "Check the disk and the path, then run the command again.", 1
 
 
 # ---- ooc-ingest ---------------------------------------------------------------------------
@@ -277,6 +298,30 @@ def _open_eval_data(path, model, budget, stack):
     return stack.enter_context(store)
 
 
+PREDICTIONS_HEADER = "row_id,label,decision\n"
+
+
+def _check_model_output(path) -> None:
+    """Refuse, before any work, a model path that is not one or holds a file not ours."""
+    from pathlib import Path
+
+    from ooc_learn.model import MODEL_SUFFIXES, is_model_file
+    from ooc_learn.storage.replace import check_file_target
+
+    if Path(path).suffix.lower() not in MODEL_SUFFIXES:
+        raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got {path!r}.",
+                             "Choose e.g. -o model.npz.")
+    check_file_target(path, is_ours=is_model_file, kind="model")
+
+
+def _is_predictions_file(path) -> bool:
+    try:
+        with open(path) as fh:
+            return fh.readline() == PREDICTIONS_HEADER
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _train_body(args):
     import contextlib
 
@@ -288,6 +333,7 @@ def _train_body(args):
     if args.output is None:
         raise ParameterError("ooc-train needs -o MODEL (or --cv K to cross-validate).",
                              "Add -o model.npz.")
+    _check_model_output(args.output)  # before the work: a model of ours only is replaced
     budget = _budget(args, solvers=True, parsers=_any_text([args.test]))
     from tqdm.auto import tqdm
 
@@ -388,7 +434,10 @@ def _predict_body(args):
     from pathlib import Path
 
     from ooc_learn.model import load_model
+    from ooc_learn.storage.replace import atomic_file, check_file_target
 
+    if args.output:  # before the work: only a predictions file of ours is replaced
+        check_file_target(args.output, is_ours=_is_predictions_file, kind="predictions")
     budget = _budget(args, parsers=_any_text([args.data]))
     # the weights as stored, read and converted (an upper bound that needs no parsing)
     model_bytes = 3 * Path(args.model).stat().st_size if Path(args.model).is_file() else 0
@@ -412,8 +461,8 @@ def _predict_body(args):
     labels = np.where(dec > 0, model.classes_[1], model.classes_[0])
     accuracy = float(np.mean(np.where(dec > 0, 1.0, -1.0) == ys))
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write("row_id,label,decision\n")
+        with atomic_file(args.output) as tmp, open(tmp, "w") as fh:
+            fh.write(PREDICTIONS_HEADER)
             for i, lab, dv in zip(ids, labels, dec):
                 fh.write(f"{i},{lab},{dv:.9g}\n")
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size),

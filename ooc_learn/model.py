@@ -13,7 +13,11 @@ Files (no pickle anywhere):
   ``meta`` (the same JSON).
 
 ``meta`` records the format and version, the solver, loss, C, s, bias, the feature count, the
-label map, the training store's fingerprint and the training statistics.
+label map, the training store's fingerprint and the training statistics. ``checksum`` (a
+CRC-32 of the arrays, the intercept and ``meta``) is checked on load, with the shapes, the
+feature count and finiteness: a damaged or foreign file is refused (exit 2), never used.
+A file is written under a temporary name beside the target, fsynced and renamed over it, so a
+kill or a full disk during a save leaves the previous model whole.
 
 >>> import numpy as np
 >>> m = LinearModel(np.array([1.0, -1.0]), 0.5, classes=[0, 1])
@@ -24,6 +28,7 @@ label map, the training store's fingerprint and the training statistics.
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +36,22 @@ import scipy.sparse as sp
 
 from ooc_learn._json import jsonable
 from ooc_learn.storage.errors import ModelMismatchError, ParameterError, UsageError
+from ooc_learn.storage.replace import atomic_file
 
-__all__ = ["LinearModel", "load_model", "encode_labels", "MODEL_FORMAT", "MODEL_VERSION"]
+__all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "MODEL_FORMAT",
+           "MODEL_VERSION"]
 
 MODEL_FORMAT = "ooc-learn-linear-model"
 MODEL_VERSION = 1
+MODEL_SUFFIXES = (".npz", ".h5", ".hdf5")
+
+
+def _checksum(coef, intercept, classes, meta: str) -> int:
+    """CRC-32 of everything a model file holds beside its checksum."""
+    crc = zlib.crc32(np.ascontiguousarray(coef, dtype="<f8").tobytes())
+    crc = zlib.crc32(np.float64(intercept).astype("<f8").tobytes(), crc)
+    crc = zlib.crc32(json.dumps([str(c) for c in np.asarray(classes).tolist()]).encode(), crc)
+    return zlib.crc32(meta.encode(), crc)
 
 
 def encode_labels(y) -> tuple[np.ndarray, np.ndarray]:
@@ -177,31 +193,36 @@ class LinearModel:
         return json.dumps(jsonable(meta), sort_keys=True)
 
     def save(self, path) -> Path:
-        """Write the model to ``.npz`` or ``.h5``/``.hdf5`` (no pickle). Returns the path."""
+        """Write the model to ``.npz`` or ``.h5``/``.hdf5`` (no pickle), atomically. Returns
+        the path."""
         path = Path(path)
         suffix = path.suffix.lower()
+        if suffix not in MODEL_SUFFIXES:
+            raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got {path.name!r}.",
+                                 "Choose e.g. -o model.npz.")
         classes = self.classes_
         if classes.dtype.kind == "O":
             classes = classes.astype(str)
-        if suffix == ".npz":
-            with open(path, "wb") as fh:
-                np.savez(fh, coef=self.coef_, intercept=np.float64(self.intercept_),
-                         classes=classes, meta=np.array(self._meta_json()))
-        elif suffix in (".h5", ".hdf5"):
-            import h5py
+        meta = self._meta_json()
+        crc = np.uint32(_checksum(self.coef_, self.intercept_, classes, meta))
+        with atomic_file(path) as tmp:
+            if suffix == ".npz":
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, coef=self.coef_, intercept=np.float64(self.intercept_),
+                             classes=classes, meta=np.array(meta), checksum=crc)
+            else:
+                import h5py
 
-            with h5py.File(path, "w") as f:
-                f.create_dataset("coef", data=self.coef_)
-                if classes.dtype.kind == "U":
-                    f.create_dataset("classes", data=classes.astype(object),
-                                     dtype=h5py.string_dtype())
-                else:
-                    f.create_dataset("classes", data=classes)
-                f.attrs["intercept"] = self.intercept_
-                f.attrs["meta"] = self._meta_json()
-        else:
-            raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got {path.name!r}.",
-                                 "Choose e.g. -o model.npz.")
+                with h5py.File(tmp, "w") as f:
+                    f.create_dataset("coef", data=self.coef_)
+                    if classes.dtype.kind == "U":
+                        f.create_dataset("classes", data=classes.astype(object),
+                                         dtype=h5py.string_dtype())
+                    else:
+                        f.create_dataset("classes", data=classes)
+                    f.attrs["intercept"] = self.intercept_
+                    f.attrs["meta"] = meta
+                    f.attrs["checksum"] = crc
         return path
 
     def __repr__(self) -> str:
@@ -209,37 +230,67 @@ class LinearModel:
                 f"solver={self.meta.get('solver')!r}, loss={self.meta.get('loss')!r})")
 
 
+def _read_model_file(path: Path):
+    """``(coef, intercept, classes, meta_text, checksum or None)`` as stored; raises on a file
+    that is not one."""
+    if path.suffix.lower() in (".h5", ".hdf5"):
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            coef = f["coef"][:]
+            classes = f["classes"][:]
+            if classes.dtype.kind in "OS":
+                classes = np.array([c.decode() if isinstance(c, bytes) else str(c)
+                                    for c in classes])
+            crc = f.attrs.get("checksum")
+            return coef, f.attrs["intercept"], classes, str(f.attrs["meta"]), crc
+    with np.load(path, allow_pickle=False) as f:
+        crc = f["checksum"] if "checksum" in f.files else None
+        return f["coef"], f["intercept"], f["classes"], str(f["meta"][()]), crc
+
+
+def is_model_file(path) -> bool:
+    """Whether ``path`` is a file an ooc-learn model was written to (its format is named)."""
+    try:
+        return json.loads(_read_model_file(Path(path))[3]).get("format") == MODEL_FORMAT
+    except Exception:
+        return False
+
+
 def load_model(path) -> LinearModel:
-    """Read a model written by :meth:`LinearModel.save` (``np.load(allow_pickle=False)``)."""
+    """Read a model written by :meth:`LinearModel.save` (``np.load(allow_pickle=False)``).
+
+    The file's checksum, shapes, feature count and values are checked: a damaged, foreign or
+    non-finite model raises :class:`UsageError` naming the file.
+    """
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"No model file at {path}.", "Train one with: ooc-train STORE -o MODEL")
+    fix = "Pass a file written by ooc-train or LinearModel.save (or train the model again)."
     try:
-        if path.suffix.lower() in (".h5", ".hdf5"):
-            import h5py
-
-            with h5py.File(path, "r") as f:
-                coef = f["coef"][:]
-                classes = f["classes"][:]
-                if classes.dtype.kind in "OS":
-                    classes = np.array([c.decode() if isinstance(c, bytes) else str(c)
-                                        for c in classes])
-                intercept = float(f.attrs["intercept"])
-                meta = json.loads(f.attrs["meta"])
-        else:
-            with np.load(path, allow_pickle=False) as f:
-                coef, classes = f["coef"], f["classes"]
-                intercept, meta = float(f["intercept"]), json.loads(str(f["meta"][()]))
-    except (OSError, KeyError, ValueError) as exc:
-        raise UsageError(f"{path} is not an ooc-learn model file ({exc}).",
-                         "Pass a file written by ooc-train or LinearModel.save.") from None
-    if meta.get("format") != MODEL_FORMAT:
-        raise UsageError(f"{path} is not an ooc-learn linear model.",
-                         "Pass a file written by ooc-train or LinearModel.save.")
+        coef, intercept, classes, meta_text, crc = _read_model_file(path)
+        meta = json.loads(meta_text)
+        intercept = float(np.asarray(intercept).reshape(()))
+    except Exception as exc:  # h5py, zipfile, numpy and json each raise their own
+        why = str(exc).split(". ")[0] or type(exc).__name__
+        raise UsageError(f"{path} is not an ooc-learn model file ({why}).", fix) from None
+    if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+        raise UsageError(f"{path} is not an ooc-learn linear model.", fix)
     if int(meta.get("format_version", -1)) != MODEL_VERSION:
         raise UsageError(f"{path} was written by model format {meta.get('format_version')}; "
                          f"this ooc-learn reads format {MODEL_VERSION}.",
                          "Retrain the model with this version.")
+    if crc is not None and int(np.asarray(crc).reshape(())) != _checksum(coef, intercept,
+                                                                          classes, meta_text):
+        raise UsageError(f"{path} is damaged: its contents do not match its checksum.", fix)
+    d = meta.get("n_features")
+    if (coef.ndim != 1 or coef.dtype.kind != "f" or not isinstance(d, int)
+            or coef.shape[0] != d or np.asarray(classes).shape != (2,)):
+        raise UsageError(f"{path} is damaged: coef has shape {coef.shape} ({coef.dtype}) for "
+                         f"{d} features and {np.asarray(classes).shape[0]} classes.", fix)
+    if not (np.isfinite(coef).all() and np.isfinite(intercept)):
+        raise UsageError(f"{path} holds a weight that is NaN or infinite.",
+                         "Train the model again (lower C, or scale the features).")
     for key in ("format", "format_version", "n_features"):
         meta.pop(key, None)
     return LinearModel(coef, intercept, classes=classes, meta=meta)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 import shutil
 import threading
 import time
@@ -32,12 +31,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from .budget import MemoryBudget, format_size
-from .errors import BudgetExceededError, IngestError, ParameterError, StoreExistsError
-from .format import TMP_MARKER
-from .resources import peak_rss_bytes, process_gone
+from .errors import BudgetExceededError, IngestError, ParameterError
+from .replace import check_store_target, remove_stale, replace_dir, temp_sibling
+from .resources import peak_rss_bytes
 from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records, read_bucket,
                       plan_blocks)
-from .store import Store, StoreWriter, row_sqnorms, swap_into_place
+from .store import Store, StoreWriter, row_sqnorms
 
 __all__ = ["ingest", "ingest_arrays", "DENSE_THRESHOLD", "MULTICLASS_MAX_CLASSES"]
 
@@ -82,18 +81,6 @@ def _check_params(*, fmt, layout, task, n_blocks, block_rows, zero_based, n_feat
             bad(name, f"an integer >= {lo}", v)
     if zero_based not in ("auto", True, False):
         bad("zero_based", "'auto', True or False", zero_based)
-
-
-def _clean_stale(out: Path) -> None:
-    """Remove temporary directories of earlier ingests into ``out`` whose process is gone."""
-    prefix = f".{out.name}{TMP_MARKER}"
-    if not out.parent.is_dir():
-        return
-    for p in out.parent.iterdir():
-        if not p.name.startswith(prefix):
-            continue
-        if process_gone(p.name[len(prefix):].split("-")[0]):
-            shutil.rmtree(p, ignore_errors=True)
 
 
 class _Hasher(threading.Thread):
@@ -313,17 +300,16 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     budget = MemoryBudget.coerce(memory)
     if _chunks is None and not sources:
         raise ParameterError("ingest needs at least one source file.")
-    if out.exists() and not overwrite:
-        raise StoreExistsError(f"The output {out} already exists.",
-                               "Pass --overwrite to replace it, or choose another -o path.")
+    # only a store is replaced, never a folder or file of the user's, nor one holding a source
+    check_store_target(out, overwrite=overwrite, sources=sources)
     if _chunks is None:
         from .parsers import open_binary
 
         for s in sources:  # fail on a missing or unreadable file before any work
             open_binary(s).close()
     out.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale(out)
-    tmp = out.parent / f".{out.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
+    remove_stale(out)
+    tmp = temp_sibling(out)
     tmp.mkdir()
     try:
         stats = _ingest_into(tmp, sources, budget=budget, fmt=format, layout=layout,
@@ -333,10 +319,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                              zero_based=zero_based, block_orderer=block_orderer,
                              seed=seed, progress=progress, chunks=_chunks,
                              chunks_total=_chunks_total)
-        if out.exists() and not overwrite:  # appeared while we worked
-            raise StoreExistsError(f"The output {out} already exists.",
-                                   "Pass --overwrite to replace it.")
-        swap_into_place(tmp, out, overwrite=overwrite)
+        check_store_target(out, overwrite=overwrite, sources=sources)  # it may have appeared
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -278,6 +278,10 @@ class Store:
                 f"{self.path} is an unfinished store (an ingest that was interrupted).",
                 "Run ooc-ingest again; the leftover folder is removed automatically.")
         if not self.path.exists():
+            from .replace import recover
+
+            recover(self.path)  # a replace killed between its two renames: the old store back
+        if not self.path.exists():
             raise StoreFormatError(f"No store at {self.path}.",
                                    "Create one with: ooc-ingest SOURCE -o STORE")
         if not data.is_file():
@@ -752,11 +756,12 @@ def rewrite_block_order(store_path, perms, *, memory=None) -> None:
     new directory is written beside the old one and swapped in with one rename, so a crash
     leaves the old store intact.
     """
+    from .replace import remove_stale, replace_dir, temp_sibling
+
     store_path = Path(store_path)
+    remove_stale(store_path)
     with open_store(store_path, memory=memory) as old:
-        tmp = store_path.parent / f".{store_path.name}{TMP_MARKER}{os.getpid()}-rw"
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        tmp = temp_sibling(store_path, "rw")
         tmp.mkdir()
         try:
             w = StoreWriter(tmp, n_samples=old.n_samples, n_features=old.n_features,
@@ -771,20 +776,4 @@ def rewrite_block_order(store_path, perms, *, memory=None) -> None:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    swap_into_place(tmp, store_path, overwrite=True)
-
-
-def swap_into_place(tmp: Path, final: Path, *, overwrite: bool) -> None:
-    """Rename the finished ``tmp`` directory to ``final``; replace an old one if allowed."""
-    tmp, final = Path(tmp), Path(final)
-    if final.exists():
-        if not overwrite:
-            raise FileExistsError(final)
-        trash = final.parent / f".{final.name}{TMP_MARKER}{os.getpid()}-old"
-        if trash.exists():
-            shutil.rmtree(trash)
-        os.rename(final, trash)
-        os.rename(tmp, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
+    replace_dir(tmp, store_path)

@@ -233,7 +233,7 @@ def test_sigkill_during_build_leaves_no_index_and_rebuild_works(tmp_path, data_r
                           capture_output=True)
     assert proc.returncode == -signal.SIGKILL
     assert not (tmp_path / "index.lmdb").exists()
-    assert any(p.name.startswith("index.lmdb.tmp-") for p in tmp_path.iterdir())
+    assert any(p.name.startswith(".index.lmdb.ooc-tmp-") for p in tmp_path.iterdir())
     store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=3, leaf_size=10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.lmdb"]  # stale build gone
     with store.forest() as f:
