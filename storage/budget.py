@@ -57,6 +57,9 @@ RSS_PERIOD = 0.005
 # ... and keeps this much of the cap free of it: the temporaries of one step (a block's
 # margins, a fetch's parts) that are made without a reservation
 RSS_HEADROOM = 8 << 20
+# the RSS's lesson (see MemoryBudget._learn_fixed) falls by half in this many seconds once the
+# RSS no longer shows it
+LESSON_HALF_LIFE = 2.0
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
@@ -161,6 +164,8 @@ class MemoryBudget:
         self._watch_rss = False  # for_process: reservations must also fit the real RSS
         self._rss, self._rss_at, self._since_rss = 0, -math.inf, 0
         self._skip_learn = False
+        self._fixed0 = 0  # the fixed part as measured; fixed = _fixed0 + the RSS's lesson
+        self._lesson, self._lesson_at = 0, 0.0
         self._used = 0
         self._peak = 0
         self._lock = threading.RLock()
@@ -193,6 +198,7 @@ class MemoryBudget:
                 f"Raise --memory (or OOC_MEMORY) to at least "
                 f"{format_size(fixed + minimum, up=True)}.")
         budget.fixed, budget.limit = fixed, cap_bytes - fixed
+        budget._fixed0 = fixed
         budget._grant_limit = budget.limit
         budget._watch_rss = bool(rss)  # 0: no reading on this platform
         return budget
@@ -218,21 +224,29 @@ class MemoryBudget:
 
     def _learn_fixed(self) -> None:
         """Move what the process holds beyond its account from the working share to the fixed
-        part, down to the working minimum.
+        part (the *lesson*), down to the working minimum; give it back as the RSS falls.
 
-        The RSS exceeds fixed part + reservations only when something the account does not
-        itemise (a kernel that loaded late, allocator holes, a temporary) took more than the
-        allowance left: from then on the account plans with the smaller working share, so the
-        caches give way instead of the soft grants of :meth:`try_reserve` filling the cap. A
-        reservation that must be had is still granted within the working share as first
-        charged once the caches are empty: a run does not stop for memory a lesson took.
+        The RSS exceeds fixed part + reservations when something the account does not itemise
+        (a kernel that loaded late, allocator holes, a temporary) took more than the allowance
+        left: the account then plans with the smaller working share, so the caches give way
+        instead of the soft grants of :meth:`try_reserve` filling the cap. A reservation that
+        must be had is still granted within the working share as first charged once the
+        caches are empty: a run does not stop for memory a lesson took.
+
+        The lesson rises at once and falls with a half-life of LESSON_HALF_LIFE seconds to
+        what the RSS shows: a transient is not a fixed part. (It was one-way: the moment an
+        exact IBCD run at --memory 768M spilled its 400 MB active set, the RSS still held the
+        buffers the account had released; the lesson took 300 MB for good, the working share
+        fell from 552 to 229 MiB, and the RSS stayed at 460 MiB for the rest of the run.)
         """
-        over = self._rss - self.fixed - self._used
-        room = self.limit - MIN_WORKING_BYTES
-        if over > 0 and room > 0:
-            over = min(over, room)
-            self.fixed += over
-            self.limit -= over
+        now = time.monotonic()
+        excess = self._rss - self._fixed0 - self._used
+        kept = self._lesson * 0.5 ** ((now - self._lesson_at) / LESSON_HALF_LIFE)
+        lesson = round(max(excess, kept, 0))
+        lesson = min(lesson, max(0, self._grant_limit - MIN_WORKING_BYTES))
+        self._lesson, self._lesson_at = lesson, now
+        self.fixed = self._fixed0 + lesson
+        self.limit = self._grant_limit - lesson
 
     def _free_now(self) -> float:
         free = self.limit - self._used

@@ -385,20 +385,26 @@ class ActiveSet:
         need = self._bytes_for(self.m, self.nnz, spilled=False)
         if need > 0.5 * self.resident_share * self.budget.limit:
             return
-        # S takes its quota from the caches: a trial reservation evicts their LRU entries
-        if not self.budget.try_reserve(need + self._reserved):
+        # S takes its quota from the caches: a reservation evicts their LRU entries. The rows
+        # read back are held beside the buffers they are copied into: both are paid for (the
+        # read was not; a 1g run's RSS passed its account by up to a whole S there)
+        if not self.budget.try_reserve(2 * need + self._reserved):
             return
         self.budget.release(need + self._reserved)
-        X = self.read(0, self.m)
-        rows, y, sqn, alpha = (self.rows[: self.m].copy(), self.y[: self.m].copy(),
-                               self.sqn[: self.m].copy(), self.alpha[: self.m].copy())
-        shutil.rmtree(self._dir, ignore_errors=True)
-        self._dir = None
-        self.spilled = False
-        self.budget.release(self._reserved)
-        self._reserved, self._cap_rows, self._cap_nnz = 0, 0, 0
-        self.m, self.nnz = 0, 0
-        self.add(rows, X, y, sqn, alpha)
+        try:
+            X = self.read(0, self.m)
+            rows, y, sqn, alpha = (self.rows[: self.m].copy(), self.y[: self.m].copy(),
+                                   self.sqn[: self.m].copy(), self.alpha[: self.m].copy())
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+            self.spilled = False
+            self.budget.release(self._reserved)
+            self._reserved, self._cap_rows, self._cap_nnz = 0, 0, 0
+            self.m, self.nnz = 0, 0
+            self.add(rows, X, y, sqn, alpha)
+            del X
+        finally:
+            self.budget.release(need)
 
     def release(self) -> None:
         self.budget.release(self._reserved)

@@ -661,14 +661,17 @@ def _inner_loop(rows_src, forest, S, in_S, checker, w, w_t, *, loss, C, s, bias,
             # MIN_CHECK_ROWS) join now; a later query or check finds the others again (1.02M
             # rows at --memory 224M: 1000 rows needed 6.3 MB where 6.28 MB was free, and the
             # run stopped after 110 s)
-            k_in = reserve_rows(budget, k, 2 * row_bytes, "IBCD fresh rows")
+            # (three copies at most: the parts from cached blocks and the read, a read's
+            # permutation into the order asked, the copy in query order; a 1g run's RSS
+            # passed its account by 60 MiB there with two reserved)
+            k_in = reserve_rows(budget, k, 3 * row_bytes, "IBCD fresh rows")
             stats["fetches_cut"] += int(k_in < k)
             try:
                 XN, yN = rows_src.fetch(rows_N[:k_in])
                 rearranged = join(rows_N[:k_in], XN, yN)
                 del XN, yN
             finally:
-                budget.release(2 * k_in * row_bytes)
+                budget.release(3 * k_in * row_bytes)
             if rearranged:
                 r, m_old = 0, S.m - k_in  # S was rearranged: the new rows are its last k_in
         # the block: N and the next n_e - |N| rows of the old S, cyclically

@@ -152,11 +152,20 @@ def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fix
     assert b.try_reserve(limit - (80 << 20)) and freed
     assert not b.try_reserve(40 << 20)
     b.release(limit - (80 << 20))
-    # what is within the account teaches nothing: reservations not yet touched, say
-    monkeypatch.setattr(B, "current_rss_bytes", lambda: fixed)
+    # once the RSS no longer shows it, the lesson falls by half every LESSON_HALF_LIFE
+    # seconds (a transient is not a fixed part), and never below what the RSS shows
+    clock = [B.time.monotonic()]
+    monkeypatch.setattr(B.time, "monotonic", lambda: clock[0])
+    b._lesson_at = clock[0]
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: fixed + (50 << 20) + (10 << 20))
+    clock[0] += B.LESSON_HALF_LIFE
     b._rss_at = -float("inf")
     b.available
-    assert b.fixed == fixed + (40 << 20)
+    assert b.fixed == pytest.approx(fixed + (20 << 20), abs=1 << 12) and b.cap == fixed + limit
+    clock[0] += 10 * B.LESSON_HALF_LIFE
+    b._rss_at = -float("inf")
+    b.available
+    assert b.fixed == fixed + (10 << 20) and b.limit == limit - (10 << 20)
     # the working share never falls below the minimum a run needs
     monkeypatch.setattr(B, "current_rss_bytes", lambda: b.cap * 2)
     b._rss_at = -float("inf")
