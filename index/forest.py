@@ -727,6 +727,30 @@ class Forest:
                               f"differs from the stored row (the data were rewritten after "
                               f"the index was built).")
 
+    def verify(self) -> int:
+        """Decode every node record of every tree (each one checked, its rows inside its
+        parent's and its block's); raises :class:`IndexStateError` at the first fault.
+        Returns the number of records read."""
+        seen = 0
+        for t, h in enumerate(self.headers):
+            if h.n_internal == 0:
+                continue
+            todo = [(0, int(self.block_offsets[t]), int(self.block_offsets[t + 1]))]
+            left = h.n_internal  # a cycle of child ids would otherwise never end
+            while todo:
+                v, lo, hi = todo.pop()
+                node = self._decode(t, v)
+                seen += 1
+                left -= 1
+                if node.start < lo or node.stop > hi or left < 0:
+                    raise self._error(f"The index of store {self.name} is corrupted: node {v} "
+                                      f"of tree {t} lies outside its parent's rows.")
+                for c, a, b, leaf in zip(node.child_id.tolist(), node.child_start.tolist(),
+                                         node.child_stop.tolist(), node.child_leaf.tolist()):
+                    if not leaf:
+                        todo.append((c, a, b))
+        return seen
+
     # ---------------------------------------------------------------- state
     @property
     def n_blocks(self) -> int:

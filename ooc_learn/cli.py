@@ -232,6 +232,51 @@ def info_main(argv=None) -> int:
     return run_command("ooc-info", _info_parser(), _info_body, argv)
 
 
+# ---- ooc-check ----------------------------------------------------------------------------
+def _check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ooc-check",
+        description="Verify a store: its header, every block against its digest, the row "
+                    "pointers and column indices, and the index's files and records. Exit 0 "
+                    "when whole, 2 when damaged (one line for each fault).")
+    p.add_argument("store", metavar="STORE")
+    _add_common(p)
+    return p
+
+
+def _check_body(args):
+    from tqdm.auto import tqdm
+
+    from ooc_learn.storage.errors import StoreFormatError
+    from ooc_learn.storage.store import open_store
+
+    with open_store(args.store, memory=_budget(args)) as store:
+        with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
+                  leave=False) as bar:
+            problems = store.verify(progress=lambda b: bar.update(1))
+        digests = store.has_digests
+        if store.has_index:
+            from ooc_learn.index.forest import open_forest
+
+            try:
+                with open_forest(store) as forest:
+                    forest.verify()
+            except OOCError as exc:
+                problems.append(exc.message)
+    faults = [p for p in problems if "no block digests" not in p]
+    if faults:
+        raise StoreFormatError("\n".join(faults), "Re-create the store from its source: "
+                               "ooc-ingest SOURCE -o STORE --overwrite")
+    out = {"store": args.store, "ok": True, "digests": digests, "blocks": store.n_blocks,
+           "notes": problems}
+    return {"json": out, "text": f"{args.store}: whole ({store.n_blocks} blocks"
+            + (", digests checked)" if digests else ", structure only: no digests)")}
+
+
+def check_main(argv=None) -> int:
+    return run_command("ooc-check", _check_parser(), _check_body, argv)
+
+
 # ---- ooc-train ----------------------------------------------------------------------------
 def _train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
