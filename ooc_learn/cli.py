@@ -329,6 +329,7 @@ def _open_eval_data(path, model, budget, stack):
     import tempfile
     from pathlib import Path
 
+    from ooc_learn.storage.errors import IngestError
     from ooc_learn.storage.store import is_store, open_store
 
     if is_store(path):
@@ -337,9 +338,24 @@ def _open_eval_data(path, model, budget, stack):
 
     tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ooc-eval-"))
     pos = model.meta.get("label_map", {}).get("positive")
-    store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
-                   n_features=model.n_features_in_, positive_label=pos, task="binary"
-                   if pos is None else "auto")
+    # a LIBSVM file is read with the training store's index base, decided once at its ingest
+    # (auto-detected apart, a stray "0:" in either file shifted every feature of one of them:
+    # 57 % test accuracy, exit 0); a contradiction is refused with the file and line
+    base = model.meta.get("zero_based")
+    try:
+        store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
+                       n_features=model.n_features_in_, positive_label=pos,
+                       task="binary" if pos is None else "auto",
+                       zero_based="auto" if base is None else bool(base))
+    except IngestError as exc:
+        if base is False and exc.line is not None and "index 0" in exc.message:
+            raise IngestError(
+                "Feature index 0 found, but the model's training data are 1-based (its "
+                "store decided the index base at ingest).",
+                "Write this file with 1-based indices like the training file, or re-ingest "
+                "the training file with --zero-based if it is 0-based.",
+                path=exc.path, line=exc.line) from None
+        raise
     return stack.enter_context(store)
 
 

@@ -137,7 +137,7 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
             w, bias=bias, classes=classes, solver=solver, loss=loss, C=C, s=s,
             eps=eps, block_solver=block_solver if solver == "ibcd" else None,
             store=str(st.path), store_fingerprint=st.fingerprint(),
-            label_map=st.label_map, stats=stats)
+            label_map=st.label_map, zero_based=st.metadata.get("zero_based"), stats=stats)
     finally:
         if opened:
             st.close()

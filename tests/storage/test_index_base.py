@@ -1,0 +1,53 @@
+"""The LIBSVM index base is decided once, at the training store's ingest: --test and
+ooc-predict files are read with it (a stray "0:" shifted every feature of one file, 57 %
+accuracy with exit 0), and a test file that contradicts it is refused with its file:line."""
+
+import json
+
+import numpy as np
+from sklearn.datasets import dump_svmlight_file
+
+from ooc_learn.cli import ingest_main, predict_main, train_main
+
+
+def data(n, seed):
+    rng = np.random.default_rng(seed)
+    X = np.abs(rng.normal(size=(n, 12))) + 0.1  # every entry written: a shift moves them all
+    w = np.linspace(-2, 2, 12)
+    y = np.where(X @ w - np.median(X @ w) > 0, 1.0, -1.0)
+    return X, y
+
+
+def test_a_stray_zero_in_the_train_file_does_not_shift_the_test_file(tmp_path, capsys):
+    X, y = data(800, 0)
+    train = tmp_path / "train.svm"
+    dump_svmlight_file(X, y, str(train), zero_based=False)  # 1-based, indices 1..12
+    lines = train.read_text().splitlines()
+    lines[5] += " 0:1"  # one stray "0:": the store is read as 0-based (13 features)
+    train.write_text("\n".join(lines) + "\n")
+    Xt, yt = data(400, 1)
+    test = tmp_path / "test.svm"
+    dump_svmlight_file(Xt, yt, str(test), zero_based=False)  # 1-based, no zero
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(train), "-o", str(store), "--quiet"]) == 0
+    capsys.readouterr()
+    assert train_main([str(store), "-o", str(model), "--quiet", "--json", "--test",
+                       str(test)]) == 0
+    acc = json.loads(capsys.readouterr().out)["test_accuracy"]
+    assert acc > 0.9  # the test file read with the store's base: the same columns
+    assert predict_main([str(model), str(test), "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == acc
+
+
+def test_a_test_file_that_contradicts_the_stores_base_is_refused(tmp_path, capsys):
+    X, y = data(300, 0)
+    train, test = tmp_path / "train.svm", tmp_path / "test.svm"
+    dump_svmlight_file(X, y, str(train), zero_based=False)
+    dump_svmlight_file(X[:50], y[:50], str(test), zero_based=True)  # has index 0
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(train), "-o", str(store), "--quiet"]) == 0
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    capsys.readouterr()
+    assert predict_main([str(model), str(test), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Feature index 0" in err and f"{test}, line 1" in err and "1-based" in err
