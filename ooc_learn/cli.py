@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from typing import Callable
 
@@ -64,21 +65,30 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     limit_allocator_retention()
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
+    stop = _StopSignals()
     try:
         result = body(args)
-    except OOCError as exc:
-        print(f"{prog}: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"{prog}: hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except OSError as exc:  # the disk, not the data: one line, the file and the fix
-        message, hint, code = _os_error(exc)
-        print(f"{prog}: {message}", file=sys.stderr)
-        print(f"{prog}: hint: {hint}", file=sys.stderr)
-        return code
+    except BaseException as exc:
+        if stop.signum is not None:
+            # SIGINT or SIGTERM: whatever the exception became on its way out (h5py or numba
+            # can wrap it), one line and 128 + the signal; the work's own cleanup (a
+            # temporary store, a spill folder) ran while it unwound
+            what = "interrupted" if stop.signum == signal.SIGINT else "terminated"
+            print(f"{prog}: {what}; no partial output is left", file=sys.stderr)
+            return 128 + stop.signum
+        if isinstance(exc, OOCError):
+            print(f"{prog}: {exc.message}", file=sys.stderr)
+            if exc.hint:
+                print(f"{prog}: hint: {exc.hint}", file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, OSError):  # the disk, not the data: one line, the file and the fix
+            message, hint, code = _os_error(exc)
+            print(f"{prog}: {message}", file=sys.stderr)
+            print(f"{prog}: hint: {hint}", file=sys.stderr)
+            return code
+        raise
+    finally:
+        stop.restore()
     if result is None:
         return 0
     budget = getattr(args, "budget_", None)
@@ -96,6 +106,30 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     else:
         print(result["text"])
     return 0
+
+
+class _StopSignals:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (SIGTERM's default would
+    kill the process before any cleanup) and are remembered, so that ``run_command`` answers
+    one line and 130 / 143 whatever exception the signal turned into."""
+
+    def __init__(self):
+        self.signum = None
+        self._old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._raise)
+            except ValueError:  # not the main thread: leave the handlers alone
+                pass
+
+    def _raise(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+            raise KeyboardInterrupt
+
+    def restore(self):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _os_error(exc: OSError) -> tuple[str, str, int]:

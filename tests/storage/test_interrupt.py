@@ -1,0 +1,80 @@
+"""SIGINT and SIGTERM stop a command with one line and 130 / 143: no traceback, and no
+temporary store, spill folder or half-written output left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from sklearn.datasets import dump_svmlight_file
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals")
+
+
+def cmd(name):
+    return [sys.executable, "-c",
+            f"import sys; from ooc_learn.cli import {name}; sys.exit({name}())"]
+
+
+def big_source(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(5000, 20))
+    part = tmp_path / "part.svm"
+    dump_svmlight_file(X, np.sign(X[:, 0]), str(part))
+    src = tmp_path / "big.svm"
+    src.write_text(part.read_text() * 40)  # 200k rows: a few seconds of ingest
+    part.unlink()
+    return src
+
+
+def stop_when(proc, ready, sig, timeout=60):
+    t0 = time.monotonic()
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < timeout
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    t1 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err, time.monotonic() - t1
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ingest_stops_cleanly(tmp_path, sig, code):
+    src = big_source(tmp_path)
+    proc = subprocess.Popen(cmd("ingest_main") + [str(src), "-o", str(tmp_path / "s"),
+                                                  "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rc, err, waited = stop_when(
+        proc, lambda: any(p.name.startswith(".s.ooc-tmp-") for p in tmp_path.iterdir()), sig)
+    assert rc == code, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert waited < 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.svm"]  # nothing left
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_training_stops_cleanly(tmp_path, sig, code):
+    src = big_source(tmp_path)
+    store = tmp_path / "s"
+    assert subprocess.run(cmd("ingest_main") + [str(src), "-o", str(store), "--quiet"],
+                          capture_output=True).returncode == 0
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    model = tmp_path / "m.npz"
+    proc = subprocess.Popen(cmd("train_main") + [str(store), "-o", str(model), "--C", "10",
+                                                 "--memory", "232M", "--spill-dir",
+                                                 str(spill), "--max-outer", "1000",
+                                                 "--solver", "dcd"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()  # past the imports, into the epochs (dcd runs 100,000 of them)
+    rc, err, waited = stop_when(proc, lambda: time.monotonic() - t0 > 3, sig)
+    assert rc == code, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].endswith("no partial output is left"), err
+    assert waited < 10
+    assert not model.exists() and not list(spill.iterdir())
+    assert not [p for p in tmp_path.iterdir() if ".ooc-tmp-" in p.name]
