@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Callable
@@ -75,18 +76,21 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
             # temporary store, a spill folder) ran while it unwound
             what = "interrupted" if stop.signum == signal.SIGINT else "terminated"
             print(f"{prog}: {what}; no partial output is left", file=sys.stderr)
+            if getattr(args, "json", False):
+                print(json.dumps({"error": what, "hint": "", "exit_code": 128 + stop.signum}))
             return 128 + stop.signum
         if isinstance(exc, OOCError):
-            print(f"{prog}: {exc.message}", file=sys.stderr)
-            if exc.hint:
-                print(f"{prog}: hint: {exc.hint}", file=sys.stderr)
-            return exc.exit_code
-        if isinstance(exc, OSError):  # the disk, not the data: one line, the file and the fix
+            message, hint, code = exc.message, exc.hint, exc.exit_code
+        elif isinstance(exc, OSError):  # the disk, not the data: the file and the fix
             message, hint, code = _os_error(exc)
-            print(f"{prog}: {message}", file=sys.stderr)
+        else:
+            raise
+        print(f"{prog}: {message}", file=sys.stderr)
+        if hint:
             print(f"{prog}: hint: {hint}", file=sys.stderr)
-            return code
-        raise
+        if getattr(args, "json", False):  # --json: the failure is JSON on stdout too
+            print(json.dumps({"error": message, "hint": hint, "exit_code": code}))
+        return code
     finally:
         stop.restore()
     if result is None:
@@ -358,6 +362,26 @@ def _train_parser() -> argparse.ArgumentParser:
     return p
 
 
+EVAL_PREFIX = "ooc-eval-"
+
+
+def _eval_prefix() -> str:
+    """The prefix of this process's temporary evaluation store (``--test`` / ooc-predict on a
+    text file), named after its pid; those of processes that are gone (a killed run cannot
+    remove its own) are removed first."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ooc_learn.storage.resources import process_gone
+
+    for old in Path(tempfile.gettempdir()).glob(f"{EVAL_PREFIX}*"):
+        pid = old.name[len(EVAL_PREFIX):].split("-")[0]
+        if pid.isdigit() and process_gone(pid):
+            shutil.rmtree(old, ignore_errors=True)
+    return f"{EVAL_PREFIX}{os.getpid()}-"
+
+
 def _open_eval_data(path, model, budget, stack):
     """A store for evaluation: an existing store, or a source file ingested to a temp dir."""
     import tempfile
@@ -370,7 +394,7 @@ def _open_eval_data(path, model, budget, stack):
         return stack.enter_context(open_store(path, memory=budget))
     from ooc_learn.api import ingest
 
-    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ooc-eval-"))
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=_eval_prefix()))
     pos = model.meta.get("label_map", {}).get("positive")
     # a LIBSVM file is read with the training store's index base, decided once at its ingest
     # (auto-detected apart, a stray "0:" in either file shifted every feature of one of them:

@@ -274,3 +274,28 @@ def test_recover_puts_an_old_store_set_aside_back(tmp_path):
         assert s.n_samples == 50
     rp.remove_stale(out)
     assert not leftovers(tmp_path, "s")
+
+
+def test_a_killed_runs_eval_store_is_removed_by_the_next(tmp_path, capsys):
+    import tempfile
+
+    src = write_source(tmp_path / "train.svm", 200, 0)
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(src), "-o", str(store), "--quiet"]) == 0
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    dead = 2 ** 22 + 4321
+    stale = os.path.join(tempfile.gettempdir(), f"ooc-eval-{dead}-abc")
+    os.makedirs(os.path.join(stale, "eval.store"), exist_ok=True)
+    assert predict_main([str(model), str(src), "--quiet"]) == 0  # a text file: an eval store
+    assert not os.path.exists(stale)
+    mine = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"ooc-eval-{os.getpid()}-")]
+    assert not mine  # this run's own is gone too
+
+
+def test_json_failures_are_json(tmp_path, capsys):
+    import json
+
+    assert ingest_main([str(tmp_path / "missing.svm"), "-o", str(tmp_path / "s"),
+                        "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["exit_code"] == 2 and "missing.svm" in out["error"] and out["hint"]
