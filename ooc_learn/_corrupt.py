@@ -164,6 +164,9 @@ STRUCTURAL = {
     "index data.mdb cut": _index_file("data.mdb", lambda p: os.truncate(p, p.stat().st_size // 3)),
     "index manifest not JSON": _index_file("manifest.json", lambda p: p.write_text("{")),
     "index manifest gone": _index_file("manifest.json", lambda p: p.unlink()),
+    "index data.mdb gone": _index_file("data.mdb", lambda p: p.unlink()),
+    "data.h5 gone": lambda s: (Path(s, "data.h5").unlink(), "data.h5 removed")[1],
+    "data.h5 replaced by text": lambda s: (Path(s, "data.h5").write_text("hello"), "text")[1],
     "meta.json garbled": lambda s: (Path(s, "meta.json").write_text("{x"), "meta.json")[1],
 }
 # what leaves a store that still works (the damage is to a copy nothing reads)
