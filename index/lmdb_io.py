@@ -52,6 +52,7 @@ import scipy.sparse as sp
 
 from ooc_learn.storage.errors import IndexStateError, ParameterError
 from ooc_learn.storage.replace import recover, remove_stale, replace_dir, temp_sibling
+from ooc_learn.storage.resources import check_stop
 
 from .tree import FlatTree
 
@@ -432,6 +433,11 @@ class ForestWriter:
                        "data.mdb": {"size": size, "crc32": crc}}, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        try:
+            check_stop()  # the last point where a stop leaves the old index as it was
+        except BaseException:
+            self.abort()
+            raise
         replace_dir(self._tmp, self.path)  # the old index or the new one, at every instant
         return self.path
 

@@ -113,9 +113,9 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
 
 
 class _StopSignals:
-    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (SIGTERM's default would
-    kill the process before any cleanup) and are remembered, so that ``run_command`` answers
-    one line and 130 / 143 whatever exception the signal turned into."""
+    """SIGINT and SIGTERM stop the work at its next safe point by a KeyboardInterrupt
+    (SIGTERM's default would kill the process before any cleanup) and are remembered, so that
+    ``run_command`` answers one line and 130 / 143 whatever exception the stop became."""
 
     def __init__(self):
         self.signum = None
@@ -127,9 +127,17 @@ class _StopSignals:
                 pass
 
     def _raise(self, signum, frame):
+        # the first signal is a request, taken at the work's next safe point (a reservation,
+        # a store read, a parsed chunk: resources.check_stop); raising here could land inside
+        # a helper a numba kernel calls back into, and crash the process; a second one
+        # raises at once
+        from ooc_learn.storage.resources import request_stop
+
         if self.signum is None:
             self.signum = signum
-            raise KeyboardInterrupt
+            request_stop(signum)
+            return
+        raise KeyboardInterrupt
 
     def restore(self):
         for sig, old in self._old.items():
@@ -459,6 +467,9 @@ def _train_body(args):
     bar = tqdm(desc="train", unit="outer", disable=args.quiet, leave=False)
 
     def on_outer(entry):
+        from ooc_learn.storage.resources import check_stop
+
+        check_stop()  # a safe point for SIGINT / SIGTERM, one an outer iteration or epoch
         bar.update(1)
         if isinstance(entry, dict):
             bar.set_postfix({k: entry[k] for k in ("objective_S", "active_set", "rows_read")

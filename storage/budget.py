@@ -28,6 +28,7 @@ import time
 from typing import Callable
 
 from .errors import BudgetExceededError, ParameterError
+from .resources import check_stop
 
 __all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes",
            "current_rss_bytes", "LATE_LOAD_BYTES", "late_load_bytes", "MIN_WORKING_BYTES"]
@@ -286,6 +287,7 @@ class MemoryBudget:
 
     def try_reserve(self, nbytes: int, *, evict: bool = True) -> bool:
         """Reserve ``nbytes`` if it fits (after evicting cache entries); return success."""
+        check_stop()  # a safe point for SIGINT / SIGTERM (see resources.request_stop)
         nbytes = int(nbytes)
         with self._lock:
             if nbytes > self._free_now() and evict:

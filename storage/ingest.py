@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from .budget import MemoryBudget, format_size
 from .errors import BudgetExceededError, IngestError, ParameterError
 from .replace import check_store_target, remove_stale, replace_dir, temp_sibling
-from .resources import peak_rss_bytes
+from .resources import check_stop, peak_rss_bytes
 from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records, read_bucket,
                       plan_blocks)
 from .store import Store, StoreWriter, row_sqnorms
@@ -320,6 +320,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                              seed=seed, progress=progress, chunks=_chunks,
                              chunks_total=_chunks_total)
         check_store_target(out, overwrite=overwrite, sources=sources)  # it may have appeared
+        check_stop()  # the last point where a stop leaves the old store as it was
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -501,6 +502,7 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_colu
             rows_before = p.n
             done_before = 0
             for ch in chunk_iter:
+                check_stop()  # a safe point for SIGINT / SIGTERM
                 _check_finite_labels(ch.labels, name, ch)
                 if zero_based is False and ch.min_index == 0 and "libsvm" in p.formats:
                     raise IngestError("Feature index 0 found but zero_based=False.",
@@ -619,6 +621,7 @@ def _write_blocks(writer, forest, buckets: list, plan, offsets, *, shape: _Shape
             dropped.append(unlinker.submit(path.unlink))
 
         for c in range(len(offsets) - 1):
+            check_stop()  # a safe point for SIGINT / SIGTERM, one a block
             while nxt < len(buckets) and starts[nxt] < offsets[c + 1]:
                 path, rows = buckets[nxt]
                 if rows:

@@ -21,6 +21,7 @@ from .cache import LRUCache
 from .errors import (BudgetExceededError, ClosedError, IndexStateError, ParameterError,
                      StoreFormatError)
 from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE, TMP_MARKER
+from .resources import check_stop
 
 __all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order",
            "matrix_nbytes", "stack_rows", "rows_one_by_one"]
@@ -499,6 +500,7 @@ class Store:
         """Rows ``start:stop`` of the store as ``(X, y, row_ids)``; one read per dataset
         (``ids=False`` skips the row ids, returning None for them: one read fewer)."""
         self._check_open()
+        check_stop()  # a safe point for SIGINT / SIGTERM
         start, stop = int(start), int(stop)
         if not (0 <= start <= stop <= self.n_samples):
             raise IndexError(f"row range {start}:{stop} outside 0:{self.n_samples}")
@@ -922,4 +924,9 @@ def rewrite_block_order(store_path, perms, *, memory=None) -> None:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    try:
+        check_stop()  # the last point where a stop leaves the old store as it was
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     replace_dir(tmp, store_path)
