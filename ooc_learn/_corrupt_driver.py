@@ -27,7 +27,7 @@ def run(fn, argv):
 
 
 def main(argv):
-    from ooc_learn.cli import check_main, predict_main, train_main
+    from ooc_learn.cli import check_main, train_main
 
     out, stores = argv[0], argv[1:]
     model = f"{out}/driver-model.npz"

@@ -1,7 +1,6 @@
 """SIGINT and SIGTERM stop a command with one line and 130 / 143: no traceback, and no
 temporary store, spill folder or half-written output left behind."""
 
-import os
 import signal
 import subprocess
 import sys
