@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ooc_learn.storage.store import HASHED, digest
+from ooc_learn.storage.store import HASHED, block_digests
 
 __all__ = ["flip_byte", "truncate", "STRUCTURAL", "corpus"]
 
@@ -62,7 +62,7 @@ def _rehash(f) -> None:
             ip = f["indptr"][lo:hi + 1]
             parts.update(indptr=ip, indices=f["indices"][int(ip[0]):int(ip[-1])],
                          data=f["data"][int(ip[0]):int(ip[-1])])
-        h[b] = [digest(parts[k]) for k in HASHED[layout]]
+        h[b] = block_digests(parts, layout)
     f["block_hash"][...] = h
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 from ooc_learn._json import jsonable
 from ooc_learn.storage.budget import MemoryBudget, parse_size
 from ooc_learn.storage.errors import OOCError, ParameterError
+from ooc_learn.storage.resources import check_stop, request_stop
 
 __all__ = ["ingest_main", "info_main", "run_command"]
 
@@ -131,8 +132,6 @@ class _StopSignals:
         # a store read, a parsed chunk: resources.check_stop); raising here could land inside
         # a helper a numba kernel calls back into, and crash the process; a second one
         # raises at once
-        from ooc_learn.storage.resources import request_stop
-
         if self.signum is None:
             self.signum = signum
             request_stop(signum)
@@ -294,13 +293,12 @@ def _check_body(args):
     from tqdm.auto import tqdm
 
     from ooc_learn.storage.errors import StoreFormatError
-    from ooc_learn.storage.store import open_store
+    from ooc_learn.storage.store import REBUILD_HINT, open_store
 
     with open_store(args.store, memory=_budget(args)) as store:
         with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
                   leave=False) as bar:
             problems = store.verify(progress=lambda b: bar.update(1))
-        digests = store.has_digests
         if store.has_index:
             from ooc_learn.index.forest import open_forest
 
@@ -309,14 +307,13 @@ def _check_body(args):
                     forest.verify()
             except OOCError as exc:
                 problems.append(exc.message)
-    faults = [p for p in problems if "no block digests" not in p]
-    if faults:
-        raise StoreFormatError("\n".join(faults), "Re-create the store from its source: "
-                               "ooc-ingest SOURCE -o STORE --overwrite")
-    out = {"store": args.store, "ok": True, "digests": digests, "blocks": store.n_blocks,
-           "notes": problems}
-    return {"json": out, "text": f"{args.store}: whole ({store.n_blocks} blocks"
-            + (", digests checked)" if digests else ", structure only: no digests)")}
+    if problems:
+        raise StoreFormatError("\n".join(problems), REBUILD_HINT)
+    out = {"store": args.store, "ok": True, "digests": store.has_digests,
+           "blocks": store.n_blocks}
+    return {"json": out, "text": f"{args.store}: whole ({store.n_blocks} blocks, "
+            + ("digests checked)" if store.has_digests else
+               "structure only: written before block digests)")}
 
 
 def check_main(argv=None) -> int:
@@ -377,16 +374,11 @@ def _eval_prefix() -> str:
     """The prefix of this process's temporary evaluation store (``--test`` / ooc-predict on a
     text file), named after its pid; those of processes that are gone (a killed run cannot
     remove its own) are removed first."""
-    import shutil
     import tempfile
-    from pathlib import Path
 
-    from ooc_learn.storage.resources import process_gone
+    from ooc_learn.storage.resources import remove_dead_owned
 
-    for old in Path(tempfile.gettempdir()).glob(f"{EVAL_PREFIX}*"):
-        pid = old.name[len(EVAL_PREFIX):].split("-")[0]
-        if pid.isdigit() and process_gone(pid):
-            shutil.rmtree(old, ignore_errors=True)
+    remove_dead_owned(tempfile.gettempdir(), EVAL_PREFIX)
     return f"{EVAL_PREFIX}{os.getpid()}-"
 
 
@@ -395,7 +387,6 @@ def _open_eval_data(path, model, budget, stack):
     import tempfile
     from pathlib import Path
 
-    from ooc_learn.storage.errors import IngestError
     from ooc_learn.storage.store import is_store, open_store
 
     if is_store(path):
@@ -408,20 +399,10 @@ def _open_eval_data(path, model, budget, stack):
     # (auto-detected apart, a stray "0:" in either file shifted every feature of one of them:
     # 57 % test accuracy, exit 0); a contradiction is refused with the file and line
     base = model.meta.get("zero_based")
-    try:
-        store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
-                       n_features=model.n_features_in_, positive_label=pos,
-                       task="binary" if pos is None else "auto",
-                       zero_based="auto" if base is None else bool(base))
-    except IngestError as exc:
-        if base is False and exc.line is not None and "index 0" in exc.message:
-            raise IngestError(
-                "Feature index 0 found, but the model's training data are 1-based (its "
-                "store decided the index base at ingest).",
-                "Write this file with 1-based indices like the training file, or re-ingest "
-                "the training file with --zero-based if it is 0-based.",
-                path=exc.path, line=exc.line) from None
-        raise
+    store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
+                   n_features=model.n_features_in_, positive_label=pos,
+                   task="binary" if pos is None else "auto",
+                   zero_based="auto" if base is None else bool(base))
     return stack.enter_context(store)
 
 
@@ -430,14 +411,10 @@ PREDICTIONS_HEADER = "row_id,label,decision\n"
 
 def _check_model_output(path) -> None:
     """Refuse, before any work, a model path that is not one or holds a file not ours."""
-    from pathlib import Path
-
-    from ooc_learn.model import MODEL_SUFFIXES, is_model_file
+    from ooc_learn.model import check_model_suffix, is_model_file
     from ooc_learn.storage.replace import check_file_target
 
-    if Path(path).suffix.lower() not in MODEL_SUFFIXES:
-        raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got {path!r}.",
-                             "Choose e.g. -o model.npz.")
+    check_model_suffix(path)
     check_file_target(path, is_ours=is_model_file, kind="model")
 
 
@@ -467,8 +444,6 @@ def _train_body(args):
     bar = tqdm(desc="train", unit="outer", disable=args.quiet, leave=False)
 
     def on_outer(entry):
-        from ooc_learn.storage.resources import check_stop
-
         check_stop()  # a safe point for SIGINT / SIGTERM, one an outer iteration or epoch
         bar.update(1)
         if isinstance(entry, dict):

@@ -46,6 +46,15 @@ MODEL_VERSION = 1
 MODEL_SUFFIXES = (".npz", ".h5", ".hdf5")
 
 
+def check_model_suffix(path) -> str:
+    """The model file's suffix, or :class:`ParameterError` when it is not one we write."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in MODEL_SUFFIXES:
+        raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got "
+                             f"{Path(path).name!r}.", "Choose e.g. -o model.npz.")
+    return suffix
+
+
 def _checksum(coef, intercept, classes, meta: str) -> int:
     """CRC-32 of everything a model file holds beside its checksum."""
     crc = zlib.crc32(np.ascontiguousarray(coef, dtype="<f8").tobytes())
@@ -196,10 +205,7 @@ class LinearModel:
         """Write the model to ``.npz`` or ``.h5``/``.hdf5`` (no pickle), atomically. Returns
         the path."""
         path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix not in MODEL_SUFFIXES:
-            raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got {path.name!r}.",
-                                 "Choose e.g. -o model.npz.")
+        suffix = check_model_suffix(path)
         classes = self.classes_
         if classes.dtype.kind == "O":
             classes = classes.astype(str)

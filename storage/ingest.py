@@ -505,9 +505,12 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_colu
                 check_stop()  # a safe point for SIGINT / SIGTERM
                 _check_finite_labels(ch.labels, name, ch)
                 if zero_based is False and ch.min_index == 0 and "libsvm" in p.formats:
-                    raise IngestError("Feature index 0 found but zero_based=False.",
-                                      "Drop --one-based (indices are 0-based).", path=name,
-                                      line=ch.first_line)
+                    raise IngestError(
+                        "Feature index 0 found, but the indices were declared 1-based (by "
+                        "--one-based, or by the training store of the model this file is "
+                        "scored with).",
+                        "Drop --one-based if the file is 0-based; a test file must use the "
+                        "training file's index base.", path=name, line=ch.first_line)
                 row0 = p.n
                 p.add(ch, name)
                 if dealer is None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .errors import StoreExistsError
 from .format import DATA_FILE, FORMAT_NAME, META_FILE, TMP_MARKER
-from .resources import process_gone
+from .resources import process_gone, remove_dead_owned
 
 __all__ = ["check_store_target", "check_file_target", "replace_dir", "recover", "atomic_file",
            "remove_stale", "temp_sibling", "is_store_dir", "fsync_tree", "fsync_dir"]
@@ -142,15 +142,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(path: Path) -> None:
     """fsync every file below ``path``, then the directories (bottom up)."""
     for root, dirs, files in os.walk(path, topdown=False):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(os.path.join(root, name))
         fsync_dir(Path(root))
 
 
@@ -238,19 +242,8 @@ def remove_stale(final) -> None:
     """Remove the temporary siblings of ``final`` whose process is gone (after
     :func:`recover`, so an old store set aside is put back rather than removed)."""
     final = Path(final)
-    if not final.parent.is_dir():
-        return
     recover(final)
-    prefix = f".{final.name}{TMP_MARKER}"
-    for p in final.parent.iterdir():
-        if p.name.startswith(prefix) and process_gone(p.name[len(prefix):].split("-")[0]):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                try:
-                    p.unlink()
-                except OSError:
-                    pass
+    remove_dead_owned(final.parent, f".{final.name}{TMP_MARKER}")
 
 
 @contextmanager
@@ -266,11 +259,7 @@ def atomic_file(path):
     tmp = temp_sibling(path)
     try:
         yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -115,6 +115,29 @@ def process_gone(pid) -> bool:
     return False
 
 
+def remove_dead_owned(folder, prefix: str) -> None:
+    """Remove the entries of ``folder`` named ``prefix + PID + "-..."`` whose process is gone:
+    the temporaries of killed runs (stores being written, spill folders, evaluation stores),
+    which cannot remove their own."""
+    import glob
+    import shutil
+    from pathlib import Path
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for p in folder.glob(f"{glob.escape(prefix)}*"):
+        if not process_gone(p.name[len(prefix):].split("-")[0]):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
 def measure_command(cmd, *, timeout: float | None = None) -> tuple[int, float, int, str]:
     """Run ``cmd`` as the only child of a fresh wrapper process and read its peak RSS there.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import scipy.sparse as sp
+import xxhash
 
 from .budget import MemoryBudget
 from .cache import LRUCache
@@ -35,25 +36,32 @@ RUN_GAP = 16
 # at ~15 GB/s here (zlib's CRC-32 at 2): the check costs a few % of a read from page cache
 HASHED = {"dense": ("X", "y", "row_id", "sqnorm"),
           "csr": ("indptr", "indices", "data", "y", "row_id", "sqnorm")}
-_REBUILD = "Re-create the store from its source: ooc-ingest SOURCE -o STORE --overwrite"
+REBUILD_HINT = "Re-create the store from its source: ooc-ingest SOURCE -o STORE --overwrite"
 
 
 def digest(a: np.ndarray) -> int:
     """xxh3-64 of an array's bytes (C order)."""
-    import xxhash
-
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(a))
 
 
-def check_csr(path, indptr: np.ndarray, indices: np.ndarray, nnz: int, d: int, where: str):
-    """Refuse row pointers that decrease or leave ``0:nnz`` and column indices outside
-    ``0:d`` (read from a damaged file, they would index out of bounds in the kernels)."""
+def block_digests(parts: dict, layout: str) -> list[int]:
+    """The digests of one block's slices of the datasets (``HASHED[layout]``, in order)."""
+    return [digest(parts[k]) for k in HASHED[layout]]
+
+
+def check_row_pointers(path, indptr: np.ndarray, nnz: int, where: str) -> None:
+    """Refuse CSR row pointers that decrease or leave ``0:nnz`` (read from a damaged file,
+    they would index out of bounds in the kernels)."""
     if indptr.size and (indptr[0] < 0 or indptr[-1] > nnz or np.any(np.diff(indptr) < 0)):
         raise StoreFormatError(f"{path}: the row pointers of {where} are damaged (decreasing "
-                               f"or outside 0:{nnz}).", _REBUILD)
+                               f"or outside 0:{nnz}).", REBUILD_HINT)
+
+
+def check_columns(path, indices: np.ndarray, d: int, where: str) -> None:
+    """Refuse CSR column indices outside ``0:d`` (see :func:`check_row_pointers`)."""
     if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= d):
         raise StoreFormatError(f"{path}: {where} holds a column index outside 0:{d} (the "
-                               "file is damaged).", _REBUILD)
+                               "file is damaged).", REBUILD_HINT)
 
 
 def matrix_nbytes(X) -> int:
@@ -117,7 +125,7 @@ class _Slicer:
             k = os.preadv(self.fd, [buf[got:]], self.offset + row * self.row_bytes + got)
             if k <= 0:
                 raise StoreFormatError(f"data.h5 ends before row {row} of one of its "
-                                       "datasets (the file is truncated).", _REBUILD)
+                                       "datasets (the file is truncated).", REBUILD_HINT)
             got += k
 
     def take(self, rows) -> np.ndarray:
@@ -228,7 +236,7 @@ class StoreWriter:
             self._nnz_pos = a + nb
         for name in ("y", "row_id", "sqnorm") + (("X",) if self.layout == "dense" else ()):
             f[name][start:stop] = parts[name]
-        self._hashes[b] = [digest(parts[k]) for k in HASHED[self.layout]]
+        self._hashes[b] = block_digests(parts, self.layout)
         self._next_block += 1
 
     def finish(self) -> None:
@@ -336,7 +344,7 @@ class Store:
         except Exception as exc:  # a missing or mistyped attribute or dataset
             self._file.close()
             raise StoreFormatError(f"{data} is damaged: its header cannot be read "
-                                   f"({type(exc).__name__}: {exc}).", _REBUILD) from None
+                                   f"({type(exc).__name__}: {exc}).", REBUILD_HINT) from None
         self._closed = False
         # dataset handles looked up once: a lookup by name costs as much as a small read
         self._ds = {name: self._file[name] for name in
@@ -370,7 +378,7 @@ class Store:
     def _read_shape(self, a) -> None:
         """The header's figures, each checked against the datasets they describe."""
         def bad(what):
-            return StoreFormatError(f"{self.path / DATA_FILE} is damaged: {what}.", _REBUILD)
+            return StoreFormatError(f"{self.path / DATA_FILE} is damaged: {what}.", REBUILD_HINT)
 
         self.n_samples = int(a["n_samples"])
         self.n_features = int(a["n_features"])
@@ -512,12 +520,10 @@ class Store:
             X = got["X"] = f["X"][start:stop]
         else:
             indptr = got["indptr"] = f["indptr"][start:stop + 1]
-            check_csr(self.path, indptr, np.empty(0, np.int32), self.nnz, self.n_features,
-                      f"rows {start}:{stop}")
+            check_row_pointers(self.path, indptr, self.nnz, f"rows {start}:{stop}")
             a, b = int(indptr[0]), int(indptr[-1])
             got["data"], got["indices"] = f["data"][a:b], f["indices"][a:b]
-            check_csr(self.path, indptr, got["indices"], self.nnz, self.n_features,
-                      f"rows {start}:{stop}")
+            check_columns(self.path, got["indices"], self.n_features, f"rows {start}:{stop}")
             X = sp.csr_matrix((got["data"], got["indices"], indptr - a),
                               shape=(stop - start, self.n_features))
         self._verify(start, stop, got)
@@ -767,11 +773,10 @@ class Store:
             else:
                 ip = ip_ds[r0:r1 + 1]
                 self.bytes_read += ip.nbytes
-            check_csr(self.path, ip, np.empty(0, np.int32), self.nnz, self.n_features,
-                      f"rows {r0}:{r1}")
+            check_row_pointers(self.path, ip, self.nnz, f"rows {r0}:{r1}")
             s0, s1 = int(ip[0]), int(ip[-1])
             dat, ind = dat_ds[s0:s1], ind_ds[s0:s1]
-            check_csr(self.path, ip, ind, self.nnz, self.n_features, f"rows {r0}:{r1}")
+            check_columns(self.path, ind, self.n_features, f"rows {r0}:{r1}")
             self.bytes_read += dat.nbytes + ind.nbytes
             sel = want[i:j] - r0
             ln = ip[sel + 1] - ip[sel]
@@ -812,7 +817,7 @@ class Store:
                     part = got[name][lo:hi]
                 if digest(part) != int(self._hashes[b, k]):
                     raise StoreFormatError(f"{self.path}: block {b} of {DATA_FILE} fails its "
-                                           f"checksum ({name}): the file is damaged.", _REBUILD)
+                                           f"checksum ({name}): the file is damaged.", REBUILD_HINT)
 
     @property
     def has_digests(self) -> bool:
@@ -820,13 +825,11 @@ class Store:
         return self._hashes is not None
 
     def verify(self, progress=None) -> list[str]:
-        """Read every block and check it (digests, row pointers, column indices, labels of a
-        binary store); returns what is wrong, one line each (empty: the store is whole)."""
+        """Read every block and check it (digests where the store has them, see
+        :attr:`has_digests`; row pointers, column indices, labels of a binary store); returns
+        what is wrong, one line each (empty: the store is whole)."""
         self._check_open()
         problems = []
-        if self._hashes is None:
-            problems.append(f"{self.path} carries no block digests (written by an older "
-                            "ooc-learn): only its structure was checked.")
         for b in range(self.n_blocks):
             lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
             try:

@@ -322,11 +322,9 @@ class ActiveSet:
         files; the folders of runs whose process is gone (a killed run cannot remove its
         own: 13 of them, up to 139 MB each, had piled up beside a benchmark's stores) are
         removed first."""
-        from ooc_learn.storage.resources import process_gone
+        from ooc_learn.storage.resources import remove_dead_owned
 
-        for old in Path(base).glob(f"{SPILL_PREFIX}*"):
-            if process_gone(old.name[len(SPILL_PREFIX):].split("-")[0]):
-                shutil.rmtree(old, ignore_errors=True)
+        remove_dead_owned(base, SPILL_PREFIX)
         folder = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=base))
         for name in (("data.bin", "indices.bin") if self.sparse else ("X.bin",)):
             (folder / name).touch()
