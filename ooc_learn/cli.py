@@ -329,9 +329,23 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("store", metavar="STORE")
     p.add_argument("-o", "--output", metavar="MODEL", default=None,
                    help="model file to write (.npz or .h5); required unless --cv")
-    p.add_argument("--solver", default="ibcd", choices=["ibcd", "dcd", "bm", "pegasos"])
-    p.add_argument("--loss", default="hinge", choices=["hinge", "sqhinge"])
-    p.add_argument("--C", "-C", dest="C", type=float, default=1.0, help="SVM cost (default 1)")
+    p.add_argument("--solver", default=None,
+                   choices=["ibcd", "dcd", "bm", "pegasos", "exact"],
+                   help="classification: ibcd (default), dcd, bm, pegasos; regression: exact "
+                        "(least squares by the normal equations; the default where they fit "
+                        "--memory) or dcd (dual CD SVR)")
+    p.add_argument("--loss", default=None,
+                   choices=["hinge", "sqhinge", "squared_epsilon_insensitive",
+                            "epsilon_insensitive"],
+                   help="classification: hinge (default), sqhinge; regression: "
+                        "squared_epsilon_insensitive (default; least squares at --epsilon 0) "
+                        "or epsilon_insensitive (LIBLINEAR -s 12 / -s 13)")
+    p.add_argument("--epsilon", type=float, default=0.0, metavar="P",
+                   help="regression: the insensitive zone of the loss (LIBLINEAR -p; "
+                        "default 0)")
+    p.add_argument("--C", "-C", dest="C", type=_costs, default=[1.0], metavar="C[,C...]",
+                   help="SVM cost (default 1); with --cv a list, e.g. 0.01,0.1,1,10: one "
+                        "cross-validation per C, and -o trains at the best")
     tg = p.add_mutually_exclusive_group()
     tg.add_argument("--truncate", type=float, default=None, metavar="S",
                     help="truncate the loss at L(-S) (ramp loss; IBCD only)")
@@ -356,13 +370,18 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", metavar="STORE_OR_FILE", default=None,
                    help="report accuracy on this store or source file")
     p.add_argument("--cv", type=str, default=None, metavar="K",
-                   help="cross-validate with K folds ('loo' for leave-one-out) instead of "
-                        "training one model")
-    p.add_argument("--cv-method", default="tree", choices=["tree", "standard"])
-    p.add_argument("--learner", default="pegasos", choices=["pegasos", "lsqsgd", "exact-ls"],
-                   help="incremental learner for --cv")
+                   help="cross-validate the model this command trains with K folds of whole "
+                        "blocks, each warm-started from the last (-o / --test: then train "
+                        "on all rows); with --cv-method tree or --learner, TreeCV of an "
+                        "incremental learner ('loo' for leave-one-out)")
+    p.add_argument("--cv-method", default=None, choices=["warm", "tree", "standard"],
+                   help="warm: folds of the SVM solver, warm-started (default; --solver "
+                        "pegasos: tree); tree / standard: TreeCV / k-fold of --learner")
+    p.add_argument("--learner", default=None, choices=["pegasos", "lsqsgd", "exact-ls"],
+                   help="incremental learner for --cv-method tree / standard (default "
+                        "pegasos)")
     p.add_argument("--lam", type=float, default=None,
-                   help="--cv learner regularization (default 1/(C n))")
+                   help="--learner regularization (default 1/(C n))")
     _add_common(p)
     return p
 
@@ -401,7 +420,8 @@ def _open_eval_data(path, model, budget, stack):
     base = model.meta.get("zero_based")
     store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
                    n_features=model.n_features_in_, positive_label=pos,
-                   task="binary" if pos is None else "auto",
+                   task=("regression" if model.regression else "multiclass"
+                         if model.multiclass else "binary" if pos is None else "auto"),
                    zero_based="auto" if base is None else bool(base))
     return stack.enter_context(store)
 
@@ -426,19 +446,56 @@ def _is_predictions_file(path) -> bool:
         return False
 
 
+def _costs(text: str) -> list[float]:
+    """``--C``: one cost or a comma-separated list, each a finite number > 0."""
+    out = []
+    for part in text.split(","):
+        try:
+            c = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a number (use e.g. 1 "
+                                             "or 0.01,0.1,1,10)") from None
+        if not (c > 0 and c != float("inf")):
+            raise argparse.ArgumentTypeError(f"{part.strip()} is not > 0 (C is the SVM cost)")
+        out.append(c)
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"{text} lists a cost twice")
+    return out
+
+
 def _train_body(args):
     import contextlib
 
     from ooc_learn.storage.resources import peak_rss_bytes
     from ooc_learn.training import train
 
-    if args.cv is not None:
-        return _cv_body(args)
-    if args.output is None:
+    incremental = args.learner is not None or args.cv_method in ("tree", "standard")
+    if args.cv is None:
+        for flag, given in (("--cv-method", args.cv_method is not None),
+                            ("--learner", args.learner is not None),
+                            ("--lam", args.lam is not None)):
+            if given:
+                raise ParameterError(f"{flag} applies to cross-validation only.",
+                                     f"Add --cv K, or drop {flag}.")
+        if len(args.C) > 1:
+            raise ParameterError(f"--C {','.join(f'{c:g}' for c in args.C)} lists "
+                                 f"{len(args.C)} costs; one model is trained at one C.",
+                                 "Add --cv K to cross-validate each C and train at the best.")
+    elif incremental or args.solver == "pegasos":
+        return _cv_incremental_body(args)
+    if args.cv is None and args.output is None:
         raise ParameterError("ooc-train needs -o MODEL (or --cv K to cross-validate).",
                              "Add -o model.npz.")
-    _check_model_output(args.output)  # before the work: a model of ours only is replaced
+    if args.output is not None:
+        _check_model_output(args.output)  # before the work: a model of ours only is replaced
     budget = _budget(args, solvers=True, parsers=_any_text([args.test]))
+    cv = None
+    if args.cv is not None:
+        cv = _cv_svm(args, budget)
+        args.C = [cv["best_C"]]
+        if args.output is None and args.test is None:
+            return {"json": cv["json"], "text": cv["text"]}
+    args.C = args.C[0]
     from tqdm.auto import tqdm
 
     bar = tqdm(desc="train", unit="outer", disable=args.quiet, leave=False)
@@ -460,57 +517,167 @@ def _train_body(args):
                   bias=args.bias, eps=args.eps, max_outer=args.max_outer,
                   block_size=args.block_size, block_solver=args.block_solver,
                   epochs=args.epochs, sample_eps=args.sample_eps, seed=args.seed,
-                  memory=budget, spill_dir=args.spill_dir, on_outer=on_outer)
+                  memory=budget, spill_dir=args.spill_dir, on_outer=on_outer,
+                  epsilon=args.epsilon)
     bar.close()
     model.save(args.output)
     st = model.meta["stats"]
-    out = {"model": str(args.output), "solver": args.solver, "loss": args.loss, "C": args.C,
+    solver, loss = model.meta.get("solver"), model.meta.get("loss")
+    out = {"model": str(args.output), "solver": solver, "loss": loss, "C": args.C,
            "truncate": s, "seconds": round(st["seconds"], 4), "objective": st.get("objective"),
            "n_sv": st.get("n_sv"), "outer_iterations": st.get("outer_iterations"),
            "rows_read": st.get("rows_read"), "bytes_read": st.get("bytes_read"),
            "peak_rss_bytes": None}
+    if model.regression:
+        out["epsilon"] = args.epsilon
+    elif model.multiclass:
+        out["classes"] = model.classes_.tolist()
     if args.test is not None:
         with contextlib.ExitStack() as stack:
             test = _open_eval_data(args.test, model, budget, stack)
-            out["test_accuracy"] = model.score(test)
+            if model.regression:
+                from ooc_learn.model import regression_errors
+
+                err = regression_errors(model, test)
+                out.update(test_rmse=err["rmse"], test_r2=err["r2"], test_mae=err["mae"])
+            else:
+                out["test_accuracy"] = model.score(test)
             out["test_rows"] = test.n_samples
     out["peak_rss_bytes"] = peak_rss_bytes()
-    text = (f"{args.output}: {args.solver}/{args.loss} C={args.C:g}, {out['seconds']:.2f} s, "
-            f"objective {out['objective'] if out['objective'] is None else round(out['objective'], 6)}, "
-            f"{out['n_sv']} support vectors, {out['rows_read']} rows read")
+    obj = out["objective"]
+    text = (f"{args.output}: {solver}/{loss} C={args.C:g}, {out['seconds']:.2f} s, "
+            + ("" if obj is None else f"objective {round(obj, 6)}, ")
+            + ("" if out["n_sv"] is None else f"{out['n_sv']} support vectors, ")
+            + f"{out['rows_read']} rows read")
+    if model.multiclass:
+        text += f", one-vs-rest over {len(model.classes_)} classes"
     if "test_accuracy" in out:
         text += f"\ntest accuracy {100 * out['test_accuracy']:.2f}% on {out['test_rows']} rows"
+    if "test_rmse" in out:
+        text += (f"\ntest RMSE {out['test_rmse']:.6g}, R^2 {out['test_r2']:.4f} on "
+                 f"{out['test_rows']} rows")
+    if cv is not None:
+        out = dict(cv["json"], final_model=out)
+        text = cv["text"] + "\n" + text
     return {"json": out, "text": text}
 
 
-def _cv_body(args):
-    """``ooc-train STORE --cv K``: TreeCV (or standard k-fold) of an incremental learner."""
+def _cv_svm(args, budget) -> dict:
+    """``ooc-train STORE --cv K [--C c1,c2,...]``: K-fold CV of the solver's SVM, per C."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from ooc_learn.cv.svm import svm_cv_grid
+    from ooc_learn.storage.resources import peak_rss_bytes
+
+    if args.lam is not None:
+        raise ParameterError("--lam applies to --learner (TreeCV of an incremental learner); "
+                             f"the {args.solver} SVM is regularized by --C.",
+                             "Drop --lam, or add --learner pegasos.")
+    k = _cv_folds(args.cv)
+    bar = tqdm(desc="cv", unit="fold", disable=args.quiet, leave=False,
+               total=(k if isinstance(k, int) else None) and k * len(args.C))
+
+    def on_fold(entry):
+        check_stop()
+        bar.update(1)
+        bar.set_postfix(C=f"{entry['C']:g}", fold=entry["fold"])
+
+    s = None if args.no_truncate else args.truncate
+    results = svm_cv_grid(args.store, k, args.C, solver=args.solver, loss=args.loss, s=s,
+                          bias=args.bias, eps=args.eps, max_outer=args.max_outer,
+                          block_size=args.block_size, block_solver=args.block_solver,
+                          sample_eps=args.sample_eps, seed=args.seed, memory=budget,
+                          spill_dir=args.spill_dir, on_fold=on_fold, epsilon=args.epsilon,
+                          caller="ooc-train --cv")
+    bar.close()
+    metric = results[0].metric
+    rmse = metric == "rmse"
+    # the first (smallest C) of equals
+    best = (min if rmse else max)(results, key=lambda r: r.estimate)
+    grid = [{"C": r.stats["C"], "estimate": r.estimate,
+             "fold_scores": [float(v) for v in r.fold_scores], "seconds": r.stats["seconds"],
+             "rows_read": r.stats["rows_read"], "folds": r.stats["folds"]} for r in results]
+    solver = best.stats["solver"]
+    out = {"store": str(args.store), "solver": solver, "loss": args.loss,
+           "truncate": s, "k": best.k, "metric": metric, "best_C": best.stats["C"],
+           "estimate": best.estimate, "grid": grid,
+           "seconds": sum(r.stats["seconds"] for r in results),
+           "peak_rss_bytes": peak_rss_bytes()}
+    if "classes" in best.stats:
+        out["classes"] = best.stats["classes"]
+    how = ("one-vs-rest over " + str(len(best.stats["classes"])) + " classes"
+           if "classes" in best.stats else "one pass, a Gram matrix per fold"
+           if solver == "exact" else "folds warm-started" if best.stats["warm_start"]
+           else "folds from scratch")
+    fmt = (lambda v: f"{v:>12.6g}") if rmse else (lambda v: f"{100 * v:>11.2f}%")
+    lines = [f"{solver} {best.k}-fold cross-validation of {args.store} ({how})",
+             f"{'C':>10} {'cv ' + metric:>12} {'fold std':>9} {'seconds':>9} {'rows read':>11}"]
+    for r in results:
+        mark = "  <- best" if r is best and len(results) > 1 else ""
+        spread = np.std(r.fold_scores) * (1 if rmse else 100)
+        lines.append(f"{r.stats['C']:>10g} {fmt(r.estimate)} {spread:>9.3g} "
+                     f"{r.stats['seconds']:>9.2f} {r.stats['rows_read']:>11}{mark}")
+    if len(results) > 1:
+        lines.append(f"best C {best.stats['C']:g}: {metric} {fmt(best.estimate).strip()}")
+    return {"json": out, "text": "\n".join(lines), "best_C": best.stats["C"]}
+
+
+def _cv_folds(text: str):
+    k = text.strip().lower()
+    if k == "loo":
+        return k
+    try:
+        return int(k)
+    except ValueError:
+        raise ParameterError(f"--cv must be a number of folds or 'loo'. Got {text!r}.",
+                             "Use e.g. --cv 10 or --cv loo.") from None
+
+
+def _cv_incremental_body(args):
+    """``ooc-train STORE --cv K --cv-method tree|standard``: TreeCV (or standard k-fold) of
+    an incremental learner (PEGASOS by default, as ``--solver pegasos``)."""
     from ooc_learn.cv import kfold_cv, tree_cv
     from ooc_learn.learners import ExactLeastSquares, LeastSquaresSGD, Pegasos
     from ooc_learn.storage.resources import peak_rss_bytes
     from ooc_learn.storage.store import open_store
 
-    k = args.cv.strip().lower()
-    if k != "loo":
-        try:
-            k = int(k)
-        except ValueError:
-            raise ParameterError(f"--cv must be a number of folds or 'loo'. Got {args.cv!r}.",
-                                 "Use e.g. --cv 10 or --cv loo.") from None
+    if args.solver not in (None, "pegasos"):
+        raise ParameterError(
+            f"--cv-method {args.cv_method or 'tree'} / --learner cross-validate an incremental "
+            f"learner, not --solver {args.solver}.",
+            f"Drop --cv-method and --learner to cross-validate the {args.solver} SVM itself.")
+    if args.cv_method == "warm":
+        raise ParameterError("--cv-method warm cross-validates the SVM solvers (ibcd, dcd, "
+                             "bm); PEGASOS and --learner run TreeCV.",
+                             "Use --cv-method tree or standard.")
+    for flag, given in (("-o", args.output is not None), ("--test", args.test is not None)):
+        if given:
+            raise ParameterError(f"{flag} does not apply to TreeCV / k-fold CV of an "
+                                 "incremental learner: it estimates, it trains no model.",
+                                 f"Drop {flag}, or train with ooc-train -o without --cv.")
+    if len(args.C) > 1:
+        raise ParameterError("A list of C is cross-validated for the SVM solvers (ibcd, dcd, "
+                             "bm), not for TreeCV.", "Give one --C, or --lam.")
     if args.lam is not None and not args.lam > 0:
         raise ParameterError(f"--lam must be > 0. Got {args.lam!r}.", "Try 1e-6.")
+    k = _cv_folds(args.cv)
+    learner_name = args.learner or "pegasos"
+    method = args.cv_method or "tree"
     budget = _budget(args, solvers=True)
     with open_store(args.store, memory=budget) as store:
-        if args.learner == "pegasos":
-            learner = Pegasos(lam=1e-6 if args.lam is None else args.lam)
-        elif args.learner == "lsqsgd":
+        # PEGASOS minimizes lam/2 |w|^2 + mean hinge: lam = 1 / (C n) is the SVM at C
+        lam = 1.0 / (args.C[0] * store.n_samples) if args.lam is None else args.lam
+        if learner_name == "pegasos":
+            learner = Pegasos(lam=lam)
+        elif learner_name == "lsqsgd":
             learner = LeastSquaresSGD()
         else:
             learner = ExactLeastSquares(ridge=1e-6 if args.lam is None else args.lam)
-        run = tree_cv if args.cv_method == "tree" else kfold_cv
+        run = tree_cv if method == "tree" else kfold_cv
         res = run(store, learner, k, seed=args.seed, memory=budget)
     out = res.to_dict()
-    out.update(store=str(args.store), learner=args.learner, cv_method=args.cv_method,
+    out.update(store=str(args.store), learner=learner_name, cv_method=method,
                peak_rss_bytes=peak_rss_bytes())
     return {"json": out, "text": res.summary()}
 
@@ -539,6 +706,7 @@ def _predict_body(args):
     from pathlib import Path
 
     from ooc_learn.model import load_model
+    from ooc_learn.storage.errors import ModelMismatchError
     from ooc_learn.storage.replace import atomic_file, check_file_target
 
     if args.output:  # before the work: only a predictions file of ours is replaced
@@ -553,27 +721,84 @@ def _predict_body(args):
         data = _open_eval_data(args.data, model, budget, stack)
         model._check_features(data.n_features)
         # row ids, decisions, labels, the sort order and the predicted labels of every row
-        budget.reserve(40 * data.n_samples, f"predictions of {data.n_samples:,} rows",
+        # (and, one-vs-rest, each row's winning class)
+        budget.reserve(48 * data.n_samples, f"predictions of {data.n_samples:,} rows",
                        hint="or predict a part of the rows at a time")
-        ids, dec, ys = [], [], []
+        if model.regression and data.task != "regression":
+            raise ModelMismatchError(f"The model is a regressor; {args.data} holds a "
+                                     f"{data.task} task.",
+                                     "Predict a store ingested with --task regression.")
+        if model.multiclass and data.task != "multiclass":
+            raise ModelMismatchError(
+                f"The model is one-vs-rest over {len(model.classes_)} classes; {args.data} "
+                f"holds a {data.task} task.", "Predict a store ingested with --task multiclass.")
+        ids, dec, ys, pred = [], [], [], []
         for X, y, row_ids in data.iter_blocks():
             ids.append(row_ids)
-            dec.append(model.decision_function(X))
+            dv = model.decision_function(X)
+            if model.multiclass:  # the winning class's value, not the whole row
+                k = np.argmax(dv, axis=1)
+                pred.append(k)
+                dv = dv[np.arange(dv.shape[0]), k]
+            dec.append(dv)
             ys.append(y)
         ids, dec, ys = np.concatenate(ids), np.concatenate(dec), np.concatenate(ys)
+        pred = (np.concatenate(pred) if pred else np.zeros(dec.size, np.intp)
+                if model.regression else (dec > 0).astype(np.intp))
     order = np.argsort(ids)
-    ids, dec, ys = ids[order], dec[order], ys[order]
-    labels = np.where(dec > 0, model.classes_[1], model.classes_[0])
-    accuracy = float(np.mean(np.where(dec > 0, 1.0, -1.0) == ys))
+    ids, dec, ys, pred = ids[order], dec[order], ys[order], pred[order]
+    labels = dec if model.regression else model.classes_[pred]
+    out = {"model": args.model, "data": args.data, "n_samples": int(ids.size)}
+    if model.regression:
+        r = ys.astype(np.float64) - dec
+        sst = float(((ys - ys.mean()) ** 2).sum()) if ys.size else 0.0
+        out.update(rmse=float(np.sqrt(np.mean(r * r))) if ys.size else float("nan"),
+                   mae=float(np.mean(np.abs(r))) if ys.size else float("nan"),
+                   r2=float(1 - (r @ r) / sst) if sst > 0 else float("nan"))
+        accuracy = None
+    elif model.multiclass:
+        accuracy = float(np.mean(labels.astype(np.float64) == ys))
+        truth = np.searchsorted(np.asarray(model.classes_, dtype=np.float64), ys)
+        known = (truth < len(model.classes_)) & (
+            np.asarray(model.classes_, dtype=np.float64)[np.minimum(truth, len(model.classes_)
+                                                                    - 1)] == ys)
+        confusion = np.zeros((len(model.classes_), len(model.classes_)), np.int64)
+        np.add.at(confusion, (truth[known], pred[known]), 1)
+        out["classes"] = model.classes_.tolist()
+        out["confusion_matrix"] = confusion.tolist()  # rows: true class, columns: predicted
+        out["unknown_labels"] = int((~known).sum())
+    else:
+        accuracy = float(np.mean(np.where(dec > 0, 1.0, -1.0) == ys))
+    if not model.regression:
+        out["accuracy"] = accuracy
+    out["output"] = args.output
     if args.output:
         with atomic_file(args.output) as tmp, open(tmp, "w") as fh:
             fh.write(PREDICTIONS_HEADER)
             for i, lab, dv in zip(ids, labels, dec):
                 fh.write(f"{i},{lab},{dv:.9g}\n")
-    out = {"model": args.model, "data": args.data, "n_samples": int(ids.size),
-           "accuracy": accuracy, "output": args.output}
-    return {"json": out, "text": f"{ids.size} rows, accuracy {100 * accuracy:.2f}%"
-            + (f", predictions in {args.output}" if args.output else "")}
+    if model.regression:
+        text = f"{ids.size} rows, RMSE {out['rmse']:.6g}, R^2 {out['r2']:.4f}"
+    else:
+        text = f"{ids.size} rows, accuracy {100 * accuracy:.2f}%"
+    text += f", predictions in {args.output}" if args.output else ""
+    if model.multiclass:
+        text += "\n" + _confusion_text(model.classes_, out["confusion_matrix"])
+    return {"json": out, "text": text}
+
+
+def _confusion_text(classes, confusion) -> str:
+    """The confusion matrix as a table: a row per true class, a column per predicted one."""
+    import numpy as np
+
+    names = [f"{c:g}" if isinstance(c, float) else str(c) for c in np.asarray(classes).tolist()]
+    width = max(6, max(len(n) for n in names) + 1,
+                max(len(str(v)) for row in confusion for v in row) + 1)
+    lines = ["confusion matrix (rows: true class, columns: predicted)",
+             " " * width + "".join(f"{n:>{width}}" for n in names)]
+    for n, row in zip(names, confusion):
+        lines.append(f"{n:>{width}}" + "".join(f"{v:>{width}}" for v in row))
+    return "\n".join(lines)
 
 
 def predict_main(argv=None) -> int:

@@ -38,8 +38,8 @@ from ooc_learn._json import jsonable
 from ooc_learn.storage.errors import ModelMismatchError, ParameterError, UsageError
 from ooc_learn.storage.replace import atomic_file
 
-__all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "MODEL_FORMAT",
-           "MODEL_VERSION"]
+__all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "regression_errors",
+           "MODEL_FORMAT", "MODEL_VERSION"]
 
 MODEL_FORMAT = "ooc-learn-linear-model"
 MODEL_VERSION = 1
@@ -58,7 +58,7 @@ def check_model_suffix(path) -> str:
 def _checksum(coef, intercept, classes, meta: str) -> int:
     """CRC-32 of everything a model file holds beside its checksum."""
     crc = zlib.crc32(np.ascontiguousarray(coef, dtype="<f8").tobytes())
-    crc = zlib.crc32(np.float64(intercept).astype("<f8").tobytes(), crc)
+    crc = zlib.crc32(np.asarray(intercept, dtype="<f8").tobytes(), crc)
     crc = zlib.crc32(json.dumps([str(c) for c in np.asarray(classes).tolist()]).encode(), crc)
     return zlib.crc32(meta.encode(), crc)
 
@@ -103,13 +103,46 @@ class LinearModel:
         Provenance saved with the model (solver, loss, C, s, bias, store fingerprint, stats).
     """
 
-    def __init__(self, coef, intercept: float = 0.0, *, classes=(-1, 1), meta=None):
-        self.coef_ = np.asarray(coef, dtype=np.float64).ravel().copy()
-        self.intercept_ = float(intercept)
-        self.classes_ = np.asarray(classes)
-        if self.classes_.shape != (2,):
-            raise ParameterError(f"A LinearModel needs two classes. Got {self.classes_!r}.")
+    def __init__(self, coef, intercept=0.0, *, classes=(-1, 1), meta=None):
+        coef = np.asarray(coef, dtype=np.float64)
+        self.classes_ = np.asarray([] if classes is None else classes)
+        K = self.classes_.shape[0] if self.classes_.ndim == 1 else -1
+        if K == 0:  # a regressor: predict returns the decision value
+            self.coef_ = coef.ravel().copy()
+            self.intercept_ = float(np.asarray(intercept).reshape(()))
+        elif coef.ndim == 2 and K >= 3:
+            # one-vs-rest: row k separates classes_[k] from the rest (scikit-learn's layout)
+            self.coef_ = coef.copy()
+            self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1).copy()
+            if coef.shape[0] != K or self.intercept_.shape != (K,):
+                raise ParameterError(f"A one-vs-rest LinearModel of {K} classes needs coef of "
+                                     f"shape ({K}, d) and {K} intercepts. Got {coef.shape} "
+                                     f"and {self.intercept_.shape}.")
+        else:
+            self.coef_ = coef.ravel().copy()
+            self.intercept_ = float(np.asarray(intercept).reshape(()))
+            if self.classes_.shape != (2,):
+                raise ParameterError(f"A binary LinearModel needs two classes (one-vs-rest: "
+                                     f"coef of shape (classes, d)). Got {self.classes_!r}.")
         self.meta = dict(meta or {})
+
+    @property
+    def multiclass(self) -> bool:
+        """Whether this is a one-vs-rest model of three or more classes."""
+        return self.coef_.ndim == 2
+
+    @property
+    def regression(self) -> bool:
+        """Whether this is a regressor (no classes: ``predict`` is the decision value)."""
+        return self.classes_.size == 0
+
+    @classmethod
+    def one_vs_rest(cls, models, classes, **meta) -> "LinearModel":
+        """One model from the binary ``models`` (class k against the rest, in the order of
+        ``classes``): ``predict`` picks the class whose model gives the largest value."""
+        coef = np.stack([m.coef_ for m in models])
+        intercept = np.array([m.intercept_ for m in models])
+        return cls(coef, intercept, classes=classes, meta=meta)
 
     @classmethod
     def from_weights(cls, w, *, bias: float = 1.0, classes=(-1, 1), **meta) -> "LinearModel":
@@ -128,7 +161,7 @@ class LinearModel:
 
     @property
     def n_features_in_(self) -> int:
-        return self.coef_.shape[0]
+        return self.coef_.shape[-1]
 
     # -- prediction ----------------------------------------------------------------------
     def _check_features(self, d: int) -> None:
@@ -146,6 +179,8 @@ class LinearModel:
             if X.ndim != 2:
                 raise ParameterError(f"X must be 2-d. Got {X.ndim} dimensions.")
         self._check_features(X.shape[1])
+        if self.multiclass:
+            return np.asarray(X @ self.coef_.T, dtype=np.float64) + self.intercept_
         return np.asarray(X @ self.coef_, dtype=np.float64).ravel() + self.intercept_
 
     def iter_decision(self, store):
@@ -162,21 +197,37 @@ class LinearModel:
         return self._decision_arrays(X)
 
     def predict(self, X) -> np.ndarray:
-        """``classes_[1]`` where the decision value is > 0, else ``classes_[0]``."""
-        return self.classes_[(self.decision_function(X) > 0).astype(np.intp)]
+        """``classes_[1]`` where the decision value is > 0, else ``classes_[0]``; one-vs-rest:
+        the class of the largest decision value."""
+        return self.labels_of(self.decision_function(X))
+
+    def labels_of(self, decision) -> np.ndarray:
+        """The predicted labels of decision values (one per row, or a row per row)."""
+        if self.regression:
+            return np.asarray(decision, dtype=np.float64)
+        if self.multiclass:
+            return self.classes_[np.argmax(decision, axis=1)]
+        return self.classes_[(decision > 0).astype(np.intp)]
 
     def score(self, X, y=None) -> float:
         """Accuracy on ``(X, y)`` (labels in ``classes_``) or on a binary store (streamed)."""
+        if self.regression:
+            return self._r2(X, y)
         if _is_store(X):
             if y is not None:
                 raise ParameterError("score(store) takes its labels from the store; do not "
                                      "pass y.")
-            if X.task != "binary":
-                raise ModelMismatchError(f"The store {X.path} holds a {X.task} task; a "
-                                         "linear SVM scores binary stores.")
+            want = "multiclass" if self.multiclass else "binary"
+            if X.task != want:
+                raise ModelMismatchError(
+                    f"The store {X.path} holds a {X.task} task; this model scores {want} "
+                    f"stores.", "Score with a store ingested like the training store.")
             right = total = 0
             for dv, yb, _ in self.iter_decision(X):
-                right += int(np.count_nonzero((dv > 0) == (np.asarray(yb) > 0)))
+                if self.multiclass:
+                    right += int(np.count_nonzero(self.labels_of(dv) == np.asarray(yb)))
+                else:
+                    right += int(np.count_nonzero((dv > 0) == (np.asarray(yb) > 0)))
                 total += dv.shape[0]
             return right / total if total else float("nan")
         if y is None:
@@ -193,6 +244,11 @@ class LinearModel:
                 f"(its classes are {self.classes_.tolist()}).",
                 "Score with labels from the training label set.")
         return float(np.mean(pred == y))
+
+    def _r2(self, X, y=None) -> float:
+        """R^2 of a regressor (scikit-learn's ``score``) on ``(X, y)`` or a store."""
+        st = regression_errors(self, X, y)
+        return st["r2"]
 
     # -- files ---------------------------------------------------------------------------
     def _meta_json(self) -> str:
@@ -214,7 +270,8 @@ class LinearModel:
         with atomic_file(path) as tmp:
             if suffix == ".npz":
                 with open(tmp, "wb") as fh:
-                    np.savez(fh, coef=self.coef_, intercept=np.float64(self.intercept_),
+                    np.savez(fh, coef=self.coef_, intercept=np.asarray(self.intercept_,
+                                                                        dtype=np.float64),
                              classes=classes, meta=np.array(meta), checksum=crc)
             else:
                 import h5py
@@ -234,6 +291,40 @@ class LinearModel:
     def __repr__(self) -> str:
         return (f"LinearModel(n_features={self.n_features_in_}, classes={self.classes_.tolist()}, "
                 f"solver={self.meta.get('solver')!r}, loss={self.meta.get('loss')!r})")
+
+
+def regression_errors(model, X, y=None) -> dict:
+    """``{"rmse", "r2", "mae", "n"}`` of a regressor on ``(X, y)`` or a regression store
+    (streamed block by block: sums of residuals and labels, never every row at once)."""
+    if _is_store(X):
+        if y is not None:
+            raise ParameterError("A store holds its labels; do not pass y.")
+        if X.task != "regression":
+            raise ModelMismatchError(f"The store {X.path} holds a {X.task} task; a "
+                                     "regressor scores regression stores.",
+                                     "Score with a store ingested like the training store.")
+        parts = ((dv, yb) for dv, yb, _ in model.iter_decision(X))
+    else:
+        if y is None:
+            raise ParameterError("score(X, y) needs the targets y for arrays.")
+        parts = [(model.decision_function(X), y)]
+    n = 0
+    sse = sae = sy = syy = 0.0
+    for dv, yb in parts:
+        yb = np.asarray(yb, dtype=np.float64).ravel()
+        if yb.shape != dv.shape:
+            raise ParameterError(f"y has {yb.shape[0]} values for {dv.shape[0]} rows.")
+        r = yb - dv
+        n += yb.size
+        sse += float(r @ r)
+        sae += float(np.abs(r).sum())
+        sy += float(yb.sum())
+        syy += float(yb @ yb)
+    if n == 0:
+        return {"n": 0, "rmse": float("nan"), "mae": float("nan"), "r2": float("nan")}
+    sst = syy - sy * sy / n
+    return {"n": n, "rmse": float(np.sqrt(sse / n)), "mae": sae / n,
+            "r2": float(1.0 - sse / sst) if sst > 0 else float("nan")}
 
 
 def _read_model_file(path: Path):
@@ -276,7 +367,8 @@ def load_model(path) -> LinearModel:
     try:
         coef, intercept, classes, meta_text, crc = _read_model_file(path)
         meta = json.loads(meta_text)
-        intercept = float(np.asarray(intercept).reshape(()))
+        intercept = np.asarray(intercept, dtype=np.float64)
+        intercept = float(intercept) if intercept.ndim == 0 else intercept
     except Exception as exc:  # h5py, zipfile, numpy and json each raise their own
         why = str(exc).split(". ")[0] or type(exc).__name__
         raise UsageError(f"{path} is not an ooc-learn model file ({why}).", fix) from None
@@ -290,11 +382,15 @@ def load_model(path) -> LinearModel:
                                                                           classes, meta_text):
         raise UsageError(f"{path} is damaged: its contents do not match its checksum.", fix)
     d = meta.get("n_features")
-    if (coef.ndim != 1 or coef.dtype.kind != "f" or not isinstance(d, int)
-            or coef.shape[0] != d or np.asarray(classes).shape != (2,)):
+    K = np.asarray(classes).shape[0] if np.asarray(classes).ndim == 1 else -1
+    shape_ok = (coef.ndim == 1 and K in (0, 2)) or (coef.ndim == 2 and K >= 3
+                                                and coef.shape[0] == K
+                                                and np.shape(intercept) == (K,))
+    if (not shape_ok or coef.dtype.kind != "f" or not isinstance(d, int)
+            or coef.shape[-1] != d):
         raise UsageError(f"{path} is damaged: coef has shape {coef.shape} ({coef.dtype}) for "
-                         f"{d} features and {np.asarray(classes).shape[0]} classes.", fix)
-    if not (np.isfinite(coef).all() and np.isfinite(intercept)):
+                         f"{d} features and {K} classes.", fix)
+    if not (np.isfinite(coef).all() and np.isfinite(intercept).all()):
         raise UsageError(f"{path} holds a weight that is NaN or infinite.",
                          "Train the model again (lower C, or scale the features).")
     for key in ("format", "format_version", "n_features"):

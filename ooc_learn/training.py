@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ooc_learn.model import LinearModel
-from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.store import Store, open_store
 
-__all__ = ["train", "SOLVERS", "open_data"]
+__all__ = ["train", "train_regression", "SOLVERS", "open_data"]
 
 SOLVERS = ("ibcd", "dcd", "bm", "pegasos")
 
@@ -51,20 +49,32 @@ def open_data(data, memory=None) -> tuple[Store, bool]:
     return open_store(data, memory=memory), True
 
 
-def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
+def train(store, *, solver: str | None = None, loss: str | None = None, C: float = 1.0,
           s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
           block_size: int = 1000, block_solver: str = "dual", epochs: int = 1,
           init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0, memory=None,
-          spill_dir=None, on_outer=None) -> LinearModel:
-    """Train a linear SVM on a binary store; returns a :class:`LinearModel`.
+          spill_dir=None, on_outer=None, epsilon: float = 0.0) -> LinearModel:
+    """Train a linear model on a store; returns a :class:`LinearModel`.
+
+    A binary store trains a linear SVM, a multiclass store one SVM per class against the
+    rest (one model, ``predict`` the class of the largest value), a regression store linear
+    SVR / least squares (see ``loss``).
 
     Parameters
     ----------
     store : Store or path
-    solver : "ibcd" | "dcd" | "bm" | "pegasos"
-        IBCD (indexed block coordinate descent, needs the index); full dual CD streaming
-        every block every epoch; block minimisation (Yu et al. 2010); PEGASOS (online).
-    loss : "hinge" | "sqhinge"
+    solver : "ibcd" | "dcd" | "bm" | "pegasos" | "exact", optional
+        IBCD (indexed block coordinate descent, needs the index; the default for
+        classification); full dual CD streaming every block every epoch; block minimisation
+        (Yu et al. 2010); PEGASOS (online). Regression: "exact" (the normal equations in one
+        pass; the default for least squares where the (d+1)^2 Gram matrix fits the cap) or
+        "dcd" (dual CD for SVR, LIBLINEAR -s 12 / -s 13).
+    loss : "hinge" | "sqhinge" | "squared_epsilon_insensitive" | "epsilon_insensitive"
+        Classification: hinge (default) or squared hinge. Regression: the squared
+        (default; with ``epsilon=0`` least squares) or the absolute epsilon-insensitive loss.
+    epsilon : float
+        Regression: the width of the insensitive zone (LIBLINEAR's -p; scikit-learn
+        LinearSVR's epsilon). 0 (default) with the squared loss is least squares.
     C : float
         The SVM cost (LIBLINEAR's -c).
     s : float or None
@@ -102,16 +112,32 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
     >>> model = ooc_learn.train("train.store", solver="ibcd", C=1.0)   # doctest: +SKIP
     >>> model.score("test.store")                                      # doctest: +SKIP
     """
-    _check(solver, loss, C, s, bias, eps, max_outer, block_size)
     if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
         raise ParameterError(f"The 'sample_eps' parameter of train must be in [0, 1). Got "
                              f"{sample_eps!r} instead.", "0 disables the sampled rule; try 0.01.")
     st, opened = open_data(store, memory)
     try:
+        if st.task == "regression":
+            return train_regression(st, solver=solver, loss=loss, C=C, epsilon=epsilon,
+                                    bias=bias, eps=eps, max_outer=max_outer, seed=seed,
+                                    on_outer=on_outer, s=s)
+        solver = "ibcd" if solver is None else solver
+        loss = "hinge" if loss is None else loss
+        _check(solver, loss, C, s, bias, eps, max_outer, block_size)
+        if epsilon != 0.0:
+            raise ParameterError("epsilon (--epsilon) is the insensitive zone of regression; "
+                                 f"the store {st.path} holds a {st.task} task.",
+                                 "Drop --epsilon.")
+        if st.task == "multiclass":
+            return _train_one_vs_rest(
+                st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
+                max_outer=max_outer, block_size=block_size, block_solver=block_solver,
+                epochs=epochs, init_sample=init_sample, sample_eps=sample_eps, seed=seed,
+                spill_dir=spill_dir, on_outer=on_outer)
         if st.task != "binary":
-            raise ParameterError(
-                f"train fits a binary classifier; the store {st.path} holds a {st.task} task.",
-                "Ingest with --positive-label L to train L-vs-rest.")
+            raise ParameterError(f"train fits binary, multiclass and regression stores; "
+                                 f"{st.path} holds a {st.task} task.",
+                                 "Re-ingest it with --task binary, multiclass or regression.")
         t0 = time.perf_counter()
         rows0, bytes0 = st.rows_read, st.bytes_read
         model_bytes = _model_state_bytes(solver, block_solver, st.n_features)
@@ -128,6 +154,7 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
         finally:
             st.budget.release(model_bytes)
         w = stats.pop("w")
+        stats.pop("warm", None)
         stats["seconds"] = time.perf_counter() - t0
         stats.setdefault("rows_read", st.rows_read - rows0)
         stats.setdefault("bytes_read", st.bytes_read - bytes0)
@@ -141,6 +168,127 @@ def train(store, *, solver: str = "ibcd", loss: str = "hinge", C: float = 1.0,
     finally:
         if opened:
             st.close()
+
+
+REGRESSION_LOSSES = ("squared_epsilon_insensitive", "epsilon_insensitive")
+REGRESSION_SOLVERS = ("exact", "dcd")
+
+
+def regression_solver(st, solver, loss, epsilon) -> str:
+    """The regression solver to run: as asked, or "exact" for least squares where the Gram
+    matrix fits half of what the cap leaves free, else "dcd"."""
+    from ooc_learn.solvers.least_squares import gram_bytes
+
+    if solver is not None:
+        if solver not in REGRESSION_SOLVERS:
+            raise ParameterError(
+                f"--solver {solver} trains classifiers; {st.path} holds a regression task.",
+                "Use --solver exact (least squares, normal equations) or dcd (dual CD SVR), "
+                "or leave --solver out.")
+        if solver == "exact" and (loss != "squared_epsilon_insensitive" or epsilon != 0):
+            raise ParameterError("--solver exact solves least squares (the squared loss at "
+                                 "--epsilon 0).", "Use --solver dcd for an epsilon-"
+                                 "insensitive loss.")
+        return solver
+    exact = loss == "squared_epsilon_insensitive" and epsilon == 0
+    if exact and gram_bytes(st.n_features) <= st.budget.available // 2:
+        return "exact"
+    return "dcd"
+
+
+def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0, eps=0.1,
+                     max_outer=10, seed=0, on_outer=None, s=None, holdout=None,
+                     warm=None, stats_only=False, reference=None):
+    """Linear regression on a regression store: least squares by the normal equations
+    (solver "exact") or SVR by dual CD (solver "dcd"; LIBLINEAR -s 12 / -s 13)."""
+    from ooc_learn.solvers.least_squares import (fold_grams, gram_bytes,
+                                                 solve_normal_equations)
+    from ooc_learn.solvers.svr import solve_svr_store
+
+    loss = "squared_epsilon_insensitive" if loss is None else loss
+    if loss not in REGRESSION_LOSSES:
+        raise ParameterError(f"--loss {loss} is a classification loss; {st.path} holds a "
+                             "regression task.", "Use --loss squared_epsilon_insensitive "
+                             "(least squares at --epsilon 0) or epsilon_insensitive.")
+    if s is not None:
+        raise ParameterError("The truncated loss (--truncate) is for classification.",
+                             "Drop --truncate.")
+    if not (isinstance(C, (int, float)) and math.isfinite(C) and C > 0):
+        raise ParameterError(f"The 'C' parameter of train must be > 0. Got {C!r} instead.",
+                             "C is the cost; try 1.")
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon >= 0):
+        raise ParameterError(f"--epsilon must be >= 0. Got {epsilon!r}.",
+                             "0 fits least squares; LIBLINEAR's -p default is 0.1.")
+    solver = regression_solver(st, solver, loss, epsilon)
+    t0 = time.perf_counter()
+    rows0, bytes0 = st.rows_read, st.bytes_read
+    if solver == "exact":
+        n, d = st.n_samples, st.n_features
+        parts = [0, n] if holdout is None else [0, holdout[0], holdout[1], n]
+        with st.budget.reservation(gram_bytes(d, len(parts) - 1), "normal equations "
+                                   f"((d+1)^2 Gram matrices of {d:,} features)",
+                                   hint="or train with --solver dcd (dual CD: no Gram matrix)"):
+            G, b = fold_grams(st, parts, bias=bias)
+            keep = [0] if holdout is None else [0, 2]
+            w = solve_normal_equations(G[keep].sum(axis=0), b[keep].sum(axis=0), C)
+        stats = {"w": w, "warm": None, "outer_iterations": 1, "converged": True}
+    else:
+        res = solve_svr_store(st, loss=loss, C=C, epsilon=epsilon, bias=bias, eps=eps,
+                              max_iter=100 * max_outer, seed=seed, holdout=holdout, warm=warm,
+                              reference=reference,
+                              on_epoch=None if on_outer is None else
+                              (lambda i, info: on_outer(dict(info, outer=i))))
+        stats = {"w": res.w, "warm": (res.beta, res.w), "outer_iterations": res.stats.epochs,
+                 "converged": res.stats.converged, "violation": res.stats.violation,
+                 "reference": res.stats.reference,
+                 "n_sv": int(np.count_nonzero(res.beta))}
+    stats.update(seconds=time.perf_counter() - t0, rows_read=st.rows_read - rows0,
+                 bytes_read=st.bytes_read - bytes0, objective=None)
+    if stats_only:
+        return stats
+    w = stats.pop("w")
+    stats.pop("warm", None)
+    stats.pop("reference", None)
+    stats["rows_read_per_outer"] = stats["rows_read"] / max(1, stats["outer_iterations"])
+    return LinearModel.from_weights(
+        w, bias=bias, classes=None, solver=solver, loss=loss, C=C, epsilon=epsilon, eps=eps,
+        task="regression", store=str(st.path), store_fingerprint=st.fingerprint(),
+        label_map=st.label_map, zero_based=st.metadata.get("zero_based"), stats=stats)
+
+
+def _train_one_vs_rest(st, on_outer=None, **params) -> LinearModel:
+    """One binary model per class of a multiclass store (the class against the rest), each
+    on the same store file read as that binary task (``open_store(..., positive=c)``), one
+    after the other under the one budget; combined into one one-vs-rest model."""
+    classes = st.label_map.get("classes")
+    if not classes or len(classes) < 2:
+        raise ParameterError(f"The multiclass store {st.path} lists no classes.",
+                             "Re-ingest it with --task multiclass.")
+    t0 = time.perf_counter()
+    models, per_class = [], []
+    # two classes: one model, the second class against the first, is the binary classifier
+    for c in (classes if len(classes) > 2 else classes[1:]):
+        report = None if on_outer is None else (
+            lambda info, c=c: on_outer(dict(info, **{"class": c})))
+        with open_store(st.path, memory=st.budget, positive=c) as view:
+            m = train(view, on_outer=report, **params)
+        m_stats = dict(m.meta["stats"], **{"class": c})
+        per_class.append(m_stats)
+        models.append(m)
+    if len(classes) == 2:
+        return LinearModel(models[0].coef_, models[0].intercept_, classes=classes,
+                           meta=dict(models[0].meta, label_map=st.label_map,
+                                     store=str(st.path), store_fingerprint=st.fingerprint()))
+    stats = {"seconds": time.perf_counter() - t0,
+             "rows_read": sum(x.get("rows_read") or 0 for x in per_class),
+             "bytes_read": sum(x.get("bytes_read") or 0 for x in per_class),
+             "objective": None, "n_sv": sum(x.get("n_sv") or 0 for x in per_class),
+             "outer_iterations": max(x.get("outer_iterations") or 0 for x in per_class),
+             "per_class": per_class}
+    meta = {k: v for k, v in models[0].meta.items() if k not in ("stats", "label_map")}
+    meta.update(multiclass="one-vs-rest", label_map=st.label_map, stats=stats,
+                store=str(st.path), store_fingerprint=st.fingerprint())
+    return LinearModel.one_vs_rest(models, np.asarray(classes), **meta)
 
 
 # float64 vectors of d + 1 entries alive at once, per solver: IBCD holds w, the outer iterate,
@@ -157,7 +305,11 @@ def _model_state_bytes(solver: str, block_solver: str, d: int) -> int:
 
 
 def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, epochs,
-         init_sample, sample_eps, seed, spill_dir, on_outer) -> dict:
+         init_sample, sample_eps, seed, spill_dir, on_outer, holdout=None, warm=None) -> dict:
+    """Run one solver; the stats dict holds ``w`` and ``warm``, the state a later solve on
+    other rows (the next cross-validation fold) starts from: ``(alpha, w)`` of the dual CD
+    solvers over all rows, ``(rows, alpha)`` of IBCD's support vectors. ``holdout`` (a row
+    range) is left out of the problem; PEGASOS takes neither."""
     # every solver reports one dict per outer iteration/epoch: {"outer": i, ...}
     report = on_outer
     step = None if on_outer is None else (lambda i, info: report(dict(info, outer=i)))
@@ -167,24 +319,29 @@ def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solv
         res = solve_ibcd(st, loss=loss, C=C, s=s, bias=bias, n=block_size, eps=eps,
                          max_outer=max_outer, init_sample=init_sample, sample_eps=sample_eps,
                          block_solver=block_solver, seed=seed, spill_dir=spill_dir,
-                         on_outer=on_outer)
+                         on_outer=on_outer, holdout=holdout, warm=warm)
         stats = dict(res.stats)
         stats.pop("outer_log", None)
         stats["w"] = res.w
+        stats["warm"] = (res.sv_rows, res.sv_alpha)
         return stats
     if solver == "dcd":
         from ooc_learn.solvers.dcd import solve_dcd_store
 
         res = solve_dcd_store(st, loss=loss, C=C, bias=bias, eps=eps, max_iter=100 * max_outer,
-                              seed=seed, on_epoch=step)
+                              seed=seed, on_epoch=step, holdout=holdout, warm=warm)
         return _dcd_stats(res, loss, C)
     if solver == "bm":
         from ooc_learn.solvers.dcd import solve_bm_streamed
 
         res = solve_bm_streamed(st.read_block, st.block_offsets, st.n_features, loss=loss, C=C,
                                 bias=bias, eps=eps, max_outer=max_outer, seed=seed,
-                                sqnorms=st.sqnorms, budget=st.budget, on_outer=step)
+                                sqnorms=st.sqnorms, budget=st.budget, on_outer=step,
+                                holdout=holdout, warm=warm)
         return _dcd_stats(res, loss, C)
+    if holdout is not None or warm is not None:
+        raise ParameterError("PEGASOS is cross-validated by TreeCV, not by warm-started "
+                             "folds.", "Use ooc_learn.cv.tree_cv with a Pegasos learner.")
     from ooc_learn.solvers.pegasos import solve_pegasos_streamed
 
     res = solve_pegasos_streamed(st.read_block, st.block_offsets, st.n_features, loss=loss,
@@ -197,6 +354,6 @@ def _dcd_stats(res, loss, C) -> dict:
     st = res.stats
     # the dual value (-f(alpha)): a lower bound of the primal, equal to it at the optimum
     dual = -float(getattr(st, "objective", float("nan")))
-    return {"w": res.w, "outer_iterations": int(getattr(st, "epochs", 0)),
+    return {"w": res.w, "warm": (res.alpha, res.w), "outer_iterations": int(getattr(st, "epochs", 0)),
             "objective": dual, "dual_objective": dual,
             "n_sv": int(np.count_nonzero(res.alpha)), "converged": bool(getattr(st, "converged", True))}

@@ -335,9 +335,9 @@ class MemoryBudget:
             self._used = max(0, self._used - int(nbytes))
             self._since_rss -= int(nbytes)
 
-    def reservation(self, nbytes: int, what: str = "buffer"):
-        """Context manager: reserve on entry, release on exit."""
-        return _Reservation(self, int(nbytes), what)
+    def reservation(self, nbytes: int, what: str = "buffer", *, hint: str | None = None):
+        """Context manager: reserve on entry, release on exit (``hint``: as :meth:`reserve`)."""
+        return _Reservation(self, int(nbytes), what, hint)
 
     def __repr__(self) -> str:
         return (f"MemoryBudget(cap={format_size(self.cap)}, limit={format_size(self.limit)}, "
@@ -346,11 +346,14 @@ class MemoryBudget:
 
 
 class _Reservation:
-    def __init__(self, budget: MemoryBudget, nbytes: int, what: str):
-        self.budget, self.nbytes, self.what = budget, nbytes, what
+    def __init__(self, budget: MemoryBudget, nbytes: int, what: str, hint: str | None = None):
+        self.budget, self.nbytes, self.what, self.hint = budget, nbytes, what, hint
 
     def __enter__(self):
-        self.budget.reserve(self.nbytes, self.what)
+        if self.hint is None:
+            self.budget.reserve(self.nbytes, self.what)
+        else:
+            self.budget.reserve(self.nbytes, self.what, hint=self.hint)
         return self
 
     def __exit__(self, *exc):

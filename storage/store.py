@@ -309,7 +309,7 @@ class Store:
     ...         pass
     """
 
-    def __init__(self, path, memory=None):
+    def __init__(self, path, memory=None, *, positive=None):
         self.path = Path(path)
         self.budget = MemoryBudget.coerce(memory)
         data = self.path / DATA_FILE
@@ -358,6 +358,14 @@ class Store:
         self._index = None
         self.rows_read = 0
         self.bytes_read = 0
+        self.stored_task = self.task
+        self.positive = None
+        if positive is not None:
+            try:
+                self._one_vs_rest(positive)
+            except Exception:
+                self.close()
+                raise
 
     def _read_header(self, data: Path) -> None:
         a = self._file.attrs
@@ -428,6 +436,41 @@ class Store:
                     or hashes.dtype != np.uint64):
                 raise bad("block_hash does not match the store's datasets")
             self._hashes = hashes[:]
+
+    def _one_vs_rest(self, positive) -> None:
+        """Read a multiclass store as the binary task ``positive`` vs the rest: every label
+        leaves the store as +1 (the class) or -1 (any other), the task reads "binary". The
+        file is unchanged; one ingest serves every class (one-vs-rest training)."""
+        classes = self.metadata.get("label_map", {}).get("classes")
+        if self.stored_task != "multiclass" or not classes:
+            raise ParameterError(
+                f"One class against the rest is read from a multiclass store; {self.path} "
+                f"holds a {self.stored_task} task.",
+                "Train it directly, or ingest with --task multiclass.")
+        try:
+            c = float(positive)
+        except (TypeError, ValueError):
+            c = None
+        if c is None or c not in [float(v) for v in classes]:
+            raise ParameterError(
+                f"{positive!r} is not a class of {self.path} (classes: "
+                f"{', '.join(f'{v:g}' for v in map(float, classes))}).",
+                "Pick one of the store's classes.")
+        self.positive = c
+        self.task = "binary"
+
+    def _labels_out(self, y):
+        """Labels as the reader sees them: stored, or +1 / -1 for the one-vs-rest class."""
+        if self.positive is None:
+            return y
+        return np.where(np.asarray(y) == self.positive, 1.0, -1.0).astype(np.float32)
+
+    @property
+    def binary_label_map(self) -> dict:
+        """The label map of the task as read: the stored one, or the one-vs-rest class's."""
+        if self.positive is None:
+            return self.label_map
+        return {"positive": self.positive, "negative": "rest"}
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
@@ -527,7 +570,7 @@ class Store:
             X = sp.csr_matrix((got["data"], got["indices"], indptr - a),
                               shape=(stop - start, self.n_features))
         self._verify(start, stop, got)
-        y, row_ids = got["y"], got.get("row_id")
+        y, row_ids = self._labels_out(got["y"]), got.get("row_id")
         self.rows_read += stop - start
         nb = _nbytes(X, y, row_ids)
         self.bytes_read += nb
@@ -547,7 +590,7 @@ class Store:
             X, y = Xs.take(rows), ys.take(rows)
             self.rows_read += rows.size
             self.bytes_read += X.nbytes + y.nbytes
-            return X, y
+            return X, self._labels_out(y)
         return rows_one_by_one(lambda a, b: self.read_range(a, b, ids=False), rows)
 
     def read_block(self, b: int):
@@ -724,6 +767,8 @@ class Store:
                     else:
                         read = ds.take_runs(want, runs, out=out[a0:a1])
                     self.bytes_read += read * ds.row_bytes
+                if self.positive is not None:  # read raw from the file, not by read_range
+                    yout[a0:a1] = self._labels_out(yout[a0:a1])
                 continue
             for r_a, r_b in runs:
                 run = want[r_a:r_b]
@@ -835,7 +880,7 @@ class Store:
             try:
                 X, y, _ = self.read_range(lo, hi)
                 self.sqnorms(lo, hi)
-                if self.task == "binary" and y.size and not np.all(np.abs(y) == 1):
+                if self.stored_task == "binary" and y.size and not np.all(np.abs(y) == 1):
                     problems.append(f"{self.path}: block {b} holds labels other than -1/+1.")
             except StoreFormatError as exc:
                 problems.append(exc.message)
@@ -852,7 +897,7 @@ class Store:
 
     def labels(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         self._check_open()
-        return self._file["y"][start:self.n_samples if stop is None else stop]
+        return self._labels_out(self._file["y"][start:self.n_samples if stop is None else stop])
 
     def row_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         self._check_open()
@@ -893,9 +938,10 @@ class Store:
         return self._index
 
 
-def open_store(path, memory=None) -> Store:
-    """Open a finished store read-only. See :class:`Store`."""
-    return Store(path, memory=memory)
+def open_store(path, memory=None, *, positive=None) -> Store:
+    """Open a finished store read-only. See :class:`Store`. ``positive``: read a multiclass
+    store as that class against the rest (labels +1 / -1, task "binary")."""
+    return Store(path, memory=memory, positive=positive)
 
 
 def rewrite_block_order(store_path, perms, *, memory=None) -> None:

@@ -46,7 +46,8 @@ from . import _kernels as K
 from ._common import as_rows, check_labels, check_positive, kernel_args, seed_state
 
 __all__ = ["DCDStats", "DCDResult", "dcd_subproblem", "solve_dcd", "dual_objective",
-           "primal_objective", "solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed"]
+           "primal_objective", "solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed",
+           "drop_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ def solve_dcd(X, y, *, loss: Loss | str = "hinge", C: float = 1.0, bias: float =
 def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_features: int, *,
                        loss: Loss | str = "hinge", C: float = 1.0, bias: float = 1.0,
                        eps: float = 0.1, max_iter: int = 1000, shrinking: bool = True,
-                       seed=0, sqnorms=None, budget=None, on_epoch=None) -> DCDResult:
+                       seed=0, sqnorms=None, budget=None, on_epoch=None, holdout=None,
+                       warm=None) -> DCDResult:
     """Full dual CD with the rows streamed block by block (``--solver dcd`` out of core).
 
     Same objective, update and stopping rule as :func:`solve_dcd`; only the visiting order
@@ -228,6 +230,12 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
         block when missing.
     on_epoch : callable, optional
         ``on_epoch(epoch, stats)`` after every pass (progress lines).
+    holdout : (start, stop), optional
+        Rows ``start:stop`` are left out of the problem (a cross-validation fold): never
+        visited, their alpha stays 0; a block wholly inside is not read.
+    warm : (alpha, w), optional
+        A warm start, used and updated in place: alpha (n,) float64 with 0 on the held-out
+        rows, and w (d + 1,) = sum_i alpha_i y_i [x_i, bias] (see :func:`drop_rows`).
     """
     where = "solve_dcd_streamed"
     _check_common(C, eps, max_iter, bias, where)
@@ -239,18 +247,15 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
     if budget is not None:
         budget.reserve(need, "dual CD state (alpha, permutations, row norms)")
     try:
-        alpha = np.zeros(n)
+        alpha, w = _warm_state(warm, n, d, where)
         index = np.empty(n, dtype=np.int32)
-        for b in range(R):
-            index[off[b]:off[b + 1]] = np.arange(off[b + 1] - off[b], dtype=np.int32)
+        sizes = _train_index(off, holdout, index)
         sqn = np.full(n, np.nan)
         if sqnorms is not None and not callable(sqnorms):
             sqn[:] = np.asarray(sqnorms, dtype=np.float64)
-        w = np.zeros(d + 1)
         gen = np.random.default_rng(seed)
         state = seed_state(gen)
-        active = np.diff(off).copy()
-        sizes = active.copy()
+        active = sizes.copy()
         pgmax_old, pgmin_old = np.inf, -np.inf
         epochs = upd = vis = rows_read = blocks_read = 0
         pgmax = pgmin = 0.0
@@ -308,9 +313,62 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
             budget.release(need)
 
 
+def _warm_state(warm, n: int, d: int, where: str):
+    """``(alpha, w)``: zeros, or the caller's warm start checked for shape and dtype."""
+    if warm is None:
+        return np.zeros(n), np.zeros(d + 1)
+    alpha, w = warm
+    for name, a, size in (("alpha", alpha, n), ("w", w, d + 1)):
+        if (not isinstance(a, np.ndarray) or a.dtype != np.float64 or a.shape != (size,)
+                or not a.flags.writeable):
+            raise ParameterError(f"The warm {name} of {where} must be a writable float64 "
+                                 f"array of shape ({size},).", "Pass None for a cold start.")
+    return alpha, w
+
+
+def _train_index(off: np.ndarray, holdout, index: np.ndarray, shuffle: bool = True):
+    """Fill ``index[lo:lo + size_b]`` with the local rows of block b that are not held out
+    and return ``size_b`` per block (``holdout = (start, stop)`` store rows, or None)."""
+    R = off.shape[0] - 1
+    sizes = np.diff(off).astype(np.int64)
+    a, z = (0, 0) if holdout is None else (int(holdout[0]), int(holdout[1]))
+    for b in range(R):
+        lo, hi = int(off[b]), int(off[b + 1])
+        keep = np.arange(hi - lo, dtype=np.int32)
+        if a < hi and z > lo:  # the held-out rows of this block leave its list
+            keep = keep[(keep < a - lo) | (keep >= z - lo)]
+        index[lo:lo + keep.size] = keep
+        sizes[b] = keep.size
+    return sizes
+
+
+def drop_rows(read_range, start: int, stop: int, alpha: np.ndarray, w: np.ndarray,
+              bias: float, *, signed: bool = False) -> int:
+    """Take rows ``start:stop`` out of a dual solution in place: ``w -= sum alpha_i y_i x_i``
+    over them and their alpha set to 0 (the next fold's held-out rows leave the warm start).
+    ``signed``: the dual variables carry their sign (SVR's beta, ``w = sum beta_i x_i``).
+    ``read_range(a, b) -> (X, y, ...)``; only the span of non-zero alpha is read.
+    Returns the rows read."""
+    nz = np.flatnonzero(alpha[start:stop])
+    if nz.size == 0:
+        return 0
+    a, z = start + int(nz[0]), start + int(nz[-1]) + 1
+    X, y = read_range(a, z)[:2]
+    Xd, ip, ix, dt, sparse = kernel_args(X)
+    neg = -alpha[a:z]
+    if signed:  # rebuild_w adds alpha_i sign(y_i) x_i: beta's own sign goes in as the label
+        coef, sign = np.abs(neg), np.where(neg > 0, 1.0, -1.0)
+    else:
+        coef, sign = neg, np.asarray(y, dtype=np.float64)
+    K.rebuild_w(Xd, ip, ix, dt, sparse, float(bias), sign,
+                np.flatnonzero(neg).astype(np.int64), coef, w)
+    alpha[a:z] = 0.0
+    return z - a
+
+
 def solve_dcd_store(store, *, loss: Loss | str = "hinge", C: float = 1.0, bias: float = 1.0,
                     eps: float = 0.1, max_iter: int = 1000, shrinking: bool = True, seed=0,
-                    on_epoch=None) -> DCDResult:
+                    on_epoch=None, holdout=None, warm=None) -> DCDResult:
     """:func:`solve_dcd_streamed` over the blocks of a binary :class:`~ooc_learn.Store`.
 
     The dual state is reserved from ``store.budget``; ``alpha`` is returned in store row
@@ -329,14 +387,15 @@ def solve_dcd_store(store, *, loss: Loss | str = "hinge", C: float = 1.0, bias: 
     return solve_dcd_streamed(store.read_block, store.block_offsets, store.n_features,
                               loss=loss, C=C, bias=bias, eps=eps, max_iter=max_iter,
                               shrinking=shrinking, seed=seed, sqnorms=store.sqnorms,
-                              budget=store.budget, on_epoch=on_epoch)
+                              budget=store.budget, on_epoch=on_epoch, holdout=holdout,
+                              warm=warm)
 
 
 def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_features: int, *,
                       loss: Loss | str = "hinge", C: float = 1.0, bias: float = 1.0,
                       eps: float = 0.1, max_outer: int = 50, inner_eps: float = 0.1,
                       inner_max_iter: int = 10, seed=0, sqnorms=None, budget=None,
-                      on_outer=None) -> DCDResult:
+                      on_outer=None, holdout=None, warm=None) -> DCDResult:
     """Block minimisation (Yu, Hsieh, Chang, Lin, KDD 2010) with dual CD on each block.
 
     Objective: the dual (7) over all rows. Outer iteration: visit the blocks in a random
@@ -346,7 +405,8 @@ def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_featu
     projected gradient measured in the first pass over each block (before that block moves)
     is ``<= eps`` over all blocks, or ``max_outer`` outer iterations. ``alpha`` (n float64)
     and the squared norms (n float64) are reserved from ``budget``. In the returned stats,
-    ``epochs`` counts outer iterations and ``blocks_read`` block loads.
+    ``epochs`` counts outer iterations and ``blocks_read`` block loads. ``holdout`` and
+    ``warm`` are those of :func:`solve_dcd_streamed`.
     """
     where = "solve_bm_streamed"
     _check_common(C, eps, inner_max_iter, bias, where)
@@ -356,11 +416,13 @@ def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_featu
     off = np.asarray(block_offsets, dtype=np.int64)
     n, R, d = int(off[-1]), off.shape[0] - 1, int(n_features)
     upper, diag = loss.dual_upper(C), loss.dual_diag(C)
-    need = 16 * n + 8 * (d + 1)
+    need = 20 * n + 8 * (d + 1)
     if budget is not None:
-        budget.reserve(need, "block-minimisation state (alpha, row norms)")
+        budget.reserve(need, "block-minimisation state (alpha, row norms, row lists)")
     try:
-        alpha, w = np.zeros(n), np.zeros(d + 1)
+        alpha, w = _warm_state(warm, n, d, where)
+        local = np.empty(n, dtype=np.int32)
+        sizes = _train_index(off, holdout, local, shuffle=False)
         sqn = np.full(n, np.nan)
         if sqnorms is not None and not callable(sqnorms):
             sqn[:] = np.asarray(sqnorms, dtype=np.float64)
@@ -372,7 +434,7 @@ def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_featu
             pgmax, pgmin = -np.inf, np.inf
             for b in gen.permutation(R):
                 lo, hi = off[b], off[b + 1]
-                if hi == lo:
+                if sizes[b] == 0:
                     continue
                 Xb, yb = read_block(int(b))[:2]
                 rows_read += hi - lo
@@ -382,9 +444,10 @@ def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_featu
                     sq[:] = (sqnorms(lo, hi) if callable(sqnorms)
                              else K.row_sqnorms(*args, hi - lo))
                 yf = np.asarray(yb, dtype=np.float64)
-                index = np.arange(hi - lo, dtype=np.int64)
+                index = local[lo:lo + sizes[b]].astype(np.int64)
                 # first pass without shrinking measures the block's PG before it moves
-                _, pmax, pmin, u, v = K.dcd_epoch(*args, float(bias), yf, sq, index, hi - lo,
+                _, pmax, pmin, u, v = K.dcd_epoch(*args, float(bias), yf, sq, index,
+                                                  index.size,
                                                   alpha[lo:hi], w, upper, diag, np.inf,
                                                   -np.inf, False, state)
                 pgmax, pgmin = max(pgmax, pmax), min(pgmin, pmin)

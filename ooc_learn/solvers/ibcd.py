@@ -205,7 +205,8 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
                bias: float = 1.0, n: int = 1000, eps: float = 0.1, sample_eps: float = 0.0,
                max_outer: int = 10, init_sample: int = 10000, block_iters: int = 10,
                block_solver: str = "dual", shrink_threshold: float = 1.0, seed: int = 0,
-               spill_dir=None, on_outer: Callable[[dict], None] | None = None) -> IBCDResult:
+               spill_dir=None, on_outer: Callable[[dict], None] | None = None,
+               holdout=None, warm=None) -> IBCDResult:
     """Train a linear SVM on an indexed store by IBCD (see the module docstring).
 
     Parameters
@@ -233,6 +234,13 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     spill_dir : path, optional
         Where the active set spills when it outgrows its share of the cap (§4.2); default:
         the folder holding the store (the data's own disk, not a RAM-backed /tmp).
+    holdout : (start, stop), optional
+        Rows ``start:stop`` are left out of the problem (a cross-validation fold): the index
+        and the checks pass over them as over rows already in S, and w_0's sample avoids them.
+    warm : (rows, alpha), optional
+        Start from a previous solution instead of w_0 (§3.1's sample): its support vectors
+        (store rows and their alpha) start S and w = sum alpha_i y_i [x_i, bias].
+        Rows inside ``holdout`` are dropped from it (cross-validation's next fold).
 
     Returns
     -------
@@ -251,6 +259,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     forest = rows_src.open_forest()
     N_all, d = store.n_samples, store.n_features
     base_loss = get_loss(loss).base()
+    ho_a, ho_z = _check_holdout(holdout, N_all)
 
     # ---- w_0 from a random sample (§3.1) -------------------------------------------------
     # the sample, its dual CD state and a copy must fit the cap: shrink it if they do not.
@@ -260,31 +269,33 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     # gave 4 outer iterations and 60k rows read; 1352 rows, 10 and 441k). Cache entries are
     # evicted for it; only what cannot be (a cap nearly full of buffers) shrinks it further
     row_bytes = max(1, store.estimated_bytes(1)) + 40
-    m0 = int(min(init_sample, N_all, max(100, store.budget.limit // (4 * row_bytes))))
+    N_train = N_all - (ho_z - ho_a)
+    m0 = int(min(init_sample, N_train, max(100, store.budget.limit // (4 * row_bytes))))
     if not store.budget.try_reserve(2 * m0 * row_bytes):
         m0 = int(max(100, min(m0, store.budget.available // (2 * row_bytes))))
         store.budget.reserve(2 * m0 * row_bytes, "IBCD initial sample")
-    sample = np.sort(rng.choice(N_all, m0, replace=False))
+    start = None
     try:
-        Xs, ys, _ = store.gather(sample, whole_blocks=False)
-        ys = ys.astype(np.float64)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # max_iter=INIT_ITERS is meant
-            res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, max_iter=INIT_ITERS,
-                             seed=int(rng.integers(1 << 31)))
+        if warm is None:
+            start = _sample_start(store, rng, m0, (ho_a, ho_z), loss=loss, C=C, bias=bias,
+                                  eps=eps)
     finally:
         store.budget.release(2 * m0 * row_bytes)
-    w = res0.w.copy()
     S = ActiveSet(d, store.layout == "csr", store.budget,
                   spill_dir=_spill_dir(store, spill_dir))
     in_S = np.zeros(N_all, bool)
     store.budget.reserve(N_all, "IBCD active-set mask")
     checker = None
     try:
-        sv = np.flatnonzero(res0.alpha > 0)
-        S.add(sample[sv], Xs[sv], ys[sv], _row_sqn(Xs[sv]), res0.alpha[sv])
-        in_S[sample[sv]] = True
-        del Xs, ys, res0
+        if start is not None:
+            w, rows, Xs, ys, alpha = start
+            del start
+            S.add(rows, Xs, ys, _row_sqn(Xs), alpha)
+            del Xs, ys
+        else:
+            w = _start_from_warm(store, S, warm, m0, row_bytes, (ho_a, ho_z), bias)
+        in_S[S.rows[: S.m]] = True
+        in_S[ho_a:ho_z] = True  # held out: neither asked for nor checked
         stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
                  "queries": 0, "queries_cut": 0, "queries_truncated": 0,
                  "queries_imprecise": 0, "queries_grown": 0, "scans_preferred": 0,
@@ -308,6 +319,67 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
         store.budget.release(N_all)
         forest.close()
         rows_src.clear()
+
+
+def _check_holdout(holdout, n: int) -> tuple[int, int]:
+    if holdout is None:
+        return 0, 0
+    a, z = (int(v) for v in holdout)
+    if not 0 <= a < z <= n or z - a == n:
+        raise ParameterError(f"The 'holdout' parameter of solve_ibcd must be a range "
+                             f"(start, stop) with 0 <= start < stop <= {n} that leaves rows "
+                             f"to train on. Got {holdout!r} instead.",
+                             "Pass the rows of one cross-validation fold.")
+    return a, z
+
+
+def _sample_start(store, rng, m0, holdout, *, loss, C, bias, eps):
+    """w_0 from dual CD on a random sample of m0 training rows (§3.1); returns ``(w_0, rows,
+    X, y, alpha)`` of its support vectors, which start S."""
+    a, z = holdout
+    sample = rng.choice(store.n_samples - (z - a), m0, replace=False)
+    sample[sample >= a] += z - a  # the held-out rows are skipped
+    sample.sort()
+    Xs, ys, _ = store.gather(sample, whole_blocks=False)
+    ys = ys.astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # max_iter=INIT_ITERS is meant
+        res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, max_iter=INIT_ITERS,
+                         seed=int(rng.integers(1 << 31)))
+    sv = np.flatnonzero(res0.alpha > 0)
+    return res0.w.copy(), sample[sv], Xs[sv], ys[sv], res0.alpha[sv]
+
+
+def _start_from_warm(store, S, warm, chunk: int, row_bytes: int, holdout, bias) -> np.ndarray:
+    """S from a previous solution's support vectors outside ``holdout``, read ``chunk`` rows
+    at a time (each paid from the budget while it is copied into S); returns their
+    w = sum alpha_i y_i [x_i, bias]."""
+    from . import _kernels as K
+    from ._common import kernel_args
+
+    rows, alpha = (np.asarray(v) for v in warm)
+    order = np.argsort(rows, kind="stable")
+    rows, alpha = rows.astype(np.int64)[order], alpha.astype(np.float64)[order]
+    if rows.shape != alpha.shape or (rows.size and (np.any(np.diff(rows) <= 0)
+                                                    or rows[0] < 0
+                                                    or rows[-1] >= store.n_samples)):
+        raise ParameterError("The 'warm' parameter of solve_ibcd must be (rows, alpha): "
+                             "distinct store rows and one alpha each.",
+                             "Pass a previous result's (sv_rows, sv_alpha).")
+    a, z = holdout
+    keep = ((rows < a) | (rows >= z)) & (alpha > 0)
+    rows, alpha = rows[keep], alpha[keep]
+    w = np.zeros(store.n_features + 1)
+    for i in range(0, rows.size, chunk):
+        r, al = rows[i:i + chunk], alpha[i:i + chunk]
+        with store.budget.reservation(2 * r.size * row_bytes, "IBCD warm start"):
+            X, y, _ = store.gather(r, whole_blocks=False)
+            y = y.astype(np.float64)
+            K.rebuild_w(*kernel_args(X), float(bias), y, np.arange(r.size, dtype=np.int64),
+                        al, w)
+            S.add(r, X, y, _row_sqn(X), al)
+            del X, y
+    return w
 
 
 def _spill_dir(store, spill_dir) -> Path:

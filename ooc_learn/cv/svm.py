@@ -1,0 +1,392 @@
+"""K-fold cross-validation of the linear SVM ``ooc-train`` trains, out of core.
+
+Each fold trains the same solver (IBCD, streamed dual CD or block minimisation) with the same
+loss, C, bias, truncation and memory cap as ``ooc-train`` would, on the store's rows minus one
+fold, and scores it on that fold. The folds are contiguous ranges of store rows made of whole
+blocks where there are at least k blocks (:func:`~ooc_learn.cv.folds.store_fold_bounds`): the
+block order was shuffled at ingest, so a fold is a random part of the rows, and holding one
+out skips its blocks, it does not filter rows.
+
+Folds are solved one after the other, each warm-started from the previous fold's solution:
+between fold i-1 and fold i only the rows of those two folds change hands (fold i's rows
+leave, fold i-1's join), so the dual solution of fold i-1 with fold i's rows taken out is
+close to fold i's (the warm start of the alpha-seeding CV of kernel SVMs, applied to the
+linear dual). For the dual CD solvers the state is alpha over all rows and w: fold i's rows
+have their alpha zeroed and their contribution subtracted from w
+(:func:`~ooc_learn.solvers.dcd.drop_rows`). For IBCD it is the previous fold's support vectors
+and their alpha outside fold i, which start S in place of w_0's random sample.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ooc_learn.storage.errors import ParameterError
+
+from .folds import check_k, store_fold_bounds
+from .result import CVResult
+
+__all__ = ["svm_cv", "svm_cv_grid", "SVM_CV_SOLVERS"]
+
+SVM_CV_SOLVERS = ("ibcd", "dcd", "bm")
+
+
+def svm_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: float = 1.0,
+           s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
+           block_size: int = 1000, block_solver: str = "dual", init_sample: int = 10000,
+           sample_eps: float = 0.0, seed: int = 0, memory=None, spill_dir=None,
+           warm_start: bool = True, on_fold=None, epsilon: float = 0.0) -> CVResult:
+    """K-fold CV accuracy of a linear SVM on a binary store (see the module docstring).
+
+    Parameters
+    ----------
+    store : Store or path
+    k : int
+        Folds (2 <= k <= rows). Leave-one-out of a linear SVM this way would be n solves: use
+        TreeCV of an incremental learner, or the kernel SVM's exact LOO, for that.
+    solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, init_sample,
+    sample_eps, seed, memory, spill_dir
+        As for :func:`ooc_learn.train` (``solver`` one of ``"ibcd"``, ``"dcd"``, ``"bm"``).
+    warm_start : bool
+        Start each fold from the previous fold's solution (default); False solves every
+        fold from scratch (the reference the warm start is measured against).
+    on_fold : callable, optional
+        ``on_fold(info)`` after each fold, ``info`` the fold's entry of ``stats["folds"]``.
+
+    Returns
+    -------
+    CVResult
+        ``estimate`` the accuracy over all rows (each scored by the model that held it out),
+        ``fold_scores`` each fold's accuracy, ``folds`` / ``predictions`` the fold and the
+        decision value of each row (store row order), and in ``stats`` per fold: rows,
+        accuracy, seconds, rows read, outer iterations, objective, support vectors.
+
+    Examples
+    --------
+    >>> res = svm_cv("train.store", 5, solver="ibcd", C=1.0)   # doctest: +SKIP
+    >>> res.estimate, res.fold_scores                          # doctest: +SKIP
+    """
+    return svm_cv_grid(store, k, [C], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+                       max_outer=max_outer, block_size=block_size, block_solver=block_solver,
+                       init_sample=init_sample, sample_eps=sample_eps, seed=seed,
+                       memory=memory, spill_dir=spill_dir, warm_start=warm_start,
+                       on_fold=on_fold, epsilon=epsilon, caller="svm_cv")[0]
+
+
+def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = None,
+                s: float | None = None, bias: float = 1.0, eps: float = 0.1,
+                max_outer: int = 10, block_size: int = 1000, block_solver: str = "dual",
+                init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0,
+                memory=None, spill_dir=None, warm_start: bool = True, on_fold=None,
+                epsilon: float = 0.0, caller: str = "svm_cv_grid") -> list[CVResult]:
+    """:func:`svm_cv` at each C of ``Cs``, one :class:`CVResult` each, in ascending C.
+
+    The same folds serve every C; fold i at each C is warm-started from fold i at the next
+    smaller C (the regularization path of LIBLINEAR's ``-C``), and fold i at the smallest C
+    from fold i-1 there. The result of each C holds its own seconds and rows read.
+
+    A multiclass store is cross-validated one-vs-rest (accuracy of the class of the largest
+    value); a regression store by the RMSE of least squares or SVR (``loss``, ``epsilon``:
+    as :func:`ooc_learn.train`), least squares by the normal equations from one pass with
+    a Gram matrix per fold (any number of C from the same pass).
+    """
+    from ooc_learn.training import (_check, _model_state_bytes, _run, open_data,
+                                    regression_solver)
+
+    Cs = sorted(float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else c
+                for c in _as_list(Cs, caller))
+    if len(set(Cs)) != len(Cs):
+        raise ParameterError(f"The Cs of {caller} must differ. Got {Cs!r}.",
+                             "List each C once.")
+    if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
+        raise ParameterError(f"The 'sample_eps' parameter of {caller} must be in [0, 1). Got "
+                             f"{sample_eps!r} instead.", "0 disables the sampled rule.")
+    st, opened = open_data(store, memory)
+    try:
+        if st.task not in ("binary", "multiclass", "regression"):
+            raise ParameterError(f"{caller} cross-validates binary, multiclass and "
+                                 f"regression stores; {st.path} holds a {st.task} task.",
+                                 "Re-ingest it with --task.")
+        if isinstance(k, str) and k.lower() == "loo":
+            raise ParameterError(
+                "Leave-one-out of the linear SVM would train one model per row.",
+                "Use --cv K with K folds, or TreeCV (--cv-method tree) for leave-one-out.")
+        n = st.n_samples
+        k = check_k(k, n, caller)
+        if k > max(n // 2, st.n_blocks):
+            raise ParameterError(
+                f"{k} folds of {n} rows leave about {n / k:.1f} rows a fold; each fold is a "
+                "full SVM solve.", "Use k <= 20, or TreeCV (--cv-method tree) for many folds.")
+        if st.task == "regression":
+            from ooc_learn.training import train_regression
+
+            for C in Cs:  # the checks of train_regression, before any work
+                if not (C > 0 and math.isfinite(C)):
+                    raise ParameterError(f"The Cs of {caller} must be > 0. Got {C!r}.",
+                                         "C is the cost; try 1.")
+            loss = "squared_epsilon_insensitive" if loss is None else loss
+            solver = regression_solver(st, solver, loss, epsilon)
+            if solver == "exact":
+                return _cross_validate_exact(st, k, Cs=Cs, bias=bias, on_fold=on_fold)
+
+            def run(st_, *, C, holdout, warm, reference=None, **_):
+                return train_regression(st_, solver="dcd", loss=loss, C=C, epsilon=epsilon,
+                                        bias=bias, eps=eps, max_outer=max_outer, seed=seed,
+                                        holdout=holdout, warm=warm, s=s, stats_only=True,
+                                        reference=reference)
+            return _cross_validate(st, k, solver="dcd", Cs=Cs, bias=bias,
+                                   warm_start=warm_start, on_fold=on_fold, run=run,
+                                   state_bytes=16 * (st.n_features + 1), regression=True)
+        solver = "ibcd" if solver is None else solver
+        loss = "hinge" if loss is None else loss
+        if solver not in SVM_CV_SOLVERS:
+            raise ParameterError(
+                f"The 'solver' parameter of {caller} must be one of "
+                f"{', '.join(SVM_CV_SOLVERS)}. Got {solver!r} instead.",
+                "PEGASOS and the other incremental learners are cross-validated by tree_cv.")
+        for C in Cs:
+            _check(solver, loss, C, s, bias, eps, max_outer, block_size)
+        if epsilon != 0.0:
+            raise ParameterError("epsilon is the insensitive zone of regression; "
+                                 f"{st.path} holds a {st.task} task.", "Drop --epsilon.")
+        run = _cross_validate_ovr if st.task == "multiclass" else _cross_validate
+        return run(st, k, solver=solver, Cs=Cs, loss=loss, s=s, bias=bias,
+                   eps=eps, max_outer=max_outer, block_size=block_size,
+                   block_solver=block_solver, init_sample=init_sample,
+                   sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
+                   warm_start=warm_start, on_fold=on_fold, run=_run,
+                   state_bytes=_model_state_bytes(solver, block_solver, st.n_features))
+    finally:
+        if opened:
+            st.close()
+
+
+def _as_list(Cs, caller):
+    try:
+        Cs = list(Cs)
+    except TypeError:
+        raise ParameterError(f"The 'Cs' parameter of {caller} must be a list of costs. Got "
+                             f"{Cs!r} instead.", "Pass e.g. [0.01, 0.1, 1, 10].") from None
+    if not Cs:
+        raise ParameterError(f"The 'Cs' parameter of {caller} is empty.",
+                             "Pass e.g. [0.01, 0.1, 1, 10].")
+    return Cs
+
+
+def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes, bias,
+                    regression=False, **params) -> list[CVResult]:
+    """One CVResult per C of ``Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
+    starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
+    fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
+    ``regression``: SVR's dual (beta, signed, no labels in w) and the RMSE per fold; each C's
+    folds stop relative to the first violation of that C's first solve."""
+    from ooc_learn.solvers.dcd import drop_rows
+
+    t0 = time.perf_counter()
+    n, d = st.n_samples, st.n_features
+    bounds = store_fold_bounds(st.block_offsets, k)
+    rows0, bytes0 = st.rows_read, st.bytes_read
+    dual = solver in ("dcd", "bm")
+    m = len(Cs)
+    # per row and C: its decision value (float64); per row: its fold (int32); the dual
+    # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w
+    per_row = 4 * n + 8 * m * n + (16 * n if dual else 0)
+    with st.budget.reservation(per_row + 3 * state_bytes, "cross-validation state (each "
+                               "row's fold and decision values, the warm starts)"):
+        folds = np.empty(n, dtype=np.int32)
+        decision = np.empty((m, n), dtype=np.float64)
+        head = (np.zeros(n), np.zeros(d + 1)) if dual else None  # fold i-1 at C_1
+        metric = "rmse" if regression else "accuracy"
+        references = {}  # regression: each C's stopping reference, from its first solve
+        fold_scores = np.empty((m, k))
+        logs = [[] for _ in range(m)]
+        seconds = np.zeros(m)
+        rows_read = np.zeros(m, dtype=np.int64)
+        for i in range(k):
+            a, z = int(bounds[i]), int(bounds[i + 1])
+            folds[a:z] = i
+            if dual and warm_start and i > 0:
+                drop_rows(st.read_range, a, z, head[0], head[1], bias, signed=regression)
+            warm = head if warm_start and (dual or i > 0) else None
+            for j, C in enumerate(Cs):
+                f0, fr0 = time.perf_counter(), st.rows_read
+                if dual and warm_start and j == 1:
+                    # the C path goes on from a copy: head stays fold i at C_1 for fold i+1
+                    warm = (head[0].copy(), head[1].copy())
+                extra = {"reference": references.get(C)} if regression else {}
+                stats = run(st, solver=solver, C=C, bias=bias, epochs=1, on_outer=None,
+                            holdout=(a, z), warm=warm, **params, **extra)
+                if regression and C not in references and "reference" in stats:
+                    references[C] = stats["reference"]
+                w = np.array(stats["w"], dtype=np.float64)
+                if warm_start:
+                    warm = warm if dual else stats["warm"]
+                    if j == 0 and not dual:
+                        head = warm
+                elif dual:
+                    warm = None
+                right = sse = 0.0
+                for X, y, lo, hi in _pieces(st, a, z):
+                    dv = _decision(X, w, bias)
+                    decision[j, lo:hi] = dv
+                    if regression:
+                        r = np.asarray(y, dtype=np.float64) - dv
+                        sse += float(r @ r)
+                    else:
+                        right += int(np.count_nonzero((dv > 0) == (np.asarray(y) > 0)))
+                fold_scores[j, i] = (math.sqrt(sse / (z - a)) if regression
+                                     else right / (z - a))
+                entry = {"fold": i, "C": C, "rows": z - a, metric: fold_scores[j, i],
+                         "seconds": time.perf_counter() - f0, "rows_read": st.rows_read - fr0,
+                         "outer_iterations": stats.get("outer_iterations"),
+                         "objective": stats.get("objective"), "n_sv": stats.get("n_sv")}
+                seconds[j] += entry["seconds"]
+                rows_read[j] += entry["rows_read"]
+                logs[j].append(entry)
+                if on_fold is not None:
+                    on_fold(entry)
+            if not warm_start and dual:
+                head = None
+        sizes = np.diff(bounds)
+        total = time.perf_counter() - t0
+        out = []
+        for j, C in enumerate(Cs):
+            estimate = (math.sqrt((fold_scores[j] ** 2 * sizes).sum() / n) if regression
+                        else float((fold_scores[j] * sizes).sum() / n))
+            out.append(CVResult(
+                estimate=estimate, fold_scores=fold_scores[j],
+                metric=metric, method=f"{solver}-warm" if warm_start else solver,
+                folds=folds, predictions=decision[j],
+                stats={"k": k, "n": n, "solver": solver, "C": C, "warm_start": warm_start,
+                       "rows_read": int(rows_read[j]), "seconds": float(seconds[j]),
+                       "folds": logs[j]}))
+        if m == 1:
+            out[0].stats.update(rows_read=st.rows_read - rows0,
+                                bytes_read=st.bytes_read - bytes0, seconds=total)
+    return out
+
+
+def _cross_validate_exact(st, k, *, Cs, bias, on_fold) -> list[CVResult]:
+    """Least squares, every fold and every C from one pass: a Gram matrix per fold
+    (:func:`~ooc_learn.solvers.least_squares.fold_grams`); fold f's model solves with the
+    sum of the others'. A second pass scores each fold's rows."""
+    from ooc_learn.solvers.least_squares import (fold_grams, gram_bytes,
+                                                 solve_normal_equations)
+
+    t0 = time.perf_counter()
+    n, d, m = st.n_samples, st.n_features, len(Cs)
+    bounds = store_fold_bounds(st.block_offsets, k)
+    rows0, bytes0 = st.rows_read, st.bytes_read
+    with st.budget.reservation(gram_bytes(d, k + 1) + 4 * n + 8 * m * n,
+                               f"normal equations of {k} folds ((d+1)^2 Gram matrices of "
+                               f"{d:,} features, each row's fold and predictions)",
+                               hint="or cross-validate with --solver dcd (no Gram matrix)"):
+        G, b = fold_grams(st, bounds, bias=bias)
+        Gt, bt = G.sum(axis=0), b.sum(axis=0)
+        folds = np.repeat(np.arange(k, dtype=np.int32), np.diff(bounds))
+        decision = np.empty((m, n))
+        sse = np.zeros((m, k))
+        logs = [[] for _ in range(m)]
+        for i in range(k):
+            a, z = int(bounds[i]), int(bounds[i + 1])
+            f0 = time.perf_counter()
+            W = [solve_normal_equations(Gt - G[i], bt - b[i], C) for C in Cs]
+            for X, y, lo, hi in _pieces(st, a, z):
+                yf = np.asarray(y, dtype=np.float64)
+                for j, w in enumerate(W):
+                    dv = _decision(X, w, bias)
+                    decision[j, lo:hi] = dv
+                    sse[j, i] += float((yf - dv) @ (yf - dv))
+            for j, C in enumerate(Cs):
+                entry = {"fold": i, "C": C, "rows": z - a,
+                         "rmse": math.sqrt(sse[j, i] / (z - a)),
+                         "seconds": (time.perf_counter() - f0) / m, "outer_iterations": 1}
+                logs[j].append(entry)
+                if on_fold is not None:
+                    on_fold(entry)
+    total = time.perf_counter() - t0
+    out = []
+    for j, C in enumerate(Cs):
+        out.append(CVResult(
+            estimate=math.sqrt(sse[j].sum() / n), fold_scores=np.sqrt(sse[j] / np.diff(bounds)),
+            metric="rmse", method="exact", folds=folds, predictions=decision[j],
+            stats={"k": k, "n": n, "solver": "exact", "C": C, "warm_start": False,
+                   "seconds": total / m, "rows_read": (st.rows_read - rows0) // m,
+                   "folds": logs[j]}))
+    if m == 1:
+        out[0].stats.update(rows_read=st.rows_read - rows0, bytes_read=st.bytes_read - bytes0,
+                            seconds=total)
+    return out
+
+
+def _cross_validate_ovr(st, k, *, Cs, **params) -> list[CVResult]:
+    """One-vs-rest CV of a multiclass store: each class against the rest on the same folds
+    (the store read as that binary task), a row's prediction the class whose model, trained
+    without the row's fold, gives it the largest value. Only the running best value and class
+    per row and C are kept across classes."""
+    from ooc_learn.storage.store import open_store
+
+    t0 = time.perf_counter()
+    classes = np.asarray(st.label_map.get("classes") or [], dtype=np.float64)
+    if classes.size < 2:
+        raise ParameterError(f"The multiclass store {st.path} lists no classes.",
+                             "Re-ingest it with --task multiclass.")
+    n, m = st.n_samples, len(Cs)
+    rows0 = st.rows_read
+    with st.budget.reservation(10 * m * n + 4 * n, "one-vs-rest cross-validation (each "
+                               "row's best value and class per C, its label)"):
+        best = np.full((m, n), -np.inf)
+        best_k = np.zeros((m, n), dtype=np.int16)
+        per_class = [[] for _ in range(m)]
+        rows_read = 0
+        for ci, c in enumerate(classes):
+            with open_store(st.path, memory=st.budget, positive=c) as view:
+                results = _cross_validate(view, k, Cs=Cs, **params)
+                rows_read += view.rows_read
+            for j, r in enumerate(results):
+                better = r.predictions > best[j]
+                best[j][better] = r.predictions[better]
+                best_k[j][better] = ci
+                per_class[j].append({"class": float(c), "estimate": r.estimate,
+                                     "seconds": r.stats["seconds"],
+                                     "rows_read": r.stats["rows_read"]})
+            folds = results[0].folds
+            del results
+        y = np.asarray(st.labels(), dtype=np.float64)
+        bounds = np.r_[0, np.cumsum(np.bincount(folds, minlength=int(folds.max()) + 1))]
+        out = []
+        for j, C in enumerate(Cs):
+            right = classes[best_k[j]] == y
+            fold_scores = np.add.reduceat(right.astype(np.float64), bounds[:-1]) / np.diff(bounds)
+            out.append(CVResult(
+                estimate=float(right.mean()), fold_scores=fold_scores, metric="accuracy",
+                method=f"{params['solver']}-one-vs-rest", folds=folds,
+                predictions=classes[best_k[j]],
+                stats={"k": len(fold_scores), "n": n, "solver": params["solver"], "C": C,
+                       "classes": classes.tolist(), "warm_start": params["warm_start"],
+                       "seconds": sum(e["seconds"] for e in per_class[j]),
+                       "rows_read": sum(e["rows_read"] for e in per_class[j]),
+                       "per_class": per_class[j], "folds": []}))
+        if m == 1:
+            out[0].stats.update(seconds=time.perf_counter() - t0,
+                                rows_read=rows_read + st.rows_read - rows0)
+    return out
+
+
+def _pieces(st, a: int, z: int):
+    """``(X, y, lo, hi)`` for store rows a:z, one block's part at a time."""
+    off = np.asarray(st.block_offsets, dtype=np.int64)
+    b = int(np.searchsorted(off, a, side="right") - 1)
+    lo = a
+    while lo < z:
+        hi = min(z, int(off[b + 1]))
+        X, y = st.read_range(lo, hi, ids=False)[:2]
+        yield X, y, lo, hi
+        lo, b = hi, b + 1
+
+
+def _decision(X, w, bias) -> np.ndarray:
+    return np.asarray(X @ w[:-1]).ravel() + w[-1] * bias
