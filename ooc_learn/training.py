@@ -223,14 +223,20 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
     t0 = time.perf_counter()
     rows0, bytes0 = st.rows_read, st.bytes_read
     if solver == "exact":
+        from ooc_learn.solvers.dcd import held_out
+
         n, d = st.n_samples, st.n_features
-        parts = [0, n] if holdout is None else [0, holdout[0], holdout[1], n]
-        with st.budget.reservation(gram_bytes(d, len(parts) - 1), "normal equations "
-                                   f"((d+1)^2 Gram matrices of {d:,} features)",
+        a, z, mask = held_out(holdout, n)
+        with st.budget.reservation(gram_bytes(d) + n, "normal equations "
+                                   f"((d+1)^2 Gram matrix of {d:,} features)",
                                    hint="or train with --solver dcd (dual CD: no Gram matrix)"):
-            G, b = fold_grams(st, parts, bias=bias)
-            keep = [0] if holdout is None else [0, 2]
-            w = solve_normal_equations(G[keep].sum(axis=0), b[keep].sum(axis=0), C)
+            folds = np.zeros(n, dtype=np.int8)  # 0: trained on, -1: held out
+            if mask is not None:
+                folds[mask] = -1
+            else:
+                folds[a:z] = -1
+            G, b = fold_grams(st, folds, 1, bias=bias)
+            w = solve_normal_equations(G[0], b[0], C)
         stats = {"w": w, "warm": None, "outer_iterations": 1, "converged": True}
     else:
         res = solve_svr_store(st, loss=loss, C=C, epsilon=epsilon, bias=bias, eps=eps,

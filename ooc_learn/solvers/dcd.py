@@ -47,7 +47,7 @@ from ._common import as_rows, check_labels, check_positive, kernel_args, seed_st
 
 __all__ = ["DCDStats", "DCDResult", "dcd_subproblem", "solve_dcd", "dual_objective",
            "primal_objective", "solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed",
-           "drop_rows"]
+           "drop_rows", "held_out"]
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +230,9 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
         block when missing.
     on_epoch : callable, optional
         ``on_epoch(epoch, stats)`` after every pass (progress lines).
-    holdout : (start, stop), optional
-        Rows ``start:stop`` are left out of the problem (a cross-validation fold): never
-        visited, their alpha stays 0; a block wholly inside is not read.
+    holdout : (start, stop) or bool array (n,), optional
+        Rows left out of the problem (a cross-validation fold; a range, or a mask True on
+        them): never visited, their alpha stays 0; a block wholly inside is not read.
     warm : (alpha, w), optional
         A warm start, used and updated in place: alpha (n,) float64 with 0 on the held-out
         rows, and w (d + 1,) = sum_i alpha_i y_i [x_i, bias] (see :func:`drop_rows`).
@@ -326,44 +326,81 @@ def _warm_state(warm, n: int, d: int, where: str):
     return alpha, w
 
 
+def held_out(holdout, n: int, where: str = "holdout"):
+    """A holdout as ``(start, stop, mask)``: a row range (``mask`` None), or a boolean mask
+    of the n rows (True: held out; ``start:stop`` its span). None holds nothing out."""
+    if holdout is None:
+        return 0, 0, None
+    if isinstance(holdout, np.ndarray) and holdout.dtype == bool:
+        if holdout.shape != (n,):
+            raise ParameterError(f"The {where} mask must have one entry per row ({n}). Got "
+                                 f"shape {holdout.shape}.", "Pass folds == i.")
+        idx = np.flatnonzero(holdout)
+        if idx.size == 0 or idx.size == n:
+            raise ParameterError(f"The {where} mask must hold out some rows and leave some.",
+                                 "Pass the rows of one cross-validation fold.")
+        return int(idx[0]), int(idx[-1]) + 1, holdout
+    a, z = (int(v) for v in holdout)
+    if not 0 <= a < z <= n or z - a == n:
+        raise ParameterError(f"The {where} range must be (start, stop) with 0 <= start < "
+                             f"stop <= {n} that leaves rows to train on. Got {holdout!r}.",
+                             "Pass the rows of one cross-validation fold.")
+    return a, z, None
+
+
 def _train_index(off: np.ndarray, holdout, index: np.ndarray, shuffle: bool = True):
     """Fill ``index[lo:lo + size_b]`` with the local rows of block b that are not held out
-    and return ``size_b`` per block (``holdout = (start, stop)`` store rows, or None)."""
+    and return ``size_b`` per block (``holdout``: a (start, stop) range of store rows, a
+    boolean mask of them, or None)."""
     R = off.shape[0] - 1
     sizes = np.diff(off).astype(np.int64)
-    a, z = (0, 0) if holdout is None else (int(holdout[0]), int(holdout[1]))
+    a, z, mask = held_out(holdout, int(off[-1]))
     for b in range(R):
         lo, hi = int(off[b]), int(off[b + 1])
         keep = np.arange(hi - lo, dtype=np.int32)
         if a < hi and z > lo:  # the held-out rows of this block leave its list
-            keep = keep[(keep < a - lo) | (keep >= z - lo)]
+            keep = keep[~mask[lo:hi]] if mask is not None else \
+                keep[(keep < a - lo) | (keep >= z - lo)]
         index[lo:lo + keep.size] = keep
         sizes[b] = keep.size
     return sizes
 
 
 def drop_rows(read_range, start: int, stop: int, alpha: np.ndarray, w: np.ndarray,
-              bias: float, *, signed: bool = False) -> int:
-    """Take rows ``start:stop`` out of a dual solution in place: ``w -= sum alpha_i y_i x_i``
-    over them and their alpha set to 0 (the next fold's held-out rows leave the warm start).
+              bias: float, *, signed: bool = False, mask=None, block_offsets=None) -> int:
+    """Take rows out of a dual solution in place: ``w -= sum alpha_i y_i x_i`` over them and
+    their alpha set to 0 (the next fold's held-out rows leave the warm start). The rows are
+    ``start:stop``, or those of a boolean ``mask`` over all rows within that span.
     ``signed``: the dual variables carry their sign (SVR's beta, ``w = sum beta_i x_i``).
-    ``read_range(a, b) -> (X, y, ...)``; only the span of non-zero alpha is read.
-    Returns the rows read."""
-    nz = np.flatnonzero(alpha[start:stop])
-    if nz.size == 0:
-        return 0
-    a, z = start + int(nz[0]), start + int(nz[-1]) + 1
-    X, y = read_range(a, z)[:2]
-    Xd, ip, ix, dt, sparse = kernel_args(X)
-    neg = -alpha[a:z]
-    if signed:  # rebuild_w adds alpha_i sign(y_i) x_i: beta's own sign goes in as the label
-        coef, sign = np.abs(neg), np.where(neg > 0, 1.0, -1.0)
-    else:
-        coef, sign = neg, np.asarray(y, dtype=np.float64)
-    K.rebuild_w(Xd, ip, ix, dt, sparse, float(bias), sign,
-                np.flatnonzero(neg).astype(np.int64), coef, w)
-    alpha[a:z] = 0.0
-    return z - a
+    ``read_range(a, b) -> (X, y, ...)``; only rows with a non-zero alpha are read, one span
+    per block of ``block_offsets`` (default: one block). Returns the rows read."""
+    off = (np.array([0, alpha.shape[0]], np.int64) if block_offsets is None
+           else np.asarray(block_offsets, dtype=np.int64))
+    read = 0
+    for b in range(off.size - 1):
+        lo, hi = max(int(off[b]), start), min(int(off[b + 1]), stop)
+        if lo >= hi:
+            continue
+        take = alpha[lo:hi] != 0
+        if mask is not None:
+            take &= mask[lo:hi]
+        nz = np.flatnonzero(take)
+        if nz.size == 0:
+            continue
+        a, z = lo + int(nz[0]), lo + int(nz[-1]) + 1
+        X, y = read_range(a, z)[:2]
+        rows = (nz - (a - lo)).astype(np.int64)
+        Xd, ip, ix, dt, sparse = kernel_args(X)
+        neg = np.zeros(z - a)
+        neg[rows] = -alpha[a:z][rows]
+        if signed:  # rebuild_w adds alpha_i sign(y_i) x_i: beta's own sign goes in as label
+            coef, sign = np.abs(neg), np.where(neg > 0, 1.0, -1.0)
+        else:
+            coef, sign = neg, np.asarray(y, dtype=np.float64)
+        K.rebuild_w(Xd, ip, ix, dt, sparse, float(bias), sign, rows, coef, w)
+        alpha[a + rows] = 0.0
+        read += z - a
+    return read
 
 
 def solve_dcd_store(store, *, loss: Loss | str = "hinge", C: float = 1.0, bias: float = 1.0,

@@ -61,7 +61,7 @@ from ooc_learn.storage.store import matrix_nbytes
 
 from ._common import margins, rows_in_order
 from .active_set import ActiveSet
-from .dcd import dcd_subproblem, solve_dcd
+from .dcd import dcd_subproblem, held_out, solve_dcd
 from .ibcd_check import Checker, reserve_rows
 
 __all__ = ["solve_ibcd", "IBCDResult"]
@@ -234,9 +234,10 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     spill_dir : path, optional
         Where the active set spills when it outgrows its share of the cap (§4.2); default:
         the folder holding the store (the data's own disk, not a RAM-backed /tmp).
-    holdout : (start, stop), optional
-        Rows ``start:stop`` are left out of the problem (a cross-validation fold): the index
-        and the checks pass over them as over rows already in S, and w_0's sample avoids them.
+    holdout : (start, stop) or bool array (n,), optional
+        Rows left out of the problem (a cross-validation fold; a range, or a mask True on
+        them): the index and the checks pass over them as over rows already in S, and w_0's
+        sample avoids them.
     warm : (rows, alpha), optional
         Start from a previous solution instead of w_0 (§3.1's sample): its support vectors
         (store rows and their alpha) start S and w = sum alpha_i y_i [x_i, bias].
@@ -259,7 +260,8 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     forest = rows_src.open_forest()
     N_all, d = store.n_samples, store.n_features
     base_loss = get_loss(loss).base()
-    ho_a, ho_z = _check_holdout(holdout, N_all)
+    ho_a, ho_z, ho_mask = held_out(holdout, N_all, "holdout of solve_ibcd")
+    held = (ho_a, ho_z, ho_mask)
 
     # ---- w_0 from a random sample (§3.1) -------------------------------------------------
     # the sample, its dual CD state and a copy must fit the cap: shrink it if they do not.
@@ -269,7 +271,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     # gave 4 outer iterations and 60k rows read; 1352 rows, 10 and 441k). Cache entries are
     # evicted for it; only what cannot be (a cap nearly full of buffers) shrinks it further
     row_bytes = max(1, store.estimated_bytes(1)) + 40
-    N_train = N_all - (ho_z - ho_a)
+    N_train = N_all - (ho_z - ho_a if ho_mask is None else int(ho_mask.sum()))
     m0 = int(min(init_sample, N_train, max(100, store.budget.limit // (4 * row_bytes))))
     if not store.budget.try_reserve(2 * m0 * row_bytes):
         m0 = int(max(100, min(m0, store.budget.available // (2 * row_bytes))))
@@ -277,8 +279,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     start = None
     try:
         if warm is None:
-            start = _sample_start(store, rng, m0, (ho_a, ho_z), loss=loss, C=C, bias=bias,
-                                  eps=eps)
+            start = _sample_start(store, rng, m0, held, loss=loss, C=C, bias=bias, eps=eps)
     finally:
         store.budget.release(2 * m0 * row_bytes)
     S = ActiveSet(d, store.layout == "csr", store.budget,
@@ -293,9 +294,12 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
             S.add(rows, Xs, ys, _row_sqn(Xs), alpha)
             del Xs, ys
         else:
-            w = _start_from_warm(store, S, warm, m0, row_bytes, (ho_a, ho_z), bias)
+            w = _start_from_warm(store, S, warm, m0, row_bytes, held, bias)
         in_S[S.rows[: S.m]] = True
-        in_S[ho_a:ho_z] = True  # held out: neither asked for nor checked
+        if ho_mask is None:  # held out: neither asked for nor checked
+            in_S[ho_a:ho_z] = True
+        else:
+            in_S |= ho_mask
         stats = {"inner_iterations": 0, "rows_examined": 0, "block_updates": 0,
                  "queries": 0, "queries_cut": 0, "queries_truncated": 0,
                  "queries_imprecise": 0, "queries_grown": 0, "scans_preferred": 0,
@@ -321,24 +325,15 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
         rows_src.clear()
 
 
-def _check_holdout(holdout, n: int) -> tuple[int, int]:
-    if holdout is None:
-        return 0, 0
-    a, z = (int(v) for v in holdout)
-    if not 0 <= a < z <= n or z - a == n:
-        raise ParameterError(f"The 'holdout' parameter of solve_ibcd must be a range "
-                             f"(start, stop) with 0 <= start < stop <= {n} that leaves rows "
-                             f"to train on. Got {holdout!r} instead.",
-                             "Pass the rows of one cross-validation fold.")
-    return a, z
-
-
 def _sample_start(store, rng, m0, holdout, *, loss, C, bias, eps):
     """w_0 from dual CD on a random sample of m0 training rows (§3.1); returns ``(w_0, rows,
     X, y, alpha)`` of its support vectors, which start S."""
-    a, z = holdout
-    sample = rng.choice(store.n_samples - (z - a), m0, replace=False)
-    sample[sample >= a] += z - a  # the held-out rows are skipped
+    a, z, mask = holdout
+    if mask is None:
+        sample = rng.choice(store.n_samples - (z - a), m0, replace=False)
+        sample[sample >= a] += z - a  # the held-out rows are skipped
+    else:
+        sample = rng.choice(np.flatnonzero(~mask), m0, replace=False)
     sample.sort()
     Xs, ys, _ = store.gather(sample, whole_blocks=False)
     ys = ys.astype(np.float64)
@@ -366,8 +361,8 @@ def _start_from_warm(store, S, warm, chunk: int, row_bytes: int, holdout, bias) 
         raise ParameterError("The 'warm' parameter of solve_ibcd must be (rows, alpha): "
                              "distinct store rows and one alpha each.",
                              "Pass a previous result's (sv_rows, sv_alpha).")
-    a, z = holdout
-    keep = ((rows < a) | (rows >= z)) & (alpha > 0)
+    a, z, mask = holdout
+    keep = (((rows < a) | (rows >= z)) if mask is None else ~mask[rows]) & (alpha > 0)
     rows, alpha = rows[keep], alpha[keep]
     w = np.zeros(store.n_features + 1)
     for i in range(0, rows.size, chunk):

@@ -37,45 +37,40 @@ def gram_bytes(d: int, parts: int = 1) -> int:
     return 8 * (parts + 1) * (m * m + m)
 
 
-def fold_grams(store, bounds, *, bias: float = 1.0):
-    """``(G, b)``: ``G[f] = Xa_f^T Xa_f``, ``b[f] = Xa_f^T y_f`` over the rows
-    ``bounds[f]:bounds[f+1]`` of each part, in one pass over the store (rows outside every
-    part are skipped). ``G`` is (parts, d+1, d+1), ``b`` (parts, d+1); the caller reserves
-    :func:`gram_bytes`."""
-    bounds = np.asarray(bounds, dtype=np.int64)
-    parts, d = bounds.size - 1, store.n_features
-    G = np.zeros((parts, d + 1, d + 1))
-    b = np.zeros((parts, d + 1))
+def fold_grams(store, folds, k: int, *, bias: float = 1.0):
+    """``(G, b)``: ``G[f] = Xa_f^T Xa_f``, ``b[f] = Xa_f^T y_f`` over the rows of each fold
+    (``folds``: the fold of each store row, -1 for none), in one pass over the store. ``G`` is
+    (k, d+1, d+1), ``b`` (k, d+1); the caller reserves :func:`gram_bytes`."""
+    folds = np.asarray(folds)
+    d = store.n_features
+    G = np.zeros((k, d + 1, d + 1))
+    b = np.zeros((k, d + 1))
     off = np.asarray(store.block_offsets, dtype=np.int64)
     step = max(1, CHUNK_ROWS if store.layout == "dense" else 8 * CHUNK_ROWS)
     for blk in range(store.n_blocks):
         lo, hi = int(off[blk]), int(off[blk + 1])
-        first = max(0, int(np.searchsorted(bounds, lo, side="right")) - 1)
-        if first >= parts or hi <= bounds[0]:
+        fb = folds[lo:hi]
+        if hi == lo or not (fb >= 0).any():
             continue
         X, y = store.read_block(blk)[:2]
-        f = first
-        while f < parts and bounds[f] < hi:
-            a, z = max(lo, int(bounds[f])), min(hi, int(bounds[f + 1]))
-            for c in range(a, z, step):
-                e = min(z, c + step)
-                Xc = X[c - lo:e - lo]
-                yc = np.asarray(y[c - lo:e - lo], dtype=np.float64)
+        for f in np.unique(fb[fb >= 0]):
+            rows = np.flatnonzero(fb == f)
+            for c in range(0, rows.size, step):
+                r = rows[c:c + step]
+                Xc = X[r]
+                yc = np.asarray(y, dtype=np.float64)[r]
                 if sp.issparse(Xc):
-                    XtX = (Xc.T @ Xc).toarray()
-                    G[f, :d, :d] += XtX
+                    G[f, :d, :d] += (Xc.T @ Xc).toarray()
                     col = np.asarray(Xc.sum(axis=0), dtype=np.float64).ravel()
-                    b[f, :d] += Xc.T @ yc
                 else:
                     Xc = np.asarray(Xc, dtype=np.float64)
                     G[f, :d, :d] += Xc.T @ Xc
                     col = Xc.sum(axis=0)
-                    b[f, :d] += Xc.T @ yc
+                b[f, :d] += Xc.T @ yc
                 G[f, :d, d] += bias * col
                 G[f, d, :d] += bias * col
-                G[f, d, d] += bias * bias * (e - c)
+                G[f, d, d] += bias * bias * r.size
                 b[f, d] += bias * yc.sum()
-            f += 1
     return G, b
 
 

@@ -15,7 +15,7 @@ from liblinear.liblinearutil import parameter, problem, train as ll_train
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import train_main
 from ooc_learn.cv.folds import store_fold_bounds
-from ooc_learn.cv.svm import svm_cv, svm_cv_grid
+from ooc_learn.cv.svm import fold_plan, svm_cv, svm_cv_grid
 from ooc_learn.model import load_model
 from ooc_learn.solvers.dcd import drop_rows, primal_objective, solve_dcd, solve_dcd_store
 from ooc_learn.solvers.ibcd import solve_ibcd
@@ -208,3 +208,28 @@ def test_pegasos_cv_runs_treecv_at_the_training_lambda(store, capsys):
     # PEGASOS at lam = 1/(C n) scores close to the SVM on this separable-ish problem
     svm = svm_cv(store, 4, solver="dcd", C=2.0)
     assert out["estimate"] < 0.5 and abs((1 - out["estimate"]) - svm.estimate) < 0.1
+
+
+def test_folds_inside_one_block_are_random_and_match_retraining(tmp_path):
+    # one indexed block: its rows are in the metric tree's leaf order, so contiguous folds
+    # would be clusters of similar rows; the rows are dealt to the folds at random instead
+    rng = np.random.default_rng(3)
+    n, d = 900, 6
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = np.where(X @ rng.normal(size=d) + 0.5 * rng.normal(size=n) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "one", n_blocks=1, build_index=True).close()
+    with open_store(tmp_path / "one") as st:
+        Xs, ys, _ = st.read_range(0, n)
+        Xs, ys = np.asarray(Xs), np.asarray(ys, dtype=np.float64)
+        folds, contiguous = fold_plan(st.block_offsets, 4, seed=0)
+    assert not contiguous and np.array_equal(np.bincount(folds), [225] * 4)
+    # far from contiguous: rows of a fold are spread over the whole block
+    assert all(np.ptp(np.flatnonzero(folds == i)) > 0.9 * n for i in range(4))
+    for solver in ("dcd", "ibcd"):
+        res = svm_cv(tmp_path / "one", 4, solver=solver, C=0.05, eps=1e-6, max_outer=1000)
+        assert np.array_equal(res.folds, folds)
+        for i in range(4):
+            held = folds == i
+            w = solve_dcd(Xs[~held], ys[~held], C=0.05, eps=1e-9, max_iter=10**6).w
+            ref = Xs[held] @ w[:-1] + w[-1]
+            assert np.abs(res.predictions[held] - ref).max() < 5e-3

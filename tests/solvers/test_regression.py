@@ -15,8 +15,7 @@ from sklearn.linear_model import Ridge
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import predict_main, train_main
-from ooc_learn.cv.folds import store_fold_bounds
-from ooc_learn.cv.svm import svm_cv, svm_cv_grid
+from ooc_learn.cv.svm import fold_plan, svm_cv, svm_cv_grid
 from ooc_learn.model import load_model, regression_errors
 from ooc_learn.solvers.dcd import drop_rows
 from ooc_learn.solvers.svr import solve_svr, solve_svr_store, svr_primal_objective
@@ -112,23 +111,24 @@ def test_svr_holdout_and_warm_start_on_the_store(store, diabetes):
 
 
 @pytest.mark.parametrize("solver", ["exact", "dcd"])
-def test_regression_cv_matches_refitting_per_fold(store, solver):
+@pytest.mark.parametrize("k", [4, 7])  # whole blocks; rows of a block dealt to its folds
+def test_regression_cv_matches_refitting_per_fold(store, solver, k):
     with open_store(store) as st:
         Xs, ys, _ = st.read_range(0, st.n_samples)
         Xs, ys = np.asarray(Xs), np.asarray(ys, dtype=np.float64)
-        bounds = store_fold_bounds(st.block_offsets, 4)
-    grid = svm_cv_grid(store, 4, [0.1, 1.0], solver=solver, eps=1e-9, max_outer=1000)
+        folds, contiguous = fold_plan(st.block_offsets, k)
+    assert contiguous == (k == 4)
+    grid = svm_cv_grid(store, k, [0.1, 1.0], solver=solver, eps=1e-9, max_outer=1000)
     for r in grid:
         C = r.stats["C"]
-        assert r.metric == "rmse"
+        assert r.metric == "rmse" and np.array_equal(r.folds, folds)
         sse = 0.0
-        for i in range(4):
-            a, z = bounds[i], bounds[i + 1]
-            tr = np.r_[0:a, z:len(ys)]
-            w = _augmented_ridge(Xs[tr], ys[tr], C)
-            dv = Xs[a:z] @ w[:-1] + w[-1]
-            assert np.abs(r.predictions[a:z] - dv).max() < 1e-4
-            sse += float(((ys[a:z] - dv) ** 2).sum())
+        for i in range(k):
+            held = folds == i
+            w = _augmented_ridge(Xs[~held], ys[~held], C)
+            dv = Xs[held] @ w[:-1] + w[-1]
+            assert np.abs(r.predictions[held] - dv).max() < 1e-4
+            sse += float(((ys[held] - dv) ** 2).sum())
         assert r.estimate == pytest.approx(np.sqrt(sse / len(ys)), rel=1e-5)
 
 
