@@ -10,6 +10,8 @@ one contiguous range too and streams block by block.
 - store, k > n_blocks (LOOCV included): block b gets k_b folds (>= 1, proportional to its rows,
   largest remainder) and its rows are split into k_b near-equal folds, so no fold straddles a
   block boundary and below some level of the recursion the held-out range sits in one block.
+  On an indexed store the positions of such a block stand for its rows in a fixed random
+  order (:class:`StoreSource`): the rows themselves are in leaf order, clustered.
 """
 
 from __future__ import annotations
@@ -155,18 +157,44 @@ class ArraySource:
 
 
 class StoreSource:
-    """A :class:`~ooc_learn.storage.store.Store` as a row source (reads through its cache)."""
+    """A :class:`~ooc_learn.storage.store.Store` as a row source (reads through its cache).
+
+    Positions are store rows, except inside a block that holds several folds of an indexed
+    store: its rows are in the metric tree's leaf order there, so a range of them is a
+    cluster of similar rows, and the block's positions map to its rows through a fixed random
+    permutation (the permuted block is cached beside the block, paid from the budget).
+    Measured, TreeCV 5-fold of Pegasos (lam = 1/n) on ijcnn1 (one indexed block): error
+    0.187 (folds 0.06-0.42) on ranges of the leaf order, 0.084 (0.077-0.092) dealt; LIBLINEAR
+    -v 5's SVM 0.076, the majority class 0.095.
+    """
 
     is_store = True
 
-    def __init__(self, store):
+    def __init__(self, store, seed: int = 0):
         self.store = store
         self.n, self.d = store.n_samples, store.n_features
         self.block_offsets = np.asarray(store.block_offsets, dtype=np.int64)
         self.rows_read = 0
+        self.seed = int(seed)
+        self.dealt = False
 
     def fold_bounds(self, k: int) -> np.ndarray:
-        return store_fold_bounds(self.block_offsets, k)
+        bounds = store_fold_bounds(self.block_offsets, k)
+        self.dealt = k > self.block_offsets.size - 1 and bool(getattr(self.store, "has_index",
+                                                                       False))
+        return bounds
+
+    def _dealt_block(self, b: int):
+        """Block b's rows in the fixed random order its positions stand for."""
+        def load():
+            X, y, ids = self.store.read_block(b)
+            perm = np.random.default_rng([self.seed, b]).permutation(y.shape[0])
+            out = (X[perm], np.asarray(y)[perm], np.asarray(ids)[perm])
+            nbytes = sum(a.nbytes for a in (out[1], out[2])) + (
+                out[0].data.nbytes + out[0].indices.nbytes + out[0].indptr.nbytes
+                if hasattr(out[0], "indptr") else out[0].nbytes)
+            return out, nbytes
+        return self.store.block_cache.get_or_load(("dealt", b, self.seed), load)
 
     def row_bytes(self) -> float:
         return self.store.estimated_bytes(1000) / 1000.0
@@ -178,7 +206,7 @@ class StoreSource:
         if stop > self.block_offsets[b + 1]:
             raise ValueError(f"rows {start}:{stop} span more than block {b}")
         self.rows_read += stop - start
-        X, y, ids = self.store.read_block(b)
+        X, y, ids = self._dealt_block(b) if self.dealt else self.store.read_block(b)
         if start == lo and stop == self.block_offsets[b + 1]:
             return X, y, ids
         return X[start - lo:stop - lo], y[start - lo:stop - lo], ids[start - lo:stop - lo]

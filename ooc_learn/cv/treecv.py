@@ -400,7 +400,9 @@ def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, mem
     n_jobs : int
         Processes for the top of the tree (sec. 4.1); 1 runs everything here.
     shuffle : bool
-        Permute array rows (by ``seed``) before cutting folds. Stores are already shuffled.
+        Permute array rows (by ``seed``) before cutting folds. Stores are already shuffled
+        (rows into blocks at ingest; inside an indexed block that holds several folds, its
+        leaf-ordered rows are taken in a fixed random order).
 
     Returns
     -------

@@ -119,3 +119,31 @@ def test_store_under_a_small_memory_cap(tmp_path, rng):
     assert big.stats["store_rows_read"] == n
     assert small.stats["store_rows_read"] > 2 * n
     assert small.stats["rows_read"] == big.stats["rows_read"]
+
+
+def test_folds_inside_an_indexed_block_are_not_ranges_of_its_leaf_order(tmp_path, rng):
+    # an indexed block keeps its rows in the metric tree's leaf order (clusters); folds cut
+    # inside it take its rows in a fixed random order instead, and stay exact
+    from ooc_learn.api import ingest_arrays as ingest_indexed
+
+    n, d = 400, 4
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    y = X.astype(np.float64) @ rng.standard_normal(d) + 0.1 * rng.standard_normal(n)
+    with ingest_indexed(X, y, tmp_path / "one", n_blocks=1, build_index=True,
+                        task="regression") as store:
+        lrn = ExactLeastSquares(0.25)
+        t = tree_cv(store, lrn, 4)
+        s = kfold_cv(store, lrn, 4)
+        np.testing.assert_allclose(t.fold_scores, s.fold_scores, rtol=1e-10, atol=1e-12)
+        Xs, ys, ids = store.read_range(0, n)
+        pos_fold = t.folds[ids]  # the fold of each store row, in store order
+        for i in range(4):
+            where = np.flatnonzero(pos_fold == i)
+            assert where.size == 100 and np.ptp(where) > 0.9 * n  # spread, not a range
+            # the reference: refit without the fold's rows
+            held = pos_fold == i
+            Xa, ya = np.asarray(Xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+            w = np.linalg.solve(Xa[~held].T @ Xa[~held] + 0.25 * np.eye(d),
+                                Xa[~held].T @ ya[~held])
+            assert t.fold_scores[i] == pytest.approx(np.mean((Xa[held] @ w - ya[held]) ** 2),
+                                                     rel=1e-8)
