@@ -401,29 +401,57 @@ def _eval_prefix() -> str:
     return f"{EVAL_PREFIX}{os.getpid()}-"
 
 
-def _open_eval_data(path, model, budget, stack):
-    """A store for evaluation: an existing store, or a source file ingested to a temp dir."""
+def _eval_spec(model=None, store=None) -> dict:
+    """What evaluation data must match, from a model or from the training store (before
+    training): feature count, task, the positive label and the LIBSVM index base."""
+    if model is not None:
+        task = ("regression" if model.regression else "multiclass" if model.multiclass
+                else "binary")
+        return {"n_features": model.n_features_in_, "task": task,
+                "positive": model.meta.get("label_map", {}).get("positive"),
+                "zero_based": model.meta.get("zero_based"), "what": "The model"}
+    return {"n_features": store.n_features, "task": store.task,
+            "positive": store.label_map.get("positive"),
+            "zero_based": store.metadata.get("zero_based"),
+            "what": f"The training store {store.path}"}
+
+
+def _open_eval_data(path, spec, budget, stack):
+    """A store for evaluation: an existing store, or a source file ingested to a temp dir;
+    its feature count and task checked against ``spec`` (:func:`_eval_spec`)."""
     import tempfile
     from pathlib import Path
 
+    from ooc_learn.storage.errors import ModelMismatchError
     from ooc_learn.storage.store import is_store, open_store
 
     if is_store(path):
-        return stack.enter_context(open_store(path, memory=budget))
-    from ooc_learn.api import ingest
+        data = stack.enter_context(open_store(path, memory=budget))
+    else:
+        from ooc_learn.api import ingest
 
-    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=_eval_prefix()))
-    pos = model.meta.get("label_map", {}).get("positive")
-    # a LIBSVM file is read with the training store's index base, decided once at its ingest
-    # (auto-detected apart, a stray "0:" in either file shifted every feature of one of them:
-    # 57 % test accuracy, exit 0); a contradiction is refused with the file and line
-    base = model.meta.get("zero_based")
-    store = ingest([path], Path(tmp) / "eval.store", build_index=False, memory=budget,
-                   n_features=model.n_features_in_, positive_label=pos,
-                   task=("regression" if model.regression else "multiclass"
-                         if model.multiclass else "binary" if pos is None else "auto"),
-                   zero_based="auto" if base is None else bool(base))
-    return stack.enter_context(store)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=_eval_prefix()))
+        pos = spec["positive"]
+        # a LIBSVM file is read with the training store's index base, decided once at its
+        # ingest (auto-detected apart, a stray "0:" in either file shifted every feature of
+        # one of them: 57 % test accuracy, exit 0); a contradiction is refused with the file
+        # and line
+        base = spec["zero_based"]
+        task = spec["task"] if spec["task"] != "binary" else "binary" if pos is None else "auto"
+        data = stack.enter_context(ingest(
+            [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
+            n_features=spec["n_features"], positive_label=pos, task=task,
+            zero_based="auto" if base is None else bool(base)))
+    if data.n_features != spec["n_features"]:
+        raise ModelMismatchError(
+            f"{spec['what']} has {spec['n_features']} features; {path} has "
+            f"{data.n_features}.", "Use data ingested from the same feature space (same "
+            "--n-features), or retrain on this data.")
+    if data.task != spec["task"]:
+        raise ModelMismatchError(f"{spec['what']} is for a {spec['task']} task; {path} holds "
+                                 f"a {data.task} task.",
+                                 f"Ingest the evaluation data with --task {spec['task']}.")
+    return data
 
 
 PREDICTIONS_HEADER = "row_id,label,decision\n"
@@ -466,9 +494,6 @@ def _costs(text: str) -> list[float]:
 def _train_body(args):
     import contextlib
 
-    from ooc_learn.storage.resources import peak_rss_bytes
-    from ooc_learn.training import train
-
     incremental = args.learner is not None or args.cv_method in ("tree", "standard")
     if args.cv is None:
         for flag, given in (("--cv-method", args.cv_method is not None),
@@ -489,6 +514,22 @@ def _train_body(args):
     if args.output is not None:
         _check_model_output(args.output)  # before the work: a model of ours only is replaced
     budget = _budget(args, solvers=True, parsers=_any_text([args.test]))
+    stack = contextlib.ExitStack()
+    with stack:
+        test = None
+        if args.test is not None:  # opened (a text file ingested) and checked before the work
+            from ooc_learn.storage.store import open_store
+
+            with open_store(args.store, memory=budget) as st:
+                spec = _eval_spec(store=st)
+            test = _open_eval_data(args.test, spec, budget, stack)
+        return _train_and_test(args, budget, test)
+
+
+def _train_and_test(args, budget, test):
+    from ooc_learn.storage.resources import peak_rss_bytes
+    from ooc_learn.training import train
+
     cv = None
     if args.cv is not None:
         cv = _cv_svm(args, budget)
@@ -532,17 +573,15 @@ def _train_body(args):
         out["epsilon"] = args.epsilon
     elif model.multiclass:
         out["classes"] = model.classes_.tolist()
-    if args.test is not None:
-        with contextlib.ExitStack() as stack:
-            test = _open_eval_data(args.test, model, budget, stack)
-            if model.regression:
-                from ooc_learn.model import regression_errors
+    if test is not None:
+        if model.regression:
+            from ooc_learn.model import regression_errors
 
-                err = regression_errors(model, test)
-                out.update(test_rmse=err["rmse"], test_r2=err["r2"], test_mae=err["mae"])
-            else:
-                out["test_accuracy"] = model.score(test)
-            out["test_rows"] = test.n_samples
+            err = regression_errors(model, test)
+            out.update(test_rmse=err["rmse"], test_r2=err["r2"], test_mae=err["mae"])
+        else:
+            out["test_accuracy"] = model.score(test)
+        out["test_rows"] = test.n_samples
     out["peak_rss_bytes"] = peak_rss_bytes()
     obj = out["objective"]
     text = (f"{args.output}: {solver}/{loss} C={args.C:g}, {out['seconds']:.2f} s, "
@@ -706,7 +745,6 @@ def _predict_body(args):
     from pathlib import Path
 
     from ooc_learn.model import load_model
-    from ooc_learn.storage.errors import ModelMismatchError
     from ooc_learn.storage.replace import atomic_file, check_file_target
 
     if args.output:  # before the work: only a predictions file of ours is replaced
@@ -718,20 +756,11 @@ def _predict_body(args):
                    hint="or check the training source for a stray large feature index")
     model = load_model(args.model)
     with contextlib.ExitStack() as stack:
-        data = _open_eval_data(args.data, model, budget, stack)
-        model._check_features(data.n_features)
+        data = _open_eval_data(args.data, _eval_spec(model=model), budget, stack)
         # row ids, decisions, labels, the sort order and the predicted labels of every row
         # (and, one-vs-rest, each row's winning class)
         budget.reserve(48 * data.n_samples, f"predictions of {data.n_samples:,} rows",
                        hint="or predict a part of the rows at a time")
-        if model.regression and data.task != "regression":
-            raise ModelMismatchError(f"The model is a regressor; {args.data} holds a "
-                                     f"{data.task} task.",
-                                     "Predict a store ingested with --task regression.")
-        if model.multiclass and data.task != "multiclass":
-            raise ModelMismatchError(
-                f"The model is one-vs-rest over {len(model.classes_)} classes; {args.data} "
-                f"holds a {data.task} task.", "Predict a store ingested with --task multiclass.")
         ids, dec, ys, pred = [], [], [], []
         for X, y, row_ids in data.iter_blocks():
             ids.append(row_ids)

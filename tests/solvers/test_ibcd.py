@@ -350,9 +350,18 @@ def test_bad_flags_and_mismatch_exit_2(tmp_path, rng):
     # a model refuses a store with another feature count
     train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"])
     r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m2.npz"), "--test",
-                                str(tmp_path / "narrow"), "--quiet"], capture_output=True,
+                                str(tmp_path / "narrow"), "--quiet", "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "features" in r.stdout
+    # refused before any training: no model written, no training figures
+    assert not (tmp_path / "m2.npz").exists() and "seconds" not in r.stdout
+    # a test set of another task, before any work too
+    ingest_arrays(X, np.arange(300) % 3, tmp_path / "three", task="multiclass").close()
+    r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m2.npz"), "--test",
+                                str(tmp_path / "three"), "--quiet"], capture_output=True,
                        text=True)
-    assert r.returncode == 2 and "features" in r.stderr
+    assert r.returncode == 2 and "multiclass task" in r.stderr
+    assert not (tmp_path / "m2.npz").exists()
 
 
 def test_ibcd_on_a_regression_store_is_refused(tmp_path, rng):
