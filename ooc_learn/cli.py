@@ -343,9 +343,13 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=float, default=0.0, metavar="P",
                    help="regression: the insensitive zone of the loss (LIBLINEAR -p; "
                         "default 0)")
-    p.add_argument("--C", "-C", dest="C", type=_costs, default=[1.0], metavar="C[,C...]",
+    p.add_argument("--C", "-C", dest="C", type=_costs, default=None, metavar="C[,C...]",
                    help="SVM cost (default 1); with --cv a list, e.g. 0.01,0.1,1,10: one "
                         "cross-validation per C, and -o trains at the best")
+    p.add_argument("--C-search", action="store_true",
+                   help="with --cv: search C as LIBLINEAR -C does (from a small C, doubling, "
+                        "each fold warm-started from the last C, until the CV score stops "
+                        "improving or C passes 1024); -o trains at the best")
     tg = p.add_mutually_exclusive_group()
     tg.add_argument("--truncate", type=float, default=None, metavar="S",
                     help="truncate the loss at L(-S) (ramp loss; IBCD only)")
@@ -495,6 +499,13 @@ def _train_body(args):
     import contextlib
 
     incremental = args.learner is not None or args.cv_method in ("tree", "standard")
+    if args.C_search and args.C is not None:
+        raise ParameterError("--C-search picks C itself; it does not take --C.",
+                             "Drop --C, or give --C a list to cross-validate those values.")
+    if args.C_search and (args.cv is None or incremental or args.solver == "pegasos"):
+        raise ParameterError("--C-search needs --cv K and an SVM solver (ibcd, dcd, bm) or a "
+                             "regression store.", "Add --cv 5.")
+    args.C = [1.0] if args.C is None else args.C
     if args.cv is None:
         for flag, given in (("--cv-method", args.cv_method is not None),
                             ("--learner", args.learner is not None),
@@ -623,12 +634,18 @@ def _cv_svm(args, budget) -> dict:
         bar.set_postfix(C=f"{entry['C']:g}", fold=entry["fold"])
 
     s = None if args.no_truncate else args.truncate
-    results = svm_cv_grid(args.store, k, args.C, solver=args.solver, loss=args.loss, s=s,
-                          bias=args.bias, eps=args.eps, max_outer=args.max_outer,
-                          block_size=args.block_size, block_solver=args.block_solver,
-                          sample_eps=args.sample_eps, seed=args.seed, memory=budget,
-                          spill_dir=args.spill_dir, on_fold=on_fold, epsilon=args.epsilon,
-                          caller="ooc-train --cv")
+    common = dict(solver=args.solver, loss=args.loss, s=s, bias=args.bias, eps=args.eps,
+                  max_outer=args.max_outer, block_size=args.block_size,
+                  block_solver=args.block_solver, sample_eps=args.sample_eps, seed=args.seed,
+                  memory=budget, spill_dir=args.spill_dir, on_fold=on_fold,
+                  epsilon=args.epsilon)
+    if args.C_search:
+        from ooc_learn.cv.svm import svm_c_search
+
+        bar.total = None
+        results = svm_c_search(args.store, k, **common)
+    else:
+        results = svm_cv_grid(args.store, k, args.C, caller="ooc-train --cv", **common)
     bar.close()
     metric = results[0].metric
     rmse = metric == "rmse"
@@ -647,7 +664,8 @@ def _cv_svm(args, budget) -> dict:
         out["classes"] = best.stats["classes"]
     how = ("one-vs-rest over " + str(len(best.stats["classes"])) + " classes"
            if "classes" in best.stats else "one pass, a Gram matrix per fold"
-           if solver == "exact" else "folds warm-started" if best.stats["warm_start"]
+           if solver == "exact" else "C search, each fold warm-started from the last C"
+           if args.C_search else "folds warm-started" if best.stats["warm_start"]
            else "folds from scratch")
     fmt = (lambda v: f"{v:>12.6g}") if rmse else (lambda v: f"{100 * v:>11.2f}%")
     lines = [f"{solver} {best.k}-fold cross-validation of {args.store} ({how})",

@@ -32,7 +32,7 @@ from ooc_learn.storage.errors import ParameterError
 from .folds import check_k, store_fold_bounds
 from .result import CVResult
 
-__all__ = ["svm_cv", "svm_cv_grid", "fold_plan", "SVM_CV_SOLVERS"]
+__all__ = ["svm_cv", "svm_cv_grid", "svm_c_search", "fold_plan", "SVM_CV_SOLVERS"]
 
 SVM_CV_SOLVERS = ("ibcd", "dcd", "bm")
 
@@ -261,16 +261,8 @@ def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes,
                         head = warm
                 elif dual:
                     warm = None
-                right = sse = 0.0
-                for X, y, pos in _pieces(st, a, z, mask):
-                    dv = _decision(X, w, bias)
-                    decision[j, pos] = dv
-                    if regression:
-                        r = np.asarray(y, dtype=np.float64) - dv
-                        sse += float(r @ r)
-                    else:
-                        right += int(np.count_nonzero((dv > 0) == (np.asarray(y) > 0)))
-                fold_scores[j, i] = math.sqrt(sse / size) if regression else right / size
+                fold_scores[j, i] = _score_fold(st, w, bias, a, z, mask, size, regression,
+                                                decision[j])
                 entry = {"fold": i, "C": C, "rows": size, metric: fold_scores[j, i],
                          "seconds": time.perf_counter() - f0, "rows_read": st.rows_read - fr0,
                          "outer_iterations": stats.get("outer_iterations"),
@@ -406,6 +398,142 @@ def _cross_validate_ovr(st, k, *, Cs, **params) -> list[CVResult]:
             out[0].stats.update(seconds=time.perf_counter() - t0,
                                 rows_read=rows_read + st.rows_read - rows0)
     return out
+
+
+def _score_fold(st, w, bias, a, z, mask, size, regression, decision) -> float:
+    """The fold's accuracy (regression: RMSE) of the model w; its rows' decision values go
+    into ``decision`` (indexed by store row)."""
+    right = sse = 0.0
+    for X, y, pos in _pieces(st, a, z, mask):
+        dv = _decision(X, w, bias)
+        decision[pos] = dv
+        if regression:
+            r = np.asarray(y, dtype=np.float64) - dv
+            sse += float(r @ r)
+        else:
+            right += int(np.count_nonzero((dv > 0) == (np.asarray(y) > 0)))
+    return math.sqrt(sse / size) if regression else right / size
+
+
+def svm_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
+                 factor: float = 2.0, patience: int = 3, min_delta: float = 1e-3,
+                 solver: str | None = None,
+                 loss: str | None = None, s: float | None = None, bias: float = 1.0,
+                 eps: float = 0.1, max_outer: int = 10, block_size: int = 1000,
+                 block_solver: str = "dual", init_sample: int = 10000,
+                 sample_eps: float = 0.0, seed: int = 0, memory=None, spill_dir=None,
+                 epsilon: float = 0.0, on_fold=None) -> list[CVResult]:
+    """Search C by K-fold CV along a path (LIBLINEAR ``-C``'s way): from ``C_min`` (default
+    LIBLINEAR's start for the L2 loss, 1 / (2 n max |x_i|^2) rounded down to a power of 2)
+    multiply C by ``factor`` until ``C_max`` or until the CV score has not improved by more
+    than ``min_delta`` (accuracy; regression: relative RMSE) for ``patience`` values in a row
+    (counted from the first C that beats the smallest C's score: below it every model is the
+    trivial one). Fold i at each C starts from fold i at the previous C (the
+    dual solution stays feasible as C grows), so K solutions are kept (the dual solvers: K
+    alpha vectors, paid from the budget). Returns one :class:`CVResult` per C tried, in
+    order; the best is the most accurate (regression: the lowest RMSE), the smallest C of
+    equals. Binary and regression stores (least squares by the dual: use
+    :func:`svm_cv_grid` for the exact solver's one-pass grid)."""
+    from ooc_learn.training import (_check, _run, open_data, regression_solver,
+                                    train_regression)
+
+    if not (isinstance(factor, (int, float)) and factor > 1):
+        raise ParameterError(f"The 'factor' of svm_c_search must be > 1. Got {factor!r}.",
+                             "LIBLINEAR doubles C: 2.")
+    if not (isinstance(patience, int) and patience >= 1):
+        raise ParameterError(f"The 'patience' of svm_c_search must be an int >= 1. Got "
+                             f"{patience!r}.", "Try 3.")
+    st, opened = open_data(store, memory)
+    try:
+        if st.task not in ("binary", "regression"):
+            raise ParameterError(f"The C search runs on binary and regression stores; "
+                                 f"{st.path} holds a {st.task} task.",
+                                 "Give a list of C (--C 0.01,0.1,1,10) for one-vs-rest.")
+        n, d = st.n_samples, st.n_features
+        k = check_k(k, n, "svm_c_search")
+        regression = st.task == "regression"
+        if C_min is None:
+            top = float(np.max(st.sqnorms())) + bias * bias if n else 1.0
+            C_min = 2.0 ** math.floor(math.log2(1.0 / (2 * n * max(top, 1e-300))))
+        if not (isinstance(C_min, (int, float)) and 0 < C_min <= C_max):
+            raise ParameterError(f"C_min must be in (0, C_max = {C_max:g}]. Got {C_min!r}.",
+                                 "Leave it out for LIBLINEAR's start.")
+        if regression:
+            loss = "squared_epsilon_insensitive" if loss is None else loss
+            solver = regression_solver(st, "dcd" if solver in (None, "exact") else solver,
+                                       loss, epsilon)
+
+            def run(st_, *, C, holdout, warm, **_):
+                return train_regression(st_, solver="dcd", loss=loss, C=C, epsilon=epsilon,
+                                        bias=bias, eps=eps, max_outer=max_outer, seed=seed,
+                                        holdout=holdout, warm=warm, s=s, stats_only=True)
+            params = {}
+        else:
+            solver = "ibcd" if solver is None else solver
+            loss = "hinge" if loss is None else loss
+            if solver not in SVM_CV_SOLVERS:
+                raise ParameterError(f"The C search runs the SVM solvers "
+                                     f"({', '.join(SVM_CV_SOLVERS)}); got {solver!r}.",
+                                     "PEGASOS is cross-validated by TreeCV.")
+            _check(solver, loss, C_min, s, bias, eps, max_outer, block_size)
+            run = _run
+            params = dict(loss=loss, s=s, eps=eps, max_outer=max_outer, block_size=block_size,
+                          block_solver=block_solver, init_sample=init_sample,
+                          sample_eps=sample_eps, seed=seed, spill_dir=spill_dir)
+        dual = solver in ("dcd", "bm")
+        metric = "rmse" if regression else "accuracy"
+        state = (8 * n + 8 * (d + 1)) if dual else 16 * n  # a fold's warm start (IBCD: SVs)
+        with st.budget.reservation(k * state + 12 * n, f"the C search's {k} warm starts and "
+                                   "each row's fold and decision value"):
+            folds, contiguous = fold_plan(st.block_offsets, k, seed)
+            sizes = np.bincount(folds, minlength=k)
+            states = [None] * k
+            out, best, since, C, moved = [], None, 0, float(C_min), False
+            while C <= C_max * (1 + 1e-12):
+                t0, r0 = time.perf_counter(), st.rows_read
+                decision = np.empty(n)
+                scores, log = np.empty(k), []
+                for i in range(k):
+                    a, z, holdout = _fold(folds, contiguous, i)
+                    f0 = time.perf_counter()
+                    warm = states[i]
+                    if dual and warm is None:
+                        warm = (np.zeros(n), np.zeros(d + 1))
+                    stats = run(st, solver=solver, C=C, bias=bias, epochs=1, on_outer=None,
+                                holdout=holdout, warm=warm, **params)
+                    states[i] = warm if dual else stats["warm"]
+                    scores[i] = _score_fold(st, np.array(stats["w"], dtype=np.float64), bias,
+                                            a, z, None if contiguous else holdout,
+                                            int(sizes[i]), regression, decision)
+                    entry = {"fold": i, "C": C, "rows": int(sizes[i]), metric: scores[i],
+                             "seconds": time.perf_counter() - f0,
+                             "outer_iterations": stats.get("outer_iterations")}
+                    log.append(entry)
+                    if on_fold is not None:
+                        on_fold(entry)
+                estimate = (math.sqrt((scores ** 2 * sizes).sum() / n) if regression
+                            else float((scores * sizes).sum() / n))
+                out.append(CVResult(
+                    estimate=estimate, fold_scores=scores, metric=metric,
+                    method=f"{solver}-c-search", folds=folds, predictions=decision,
+                    stats={"k": k, "n": n, "solver": solver, "C": C, "warm_start": True,
+                           "seconds": time.perf_counter() - t0, "rows_read": st.rows_read - r0,
+                           "folds": log}))
+                better = best is None or (estimate < best * (1 - min_delta) if regression
+                                          else estimate > best + min_delta)
+                # the smallest Cs give the trivial model (every row the majority class, or
+                # the mean) whatever C: patience counts from the first C that beats it
+                moved = moved or (len(out) > 1 and better)
+                since = 0 if better else since + int(moved)
+                if best is None or (estimate < best if regression else estimate > best):
+                    best = estimate
+                if since >= patience:
+                    break
+                C *= factor
+        return out
+    finally:
+        if opened:
+            st.close()
 
 
 def _pieces(st, a: int, z: int, mask=None):

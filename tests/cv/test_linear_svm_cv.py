@@ -233,3 +233,32 @@ def test_folds_inside_one_block_are_random_and_match_retraining(tmp_path):
             w = solve_dcd(Xs[~held], ys[~held], C=0.05, eps=1e-9, max_iter=10**6).w
             ref = Xs[held] @ w[:-1] + w[-1]
             assert np.abs(res.predictions[held] - ref).max() < 5e-3
+
+
+def test_c_search_path_matches_each_c_alone(store, capsys, tmp_path):
+    from ooc_learn.cv.svm import svm_c_search
+
+    path = svm_c_search(store, 5, solver="dcd", C_min=1e-3, C_max=64.0, eps=1e-4,
+                        max_outer=100, patience=2)
+    Cs = [r.stats["C"] for r in path]
+    assert Cs[0] == 1e-3 and all(b == 2 * a for a, b in zip(Cs, Cs[1:])) and Cs[-1] <= 64
+    for r in path[::3]:  # each C's folds equal a cross-validation at that C alone
+        alone = svm_cv(store, 5, solver="dcd", C=r.stats["C"], eps=1e-4, max_outer=100)
+        assert abs(alone.estimate - r.estimate) <= 3 / len(r.predictions)
+    # it stopped at C_max, or when the last 2 Cs gained no more than min_delta (1e-3)
+    scores = [r.estimate for r in path]
+    assert Cs[-1] * 2 > 64 or max(scores[-2:]) <= max(scores[:-2]) + 1e-3
+    # the CLI: the same search, and -o trains at the best C
+    model = tmp_path / "m.npz"
+    assert train_main([str(store), "--cv", "5", "--C-search", "--solver", "dcd", "--eps",
+                       "1e-4", "-o", str(model), "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best_C"] == max(out["grid"], key=lambda g: g["estimate"])["C"]
+    assert load_model(model).meta["C"] == out["best_C"]
+
+
+def test_c_search_refusals(store, capsys):
+    for argv in (["--cv", "5", "--C-search", "--C", "1"], ["--C-search", "-o", "x.npz"],
+                 ["--cv", "5", "--C-search", "--solver", "pegasos"]):
+        assert train_main([str(store), "--quiet"] + argv) == 2
+        assert "--C-search" in capsys.readouterr().err
