@@ -13,7 +13,8 @@ For each data set (LIBSVM text from ``../shared/data``, ingested once into ``WOR
   the parsed arrays, best of ``--repeat``), its own random folds;
 * the grid ``--grid``: one ``ooc-train --cv K --C c1,c2,...`` (warm-started along C), against
   four independent ``ooc-train --cv`` runs and LIBLINEAR ``-v K`` per C, and LIBLINEAR's own
-  parameter search ``-s 2 -C -v K`` (it supports -C for -s 0 / 2 only; the squared hinge).
+  parameter search ``-s 2 -C -v K`` (it supports -C for -s 0 / 2 only; the squared hinge)
+  against ``ooc-train --cv K --C-search``.
 
 ``--multiclass``: Fashion-MNIST, 10 classes, one ingest (60k x 784, pixels / 255, as
 float32 npy), ``ooc-train STORE --loss sqhinge`` (one-vs-rest from the one store) against
@@ -215,8 +216,17 @@ def main(argv=None) -> int:
                 ll_each.append((t, acc / 100.0))
                 rows.append((name, f"liblinear -s 3 -v {a.k}", c, t, acc / 100.0))
             ll_grid_t = sum(t for t, _ in ll_each)
-            tC, _ = _liblinear(txt, f"-s 2 -C -B 1 -v {a.k}", 1)
-            rows.append((name, f"liblinear -s 2 -C -v {a.k} (search)", "auto", tC, float("nan")))
+            tC, found = _liblinear(txt, f"-s 2 -C -B 1 -v {a.k}", 1)
+            rows.append((name, f"liblinear -s 2 -C -v {a.k} (best C)", found[0], tC, found[2]))
+            for solver in a.solvers:
+                t, out = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C-search",
+                                                    "--solver", solver, "--json", "--quiet"],
+                              1)
+                rows.append((name, f"ooc-train --cv {a.k} --C-search {solver} (best C)",
+                             out["best_C"], t, out["estimate"]))
+                ratios.append((f"{name} {solver} --C-search / liblinear -C", t / tC))
+                ratios.append((f"{name} {solver} --C-search best acc - liblinear -C's, points",
+                               100 * (out["estimate"] - found[2])))
             for solver in a.solvers:
                 t, out = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C", grid,
                                                     "--solver", solver, "--json", "--quiet"], 1)

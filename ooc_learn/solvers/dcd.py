@@ -241,48 +241,31 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
     _check_common(C, eps, max_iter, bias, where)
     loss = get_loss(loss).base()
     off = np.asarray(block_offsets, dtype=np.int64)
-    n, R, d = int(off[-1]), off.shape[0] - 1, int(n_features)
+    n, d = int(off[-1]), int(n_features)
     upper, diag = loss.dual_upper(C), loss.dual_diag(C)
     need = 8 * n + 4 * n + 8 * n + 8 * (d + 1)
     if budget is not None:
         budget.reserve(need, "dual CD state (alpha, permutations, row norms)")
     try:
-        alpha, w = _warm_state(warm, n, d, where)
-        index = np.empty(n, dtype=np.int32)
-        sizes = _train_index(off, holdout, index)
-        sqn = np.full(n, np.nan)
-        if sqnorms is not None and not callable(sqnorms):
-            sqn[:] = np.asarray(sqnorms, dtype=np.float64)
-        gen = np.random.default_rng(seed)
-        state = seed_state(gen)
-        active = sizes.copy()
+        sd = StreamedDual(read_block, off, d, holdout=holdout, warm=warm, sqnorms=sqnorms,
+                          seed=seed, where=where)
+        alpha, w, active, sizes, state = sd.alpha, sd.w, sd.active, sd.sizes, sd.state
         pgmax_old, pgmin_old = np.inf, -np.inf
-        epochs = upd = vis = rows_read = blocks_read = 0
+        epochs = upd = vis = 0
         pgmax = pgmin = 0.0
         converged = False
         while epochs < max_iter:
             pgmax, pgmin = -np.inf, np.inf
-            for b in gen.permutation(R):
-                if active[b] == 0:
-                    continue
-                lo, hi = off[b], off[b + 1]
-                Xb, yb = read_block(int(b))[:2]
-                rows_read += hi - lo
-                blocks_read += 1
-                Xd, ip, ix, dt, sparse = kernel_args(Xb)
-                sq = sqn[lo:hi]
-                if hi > lo and np.isnan(sq[0]):
-                    sq[:] = (sqnorms(lo, hi) if callable(sqnorms)
-                             else K.row_sqnorms(Xd, ip, ix, dt, sparse, hi - lo))
-                yf = np.asarray(yb, dtype=np.float64)
+            for b, args, yf, sq, index, lo, hi in sd.blocks():
                 act, pmax, pmin, u, v = K.dcd_epoch(
-                    Xd, ip, ix, dt, sparse, float(bias), yf, sq, index[lo:hi], int(active[b]),
-                    alpha[lo:hi], w, upper, diag, pgmax_old, pgmin_old, bool(shrinking), state)
+                    *args, float(bias), yf, sq, index, int(active[b]), alpha[lo:hi], w, upper,
+                    diag, pgmax_old, pgmin_old, bool(shrinking), state)
                 active[b] = act
                 pgmax, pgmin = max(pgmax, pmax), min(pgmin, pmin)
                 upd += u
                 vis += v
             epochs += 1
+            rows_read = sd.rows_read
             if not np.isfinite(pgmax):  # every row shrunk
                 pgmax = pgmin = 0.0
             if on_epoch is not None:
@@ -306,11 +289,51 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
                           f"projected-gradient spread fell to eps={eps}. Raise max_iter or "
                           "eps.", RuntimeWarning, stacklevel=2)
         stats = DCDStats(epochs, int(upd), int(vis), float(pgmax), float(pgmin), converged,
-                         obj, int(rows_read), int(blocks_read))
+                         obj, int(sd.rows_read), int(sd.blocks_read))
         return DCDResult(w, alpha, stats)
     finally:
         if budget is not None:
             budget.release(need)
+
+
+class StreamedDual:
+    """The state a streamed dual CD (SVM or SVR) keeps beside w: the dual variables over all
+    rows, each block's list of training rows (its active prefix shrinks), the squared row
+    norms (from ``sqnorms`` or computed at a block's first read), and the random state.
+    :meth:`blocks` visits the blocks holding an active row in a fresh random order and yields
+    each one's kernel arguments; the caller reserves the memory (20 B a row)."""
+
+    def __init__(self, read_block, off, d: int, *, holdout, warm, sqnorms, seed, where):
+        n = int(off[-1])
+        self.read_block, self.off, self.sqnorms = read_block, off, sqnorms
+        self.alpha, self.w = _warm_state(warm, n, d, where)
+        self.index = np.empty(n, dtype=np.int32)
+        self.sizes = _train_index(off, holdout, self.index)
+        self.active = self.sizes.copy()
+        self.sqn = np.full(n, np.nan)
+        if sqnorms is not None and not callable(sqnorms):
+            self.sqn[:] = np.asarray(sqnorms, dtype=np.float64)
+        self.gen = np.random.default_rng(seed)
+        self.state = seed_state(self.gen)
+        self.rows_read = self.blocks_read = 0
+
+    def blocks(self):
+        """``(b, kernel args, y as float64, squared norms, row list, lo, hi)`` per block."""
+        off = self.off
+        for b in self.gen.permutation(off.shape[0] - 1):
+            if self.active[b] == 0:
+                continue
+            lo, hi = int(off[b]), int(off[b + 1])
+            Xb, yb = self.read_block(int(b))[:2]
+            self.rows_read += hi - lo
+            self.blocks_read += 1
+            args = kernel_args(Xb)
+            sq = self.sqn[lo:hi]
+            if hi > lo and np.isnan(sq[0]):
+                sq[:] = (self.sqnorms(lo, hi) if callable(self.sqnorms)
+                         else K.row_sqnorms(*args, hi - lo))
+            yield (int(b), args, np.asarray(yb, dtype=np.float64), sq, self.index[lo:hi],
+                   lo, hi)
 
 
 def _warm_state(warm, n: int, d: int, where: str):

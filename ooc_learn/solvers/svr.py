@@ -41,8 +41,7 @@ import numpy as np
 from ooc_learn.storage.errors import OOCError, ParameterError
 
 from . import _kernels as K
-from ._common import kernel_args, seed_state
-from .dcd import _train_index, _warm_state
+from .dcd import StreamedDual
 
 __all__ = ["SVR_LOSSES", "SVRStats", "SVRResult", "solve_svr", "solve_svr_streamed",
            "solve_svr_store", "svr_primal_objective"]
@@ -118,43 +117,25 @@ def solve_svr_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
     _check(C, epsilon, eps, max_iter, bias, where)
     upper, diag = _box(loss, C)
     off = np.asarray(block_offsets, dtype=np.int64)
-    n, R, d = int(off[-1]), off.shape[0] - 1, int(n_features)
+    n, d = int(off[-1]), int(n_features)
     need = 8 * n + 4 * n + 8 * n + 8 * (d + 1)
     if budget is not None:
         budget.reserve(need, "SVR dual state (beta, row lists, row norms)")
     try:
-        beta, w = _warm_state(warm, n, d, where)
-        index = np.empty(n, dtype=np.int32)
-        sizes = _train_index(off, holdout, index)
-        sqn = np.full(n, np.nan)
-        if sqnorms is not None and not callable(sqnorms):
-            sqn[:] = np.asarray(sqnorms, dtype=np.float64)
-        gen = np.random.default_rng(seed)
-        state = seed_state(gen)
-        active = sizes.copy()
+        sd = StreamedDual(read_block, off, d, holdout=holdout, warm=warm, sqnorms=sqnorms,
+                          seed=seed, where=where)
+        beta, w, active, sizes = sd.alpha, sd.w, sd.active, sd.sizes
         gmax_old = np.inf
         reference = -1.0 if reference is None else float(reference)
-        epochs = upd = vis = rows_read = 0
+        epochs = upd = vis = 0
         violation = np.inf
         converged = False
         while epochs < max_iter:
             gmax = gnorm1 = 0.0
-            for b in gen.permutation(R):
-                if active[b] == 0:
-                    continue
-                lo, hi = off[b], off[b + 1]
-                Xb, yb = read_block(int(b))[:2]
-                rows_read += hi - lo
-                Xd, ip, ix, dt, sparse = kernel_args(Xb)
-                sq = sqn[lo:hi]
-                if hi > lo and np.isnan(sq[0]):
-                    sq[:] = (sqnorms(lo, hi) if callable(sqnorms)
-                             else K.row_sqnorms(Xd, ip, ix, dt, sparse, hi - lo))
-                yf = np.asarray(yb, dtype=np.float64)
+            for b, args, yf, sq, index, lo, hi in sd.blocks():
                 act, gm, gn, u, v = K.svr_epoch(
-                    Xd, ip, ix, dt, sparse, float(bias), yf, sq, index[lo:hi], int(active[b]),
-                    beta[lo:hi], w, upper, diag, float(epsilon), gmax_old, bool(shrinking),
-                    state)
+                    *args, float(bias), yf, sq, index, int(active[b]), beta[lo:hi], w, upper,
+                    diag, float(epsilon), gmax_old, bool(shrinking), sd.state)
                 active[b] = act
                 gmax = max(gmax, gm)
                 gnorm1 += gn
@@ -165,7 +146,7 @@ def solve_svr_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
                 reference = gnorm1
             violation = gnorm1 / reference if reference > 0 else 0.0
             if on_epoch is not None:
-                on_epoch(epochs, {"violation": violation, "rows_read": rows_read})
+                on_epoch(epochs, {"violation": violation, "rows_read": sd.rows_read})
             if violation <= eps:
                 if np.array_equal(active, sizes):
                     converged = True
@@ -183,7 +164,7 @@ def solve_svr_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
                           " Raise max_iter or eps, or scale the features.", RuntimeWarning,
                           stacklevel=2)
         return SVRResult(w, beta, SVRStats(epochs, int(upd), int(vis), float(violation),
-                                           converged, int(rows_read), float(reference)))
+                                           converged, int(sd.rows_read), float(reference)))
     finally:
         if budget is not None:
             budget.release(need)
