@@ -378,6 +378,10 @@ def _train_parser() -> argparse.ArgumentParser:
                         "blocks, each warm-started from the last (-o / --test: then train "
                         "on all rows); with --cv-method tree or --learner, TreeCV of an "
                         "incremental learner ('loo' for leave-one-out)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --cv and a dual CD solver (dcd, bm; SVR): run N folds at once "
+                        "in threads, each paying its own dual state from --memory "
+                        "(default 1)")
     p.add_argument("--cv-method", default=None, choices=["warm", "tree", "standard"],
                    help="warm: folds of the SVM solver, warm-started (default; --solver "
                         "pegasos: tree); tree / standard: TreeCV / k-fold of --learner")
@@ -507,7 +511,8 @@ def _train_body(args):
                              "regression store.", "Add --cv 5.")
     args.C = [1.0] if args.C is None else args.C
     if args.cv is None:
-        for flag, given in (("--cv-method", args.cv_method is not None),
+        for flag, given in (("--jobs", args.jobs != 1),
+                            ("--cv-method", args.cv_method is not None),
                             ("--learner", args.learner is not None),
                             ("--lam", args.lam is not None)):
             if given:
@@ -639,13 +644,18 @@ def _cv_svm(args, budget) -> dict:
                   block_solver=args.block_solver, sample_eps=args.sample_eps, seed=args.seed,
                   memory=budget, spill_dir=args.spill_dir, on_fold=on_fold,
                   epsilon=args.epsilon)
+    if args.jobs != 1 and (args.C_search or args.solver not in ("dcd", "bm")):
+        raise ParameterError("--jobs runs the folds of the dual CD solvers (--solver dcd or "
+                             "bm, without --C-search) in threads.",
+                             "Add --solver dcd, or drop --jobs.")
     if args.C_search:
         from ooc_learn.cv.svm import svm_c_search
 
         bar.total = None
         results = svm_c_search(args.store, k, **common)
     else:
-        results = svm_cv_grid(args.store, k, args.C, caller="ooc-train --cv", **common)
+        results = svm_cv_grid(args.store, k, args.C, caller="ooc-train --cv",
+                              n_jobs=args.jobs, **common)
     bar.close()
     metric = results[0].metric
     rmse = metric == "rmse"
@@ -665,8 +675,9 @@ def _cv_svm(args, budget) -> dict:
     how = ("one-vs-rest over " + str(len(best.stats["classes"])) + " classes"
            if "classes" in best.stats else "one pass, a Gram matrix per fold"
            if solver == "exact" else "C search, each fold warm-started from the last C"
-           if args.C_search else "folds warm-started" if best.stats["warm_start"]
-           else "folds from scratch")
+           if args.C_search else f"{best.stats['jobs']} folds at a time in threads"
+           if best.stats.get("jobs", 1) > 1 else "folds warm-started"
+           if best.stats["warm_start"] else "folds from scratch")
     fmt = (lambda v: f"{v:>12.6g}") if rmse else (lambda v: f"{100 * v:>11.2f}%")
     lines = [f"{solver} {best.k}-fold cross-validation of {args.store} ({how})",
              f"{'C':>10} {'cv ' + metric:>12} {'fold std':>9} {'seconds':>9} {'rows read':>11}"]

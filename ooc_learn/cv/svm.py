@@ -41,7 +41,8 @@ def svm_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: f
            s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
            block_size: int = 1000, block_solver: str = "dual", init_sample: int = 10000,
            sample_eps: float = 0.0, seed: int = 0, memory=None, spill_dir=None,
-           warm_start: bool = True, on_fold=None, epsilon: float = 0.0) -> CVResult:
+           warm_start: bool = True, on_fold=None, epsilon: float = 0.0,
+           n_jobs: int = 1) -> CVResult:
     """K-fold CV accuracy of a linear SVM on a binary store (see the module docstring).
 
     Parameters
@@ -56,6 +57,9 @@ def svm_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: f
     warm_start : bool
         Start each fold from the previous fold's solution (default); False solves every
         fold from scratch (the reference the warm start is measured against).
+    n_jobs : int
+        The dual CD solvers (dcd, bm, SVR): run this many folds at once in threads (each
+        from scratch, warm along a list of C); IBCD and least squares run one at a time.
     on_fold : callable, optional
         ``on_fold(info)`` after each fold, ``info`` the fold's entry of ``stats["folds"]``.
 
@@ -76,7 +80,7 @@ def svm_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: f
                        max_outer=max_outer, block_size=block_size, block_solver=block_solver,
                        init_sample=init_sample, sample_eps=sample_eps, seed=seed,
                        memory=memory, spill_dir=spill_dir, warm_start=warm_start,
-                       on_fold=on_fold, epsilon=epsilon, caller="svm_cv")[0]
+                       on_fold=on_fold, epsilon=epsilon, n_jobs=n_jobs, caller="svm_cv")[0]
 
 
 def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = None,
@@ -84,7 +88,8 @@ def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = N
                 max_outer: int = 10, block_size: int = 1000, block_solver: str = "dual",
                 init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0,
                 memory=None, spill_dir=None, warm_start: bool = True, on_fold=None,
-                epsilon: float = 0.0, caller: str = "svm_cv_grid") -> list[CVResult]:
+                epsilon: float = 0.0, n_jobs: int = 1,
+                caller: str = "svm_cv_grid") -> list[CVResult]:
     """:func:`svm_cv` at each C of ``Cs``, one :class:`CVResult` each, in ascending C.
 
     The same folds serve every C; fold i at each C is warm-started from fold i at the next
@@ -107,6 +112,9 @@ def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = N
     if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
         raise ParameterError(f"The 'sample_eps' parameter of {caller} must be in [0, 1). Got "
                              f"{sample_eps!r} instead.", "0 disables the sampled rule.")
+    if not (isinstance(n_jobs, int) and not isinstance(n_jobs, bool) and n_jobs >= 1):
+        raise ParameterError(f"The 'n_jobs' parameter of {caller} must be an int >= 1. Got "
+                             f"{n_jobs!r} instead.", "1 runs the folds one after another.")
     st, opened = open_data(store, memory)
     try:
         if st.task not in ("binary", "multiclass", "regression"):
@@ -143,7 +151,8 @@ def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = N
                                         reference=reference)
             return _cross_validate(st, k, solver="dcd", Cs=Cs, bias=bias,
                                    warm_start=warm_start, on_fold=on_fold, run=run,
-                                   state_bytes=16 * (st.n_features + 1), regression=True)
+                                   state_bytes=16 * (st.n_features + 1), regression=True,
+                                   seed=seed, n_jobs=n_jobs)
         solver = "ibcd" if solver is None else solver
         loss = "hinge" if loss is None else loss
         if solver not in SVM_CV_SOLVERS:
@@ -161,7 +170,7 @@ def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = N
                    eps=eps, max_outer=max_outer, block_size=block_size,
                    block_solver=block_solver, init_sample=init_sample,
                    sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
-                   warm_start=warm_start, on_fold=on_fold, run=_run,
+                   warm_start=warm_start, on_fold=on_fold, run=_run, n_jobs=n_jobs,
                    state_bytes=_model_state_bytes(solver, block_solver, st.n_features))
     finally:
         if opened:
@@ -209,41 +218,47 @@ def _fold(folds, contiguous: bool, i: int):
 
 
 def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes, bias,
-                    regression=False, **params) -> list[CVResult]:
+                    regression=False, n_jobs=1, **params) -> list[CVResult]:
     """One CVResult per C of ``Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
     starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
     fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
     ``regression``: SVR's dual (beta, signed, no labels in w) and the RMSE per fold; each C's
-    folds stop relative to the first violation of that C's first solve."""
+    folds stop relative to the first violation of that C's first solve. ``n_jobs`` > 1 (the
+    dual CD solvers): folds run in that many threads (the kernels release the GIL), each
+    from scratch at C_1 and warm along C, one state per running fold."""
     from ooc_learn.solvers.dcd import drop_rows
 
     t0 = time.perf_counter()
     n, d = st.n_samples, st.n_features
     rows0, bytes0 = st.rows_read, st.bytes_read
     dual = solver in ("dcd", "bm")
+    jobs = max(1, min(int(n_jobs), k)) if dual else 1
     m = len(Cs)
     # per row and C: its decision value (float64); per row: its fold (int32); the dual
-    # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w
-    per_row = 5 * n + 8 * m * n + (16 * n if dual else 0)
-    with st.budget.reservation(per_row + 3 * state_bytes, "cross-validation state (each "
-                               "row's fold and decision values, the warm starts)"):
+    # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
+    # per running fold
+    per_row = 5 * n + 8 * m * n + ((16 if jobs == 1 else 8 * jobs) * n if dual else 0)
+    with st.budget.reservation(per_row + 3 * jobs * state_bytes, "cross-validation state "
+                               "(each row's fold and decision values, the warm starts)"):
         folds, contiguous = fold_plan(st.block_offsets, k, params.get("seed", 0))
         decision = np.empty((m, n), dtype=np.float64)
-        head = (np.zeros(n), np.zeros(d + 1)) if dual else None  # fold i-1 at C_1
         metric = "rmse" if regression else "accuracy"
         references = {}  # regression: each C's stopping reference, from its first solve
         fold_scores = np.empty((m, k))
-        logs = [[] for _ in range(m)]
-        seconds = np.zeros(m)
-        rows_read = np.zeros(m, dtype=np.int64)
-        for i in range(k):
+        logs = [[None] * k for _ in range(m)]
+
+        def one_fold(i, head):
+            """Fold i at every C; ``head``: fold i-1 at C_1 (None: from scratch). Returns
+            fold i at C_1, the next fold's head."""
             a, z, holdout = _fold(folds, contiguous, i)
             mask = None if contiguous else holdout
             size = int(z - a) if contiguous else int(mask.sum())
-            if dual and warm_start and i > 0:
+            if dual and warm_start and head is not None:
                 drop_rows(st.read_range, a, z, head[0], head[1], bias, signed=regression,
                           mask=mask, block_offsets=st.block_offsets)
-            warm = head if warm_start and (dual or i > 0) else None
+            if dual and warm_start and head is None:
+                head = (np.zeros(n), np.zeros(d + 1))
+            warm = head if warm_start else None
             for j, C in enumerate(Cs):
                 f0, fr0 = time.perf_counter(), st.rows_read
                 if dual and warm_start and j == 1:
@@ -255,25 +270,31 @@ def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes,
                 if regression and C not in references and "reference" in stats:
                     references[C] = stats["reference"]
                 w = np.array(stats["w"], dtype=np.float64)
-                if warm_start:
-                    warm = warm if dual else stats["warm"]
-                    if j == 0 and not dual:
+                if warm_start and not dual:
+                    warm = stats["warm"]
+                    if j == 0:
                         head = warm
-                elif dual:
-                    warm = None
                 fold_scores[j, i] = _score_fold(st, w, bias, a, z, mask, size, regression,
                                                 decision[j])
                 entry = {"fold": i, "C": C, "rows": size, metric: fold_scores[j, i],
                          "seconds": time.perf_counter() - f0, "rows_read": st.rows_read - fr0,
                          "outer_iterations": stats.get("outer_iterations"),
                          "objective": stats.get("objective"), "n_sv": stats.get("n_sv")}
-                seconds[j] += entry["seconds"]
-                rows_read[j] += entry["rows_read"]
-                logs[j].append(entry)
+                logs[j][i] = entry
                 if on_fold is not None:
                     on_fold(entry)
-            if not warm_start and dual:
-                head = None
+            return head if warm_start else None
+
+        if jobs == 1:
+            head = None
+            for i in range(k):
+                head = one_fold(i, head)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                for f in [pool.submit(one_fold, i, None) for i in range(k)]:
+                    f.result()
         sizes = np.bincount(folds, minlength=k)
         total = time.perf_counter() - t0
         out = []
@@ -285,7 +306,9 @@ def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes,
                 metric=metric, method=f"{solver}-warm" if warm_start else solver,
                 folds=folds, predictions=decision[j],
                 stats={"k": k, "n": n, "solver": solver, "C": C, "warm_start": warm_start,
-                       "rows_read": int(rows_read[j]), "seconds": float(seconds[j]),
+                       "jobs": jobs,
+                       "rows_read": int(sum(e["rows_read"] for e in logs[j])),
+                       "seconds": float(sum(e["seconds"] for e in logs[j])),
                        "folds": logs[j]}))
         if m == 1:
             out[0].stats.update(rows_read=st.rows_read - rows0,

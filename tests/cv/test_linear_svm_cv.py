@@ -19,6 +19,7 @@ from ooc_learn.cv.svm import fold_plan, svm_cv, svm_cv_grid
 from ooc_learn.model import load_model
 from ooc_learn.solvers.dcd import drop_rows, primal_objective, solve_dcd, solve_dcd_store
 from ooc_learn.solvers.ibcd import solve_ibcd
+from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.store import open_store
 from ooc_learn.training import train
 
@@ -79,6 +80,22 @@ def test_folds_match_retraining_per_fold(store, solver, warm):
     for i, (a, z) in enumerate(zip(bounds[:-1], bounds[1:])):
         assert abs(res.fold_scores[i] - ref_acc[i]) <= near[a:z].sum() / (z - a) + 1e-12
     assert res.estimate == pytest.approx(np.mean((res.predictions > 0) == (y > 0)))
+
+
+@pytest.mark.parametrize("solver", ["dcd", "bm"])
+def test_folds_in_threads_match_retraining_per_fold(store, solver):
+    X, y, bounds = _rows(store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        grid = svm_cv_grid(store, 5, [0.01, 0.05], solver=solver, eps=1e-6, max_outer=1000,
+                           n_jobs=3)
+    assert grid[0].stats["jobs"] == 3
+    for r in grid:
+        ref = _retrained_fold_decisions(X, y, bounds, r.stats["C"])
+        assert np.abs(r.predictions - ref).max() < 5e-3
+        assert [f["fold"] for f in r.stats["folds"]] == list(range(5))
+    with pytest.raises(ParameterError, match="n_jobs"):
+        svm_cv(store, 5, solver=solver, n_jobs=0)
 
 
 def test_fold_objectives_not_above_liblinear(store):
