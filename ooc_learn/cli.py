@@ -622,7 +622,7 @@ def _cv_svm(args, budget) -> dict:
     import numpy as np
     from tqdm.auto import tqdm
 
-    from ooc_learn.cv.svm import svm_cv_grid
+    from ooc_learn.cv.linear import linear_cv_grid
     from ooc_learn.storage.resources import peak_rss_bytes
 
     if args.lam is not None:
@@ -649,12 +649,12 @@ def _cv_svm(args, budget) -> dict:
                              "bm, without --C-search) in threads.",
                              "Add --solver dcd, or drop --jobs.")
     if args.C_search:
-        from ooc_learn.cv.svm import svm_c_search
+        from ooc_learn.cv.linear import linear_c_search
 
         bar.total = None
-        results = svm_c_search(args.store, k, **common)
+        results = linear_c_search(args.store, k, **common)
     else:
-        results = svm_cv_grid(args.store, k, args.C, caller="ooc-train --cv",
+        results = linear_cv_grid(args.store, k, args.C, caller="ooc-train --cv",
                               n_jobs=args.jobs, **common)
     bar.close()
     metric = results[0].metric

@@ -7,7 +7,7 @@ For each data set (LIBSVM text from ``../shared/data``, ingested once into ``WOR
 
 * ``ooc-train STORE --cv K --C C --solver S`` as the user runs it (a subprocess: imports,
   store open, every fold, the scoring; wall time, best of ``--repeat``), warm-started folds
-  and, for the reference, every fold from scratch (``svm_cv(..., warm_start=False)``
+  and, for the reference, every fold from scratch (``linear_cv(..., warm_start=False)``
   in this process, JIT warmed first);
 * LIBLINEAR ``-s 3 -c C -B 1 -v K`` (hinge, dual CD; liblinear-official, in this process on
   the parsed arrays, best of ``--repeat``), its own random folds;
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                    help="the --datasets part (default on)")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
-    from ooc_learn.cv.svm import svm_cv
+    from ooc_learn.cv.linear import linear_cv
 
     rows, ratios = [], []
     if a.multiclass:
@@ -201,12 +201,12 @@ def main(argv=None) -> int:
             ratios.append((f"{name} {solver} --cv wall / liblinear -v", t / ll_t))
             ratios.append((f"{name} {solver} acc - liblinear, points",
                            100 * (out["estimate"] - ll_acc)))
-            svm_cv(str(store), a.k, solver=solver, C=a.C)  # JIT warm-up, outside the clock
-            tw, rw = _best(lambda: svm_cv(str(store), a.k, solver=solver, C=a.C), a.repeat)
-            tc, rc = _best(lambda: svm_cv(str(store), a.k, solver=solver, C=a.C,
+            linear_cv(str(store), a.k, solver=solver, C=a.C)  # JIT warm-up, outside the clock
+            tw, rw = _best(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C), a.repeat)
+            tc, rc = _best(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C,
                                           warm_start=False), a.repeat)
-            rows.append((name, f"svm_cv {solver} warm (API)", a.C, tw, rw.estimate))
-            rows.append((name, f"svm_cv {solver} cold (API)", a.C, tc, rc.estimate))
+            rows.append((name, f"linear_cv {solver} warm (API)", a.C, tw, rw.estimate))
+            rows.append((name, f"linear_cv {solver} cold (API)", a.C, tc, rc.estimate))
             ratios.append((f"{name} {solver} warm / cold folds (API)", tw / tc))
         if a.grid:
             grid = ",".join(f"{c:g}" for c in a.grid)

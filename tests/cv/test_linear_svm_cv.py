@@ -1,4 +1,4 @@
-"""K-fold CV of the linear SVM on a store (svm_cv / svm_cv_grid / ooc-train --cv).
+"""K-fold CV of the linear SVM on a store (linear_cv / linear_cv_grid / ooc-train --cv).
 
 Reference: each fold retrained from scratch, in memory, on the same training rows (to eps 1e-9);
 the decision values of the held-out rows must agree. LIBLINEAR (-s 3 -B 1) is the peer for the
@@ -15,7 +15,7 @@ from liblinear.liblinearutil import parameter, problem, train as ll_train
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import train_main
 from ooc_learn.cv.folds import store_fold_bounds
-from ooc_learn.cv.svm import fold_plan, svm_cv, svm_cv_grid
+from ooc_learn.cv.linear import fold_plan, linear_cv, linear_cv_grid
 from ooc_learn.model import load_model
 from ooc_learn.solvers.dcd import drop_rows, primal_objective, solve_dcd, solve_dcd_store
 from ooc_learn.solvers.ibcd import solve_ibcd
@@ -69,7 +69,7 @@ def test_folds_match_retraining_per_fold(store, solver, warm):
     ref = _retrained_fold_decisions(X, y, bounds, 0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = svm_cv(store, 5, solver=solver, C=0.05, eps=1e-6, max_outer=1000,
+        res = linear_cv(store, 5, solver=solver, C=0.05, eps=1e-6, max_outer=1000,
                      warm_start=warm)
     assert res.k == 5 and res.metric == "accuracy"
     assert np.array_equal(res.folds, np.repeat(np.arange(5), np.diff(bounds)))
@@ -87,7 +87,7 @@ def test_folds_in_threads_match_retraining_per_fold(store, solver):
     X, y, bounds = _rows(store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        grid = svm_cv_grid(store, 5, [0.01, 0.05], solver=solver, eps=1e-6, max_outer=1000,
+        grid = linear_cv_grid(store, 5, [0.01, 0.05], solver=solver, eps=1e-6, max_outer=1000,
                            n_jobs=3)
     assert grid[0].stats["jobs"] == 3
     for r in grid:
@@ -95,7 +95,7 @@ def test_folds_in_threads_match_retraining_per_fold(store, solver):
         assert np.abs(r.predictions - ref).max() < 5e-3
         assert [f["fold"] for f in r.stats["folds"]] == list(range(5))
     with pytest.raises(ParameterError, match="n_jobs"):
-        svm_cv(store, 5, solver=solver, n_jobs=0)
+        linear_cv(store, 5, solver=solver, n_jobs=0)
 
 
 def test_fold_objectives_not_above_liblinear(store):
@@ -103,7 +103,7 @@ def test_fold_objectives_not_above_liblinear(store):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for solver in ("dcd", "ibcd"):
-            res = svm_cv(store, 5, solver=solver, C=0.05, eps=1e-6, max_outer=1000)
+            res = linear_cv(store, 5, solver=solver, C=0.05, eps=1e-6, max_outer=1000)
             for i, f in enumerate(res.stats["folds"]):
                 a, z = bounds[i], bounds[i + 1]
                 tr = np.r_[0:a, z:len(y)]
@@ -118,8 +118,8 @@ def test_fold_objectives_not_above_liblinear(store):
 def test_warm_and_cold_folds_agree_at_default_eps(store, solver):
     # the warm start changes where dual CD starts, not the problem: at LIBLINEAR's eps the
     # two runs differ by the solution's tolerance only (the speed is scripts/bench_linear_cv)
-    cold = svm_cv(store, 5, solver=solver, C=0.05, warm_start=False)
-    warm = svm_cv(store, 5, solver=solver, C=0.05)
+    cold = linear_cv(store, 5, solver=solver, C=0.05, warm_start=False)
+    warm = linear_cv(store, 5, solver=solver, C=0.05)
     assert warm.method == f"{solver}-warm" and cold.method == solver
     assert np.abs(cold.predictions - warm.predictions).max() < 0.15
     assert abs(cold.estimate - warm.estimate) <= 0.01
@@ -130,12 +130,12 @@ def test_grid_matches_each_c_alone_and_liblinear(store):
     Cs = [0.5, 0.01, 0.05]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        grid = svm_cv_grid(store, 5, Cs, solver="dcd", eps=1e-6, max_outer=200)
+        grid = linear_cv_grid(store, 5, Cs, solver="dcd", eps=1e-6, max_outer=200)
     assert [r.stats["C"] for r in grid] == [0.01, 0.05, 0.5]  # ascending: the warm path
     for r in grid:
         ref = _retrained_fold_decisions(X, y, bounds, r.stats["C"])
         assert np.abs(r.predictions - ref).max() < 5e-3
-        alone = svm_cv(store, 5, solver="dcd", C=r.stats["C"], eps=1e-6, max_outer=200)
+        alone = linear_cv(store, 5, solver="dcd", C=r.stats["C"], eps=1e-6, max_outer=200)
         assert abs(alone.estimate - r.estimate) <= 2 / len(y)
 
 
@@ -143,7 +143,7 @@ def test_ibcd_grid_warm_along_c_matches_liblinear(store):
     X, y, bounds = _rows(store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        grid = svm_cv_grid(store, 5, [0.01, 0.05], solver="ibcd", eps=1e-6)
+        grid = linear_cv_grid(store, 5, [0.01, 0.05], solver="ibcd", eps=1e-6)
     for r in grid:
         ref = _retrained_fold_decisions(X, y, bounds, r.stats["C"])
         assert np.abs(r.predictions - ref).max() < 5e-3
@@ -182,7 +182,7 @@ def test_cli_cv_grid_and_final_model(store, tmp_path, capsys):
     assert train_main([str(store), "--cv", "5", "--C", "0.01,1", "--solver", "dcd",
                        "--eps", "1e-3", "-o", str(model), "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
-    grid = svm_cv_grid(store, 5, [0.01, 1.0], solver="dcd", eps=1e-3)
+    grid = linear_cv_grid(store, 5, [0.01, 1.0], solver="dcd", eps=1e-3)
     assert [g["C"] for g in out["grid"]] == [0.01, 1.0]
     assert [g["estimate"] for g in out["grid"]] == pytest.approx([r.estimate for r in grid])
     best = max(grid, key=lambda r: r.estimate).stats["C"]
@@ -223,7 +223,7 @@ def test_pegasos_cv_runs_treecv_at_the_training_lambda(store, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["cv_method"] == "tree" and out["learner"] == "pegasos" and out["k"] == 4
     # PEGASOS at lam = 1/(C n) scores close to the SVM on this separable-ish problem
-    svm = svm_cv(store, 4, solver="dcd", C=2.0)
+    svm = linear_cv(store, 4, solver="dcd", C=2.0)
     assert out["estimate"] < 0.5 and abs((1 - out["estimate"]) - svm.estimate) < 0.1
 
 
@@ -243,7 +243,7 @@ def test_folds_inside_one_block_are_random_and_match_retraining(tmp_path):
     # far from contiguous: rows of a fold are spread over the whole block
     assert all(np.ptp(np.flatnonzero(folds == i)) > 0.9 * n for i in range(4))
     for solver in ("dcd", "ibcd"):
-        res = svm_cv(tmp_path / "one", 4, solver=solver, C=0.05, eps=1e-6, max_outer=1000)
+        res = linear_cv(tmp_path / "one", 4, solver=solver, C=0.05, eps=1e-6, max_outer=1000)
         assert np.array_equal(res.folds, folds)
         for i in range(4):
             held = folds == i
@@ -253,14 +253,14 @@ def test_folds_inside_one_block_are_random_and_match_retraining(tmp_path):
 
 
 def test_c_search_path_matches_each_c_alone(store, capsys, tmp_path):
-    from ooc_learn.cv.svm import svm_c_search
+    from ooc_learn.cv.linear import linear_c_search
 
-    path = svm_c_search(store, 5, solver="dcd", C_min=1e-3, C_max=64.0, eps=1e-4,
+    path = linear_c_search(store, 5, solver="dcd", C_min=1e-3, C_max=64.0, eps=1e-4,
                         max_outer=100, patience=2)
     Cs = [r.stats["C"] for r in path]
     assert Cs[0] == 1e-3 and all(b == 2 * a for a, b in zip(Cs, Cs[1:])) and Cs[-1] <= 64
     for r in path[::3]:  # each C's folds equal a cross-validation at that C alone
-        alone = svm_cv(store, 5, solver="dcd", C=r.stats["C"], eps=1e-4, max_outer=100)
+        alone = linear_cv(store, 5, solver="dcd", C=r.stats["C"], eps=1e-4, max_outer=100)
         assert abs(alone.estimate - r.estimate) <= 3 / len(r.predictions)
     # it stopped at C_max, or when the last 2 Cs gained no more than min_delta (1e-3)
     scores = [r.estimate for r in path]

@@ -16,7 +16,7 @@ from sklearn.metrics import confusion_matrix
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import predict_main, train_main
 from ooc_learn.cv.folds import store_fold_bounds
-from ooc_learn.cv.svm import svm_cv
+from ooc_learn.cv.linear import linear_cv
 from ooc_learn.model import load_model
 from ooc_learn.solvers.dcd import solve_dcd
 from ooc_learn.storage.errors import ParameterError
@@ -96,7 +96,7 @@ def test_multiclass_cv_matches_refitting_per_fold(store):
         Xs, ys, _ = st.read_range(0, st.n_samples)
         Xs, ys = np.asarray(Xs), np.asarray(ys, dtype=np.float64)
         bounds = store_fold_bounds(st.block_offsets, 5)
-    res = svm_cv(store, 5, solver="dcd", C=0.5, eps=1e-6, max_outer=1000)
+    res = linear_cv(store, 5, solver="dcd", C=0.5, eps=1e-6, max_outer=1000)
     assert res.metric == "accuracy" and res.stats["classes"] == [0.0, 1.0, 2.0, 3.0]
     pred = np.empty(len(ys))
     for i in range(5):

@@ -15,7 +15,7 @@ from sklearn.linear_model import Ridge
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import predict_main, train_main
-from ooc_learn.cv.svm import fold_plan, svm_cv, svm_cv_grid
+from ooc_learn.cv.linear import fold_plan, linear_cv, linear_cv_grid
 from ooc_learn.model import load_model, regression_errors
 from ooc_learn.solvers.dcd import drop_rows
 from ooc_learn.solvers.svr import solve_svr, solve_svr_store, svr_primal_objective
@@ -118,7 +118,7 @@ def test_regression_cv_matches_refitting_per_fold(store, solver, k):
         Xs, ys = np.asarray(Xs), np.asarray(ys, dtype=np.float64)
         folds, contiguous = fold_plan(st.block_offsets, k)
     assert contiguous == (k == 4)
-    grid = svm_cv_grid(store, k, [0.1, 1.0], solver=solver, eps=1e-9, max_outer=1000)
+    grid = linear_cv_grid(store, k, [0.1, 1.0], solver=solver, eps=1e-9, max_outer=1000)
     for r in grid:
         C = r.stats["C"]
         assert r.metric == "rmse" and np.array_equal(r.folds, folds)
@@ -151,7 +151,7 @@ def test_cli_regression_train_predict_and_cv(store, tmp_path, capsys, diabetes):
     assert cv["metric"] == "rmse"
     best = min(cv["grid"], key=lambda g: g["estimate"])
     assert cv["best_C"] == best["C"] and cv["estimate"] == best["estimate"]
-    ref = svm_cv(store, 4, C=best["C"])
+    ref = linear_cv(store, 4, C=best["C"])
     assert ref.estimate == pytest.approx(best["estimate"])
 
 
@@ -164,4 +164,4 @@ def test_regression_flags_that_do_not_apply_exit_2(store, tmp_path, capsys):
         assert what in capsys.readouterr().err
     assert not (tmp_path / "m.npz").exists()
     with pytest.raises(ParameterError, match="epsilon"):
-        svm_cv(store, 3, epsilon=-1.0)
+        linear_cv(store, 3, epsilon=-1.0)

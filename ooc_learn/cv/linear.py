@@ -32,12 +32,12 @@ from ooc_learn.storage.errors import ParameterError
 from .folds import check_k, store_fold_bounds
 from .result import CVResult
 
-__all__ = ["svm_cv", "svm_cv_grid", "svm_c_search", "fold_plan", "SVM_CV_SOLVERS"]
+__all__ = ["linear_cv", "linear_cv_grid", "linear_c_search", "fold_plan", "LINEAR_CV_SOLVERS"]
 
-SVM_CV_SOLVERS = ("ibcd", "dcd", "bm")
+LINEAR_CV_SOLVERS = ("ibcd", "dcd", "bm")
 
 
-def svm_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: float = 1.0,
+def linear_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: float = 1.0,
            s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
            block_size: int = 1000, block_solver: str = "dual", init_sample: int = 10000,
            sample_eps: float = 0.0, seed: int = 0, memory=None, spill_dir=None,
@@ -73,24 +73,24 @@ def svm_cv(store, k, *, solver: str | None = None, loss: str | None = None, C: f
 
     Examples
     --------
-    >>> res = svm_cv("train.store", 5, solver="ibcd", C=1.0)   # doctest: +SKIP
+    >>> res = linear_cv("train.store", 5, solver="ibcd", C=1.0)   # doctest: +SKIP
     >>> res.estimate, res.fold_scores                          # doctest: +SKIP
     """
-    return svm_cv_grid(store, k, [C], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+    return linear_cv_grid(store, k, [C], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
                        max_outer=max_outer, block_size=block_size, block_solver=block_solver,
                        init_sample=init_sample, sample_eps=sample_eps, seed=seed,
                        memory=memory, spill_dir=spill_dir, warm_start=warm_start,
-                       on_fold=on_fold, epsilon=epsilon, n_jobs=n_jobs, caller="svm_cv")[0]
+                       on_fold=on_fold, epsilon=epsilon, n_jobs=n_jobs, caller="linear_cv")[0]
 
 
-def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = None,
+def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = None,
                 s: float | None = None, bias: float = 1.0, eps: float = 0.1,
                 max_outer: int = 10, block_size: int = 1000, block_solver: str = "dual",
                 init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0,
                 memory=None, spill_dir=None, warm_start: bool = True, on_fold=None,
                 epsilon: float = 0.0, n_jobs: int = 1,
-                caller: str = "svm_cv_grid") -> list[CVResult]:
-    """:func:`svm_cv` at each C of ``Cs``, one :class:`CVResult` each, in ascending C.
+                caller: str = "linear_cv_grid") -> list[CVResult]:
+    """:func:`linear_cv` at each C of ``Cs``, one :class:`CVResult` each, in ascending C.
 
     The same folds serve every C; fold i at each C is warm-started from fold i at the next
     smaller C (the regularization path of LIBLINEAR's ``-C``), and fold i at the smallest C
@@ -155,10 +155,10 @@ def svm_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = N
                                    seed=seed, n_jobs=n_jobs)
         solver = "ibcd" if solver is None else solver
         loss = "hinge" if loss is None else loss
-        if solver not in SVM_CV_SOLVERS:
+        if solver not in LINEAR_CV_SOLVERS:
             raise ParameterError(
                 f"The 'solver' parameter of {caller} must be one of "
-                f"{', '.join(SVM_CV_SOLVERS)}. Got {solver!r} instead.",
+                f"{', '.join(LINEAR_CV_SOLVERS)}. Got {solver!r} instead.",
                 "PEGASOS and the other incremental learners are cross-validated by tree_cv.")
         for C in Cs:
             _check(solver, loss, C, s, bias, eps, max_outer, block_size)
@@ -438,7 +438,7 @@ def _score_fold(st, w, bias, a, z, mask, size, regression, decision) -> float:
     return math.sqrt(sse / size) if regression else right / size
 
 
-def svm_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
+def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
                  factor: float = 2.0, patience: int = 3, min_delta: float = 1e-3,
                  solver: str | None = None,
                  loss: str | None = None, s: float | None = None, bias: float = 1.0,
@@ -456,15 +456,15 @@ def svm_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
     alpha vectors, paid from the budget). Returns one :class:`CVResult` per C tried, in
     order; the best is the most accurate (regression: the lowest RMSE), the smallest C of
     equals. Binary and regression stores (least squares by the dual: use
-    :func:`svm_cv_grid` for the exact solver's one-pass grid)."""
+    :func:`linear_cv_grid` for the exact solver's one-pass grid)."""
     from ooc_learn.training import (_check, _run, open_data, regression_solver,
                                     train_regression)
 
     if not (isinstance(factor, (int, float)) and factor > 1):
-        raise ParameterError(f"The 'factor' of svm_c_search must be > 1. Got {factor!r}.",
+        raise ParameterError(f"The 'factor' of linear_c_search must be > 1. Got {factor!r}.",
                              "LIBLINEAR doubles C: 2.")
     if not (isinstance(patience, int) and patience >= 1):
-        raise ParameterError(f"The 'patience' of svm_c_search must be an int >= 1. Got "
+        raise ParameterError(f"The 'patience' of linear_c_search must be an int >= 1. Got "
                              f"{patience!r}.", "Try 3.")
     st, opened = open_data(store, memory)
     try:
@@ -473,7 +473,7 @@ def svm_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
                                  f"{st.path} holds a {st.task} task.",
                                  "Give a list of C (--C 0.01,0.1,1,10) for one-vs-rest.")
         n, d = st.n_samples, st.n_features
-        k = check_k(k, n, "svm_c_search")
+        k = check_k(k, n, "linear_c_search")
         regression = st.task == "regression"
         if C_min is None:
             top = float(np.max(st.sqnorms())) + bias * bias if n else 1.0
@@ -494,9 +494,9 @@ def svm_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
         else:
             solver = "ibcd" if solver is None else solver
             loss = "hinge" if loss is None else loss
-            if solver not in SVM_CV_SOLVERS:
+            if solver not in LINEAR_CV_SOLVERS:
                 raise ParameterError(f"The C search runs the SVM solvers "
-                                     f"({', '.join(SVM_CV_SOLVERS)}); got {solver!r}.",
+                                     f"({', '.join(LINEAR_CV_SOLVERS)}); got {solver!r}.",
                                      "PEGASOS is cross-validated by TreeCV.")
             _check(solver, loss, C_min, s, bias, eps, max_outer, block_size)
             run = _run
