@@ -8,7 +8,8 @@ For each data set (LIBSVM text from ``../shared/data``, ingested once into ``WOR
 * ``ooc-train STORE --cv K --C C --solver S`` as the user runs it (a subprocess: imports,
   store open, every fold, the scoring; wall time, best of ``--repeat``), warm-started folds
   and, for the reference, every fold from scratch (``linear_cv(..., warm_start=False)``
-  in this process, JIT warmed first);
+  in this process, JIT warmed first); the dual CD solvers also with ``--jobs 2`` (folds in
+  threads);
 * LIBLINEAR ``-s 3 -c C -B 1 -v K`` (hinge, dual CD; liblinear-official, in this process on
   the parsed arrays, best of ``--repeat``), its own random folds;
 * the grid ``--grid``: one ``ooc-train --cv K --C c1,c2,...`` (warm-started along C), against
@@ -208,6 +209,17 @@ def main(argv=None) -> int:
             rows.append((name, f"linear_cv {solver} warm (API)", a.C, tw, rw.estimate))
             rows.append((name, f"linear_cv {solver} cold (API)", a.C, tc, rc.estimate))
             ratios.append((f"{name} {solver} warm / cold folds (API)", tw / tc))
+            if solver in ("dcd", "bm"):  # folds in threads
+                tj, rj = _best(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C,
+                                                 n_jobs=2), a.repeat)
+                rows.append((name, f"linear_cv {solver} --jobs 2 (API)", a.C, tj, rj.estimate))
+                ratios.append((f"{name} {solver} --jobs 2 (API) / liblinear -v", tj / ll_t))
+                t2, out2 = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C",
+                                                      str(a.C), "--solver", solver, "--jobs",
+                                                      "2", "--json", "--quiet"], a.repeat)
+                rows.append((name, f"ooc-train --cv {a.k} {solver} --jobs 2", a.C, t2,
+                             out2["estimate"]))
+                ratios.append((f"{name} {solver} --jobs 2 --cv wall / liblinear -v", t2 / ll_t))
         if a.grid:
             grid = ",".join(f"{c:g}" for c in a.grid)
             ll_each = []
