@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+from pathlib import Path
 
 
 def peak_rss_bytes() -> int:

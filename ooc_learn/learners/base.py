@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["IncrementalLearner", "SaveRevertLearner", "Metric", "row_losses", "kernel_arrays",
-           "check_metric", "n_rows"]
+           "check_metric"]
 
 Metric = Union[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]
 

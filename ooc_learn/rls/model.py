@@ -46,7 +46,7 @@ from ooc_learn.storage.store import matrix_nbytes
 
 from . import _kernels
 from .holdout import mirror_upper
-from .kernel import KernelSpec, kernel_block, kernel_diag, row_sqnorms64
+from .kernel import KernelSpec, kernel_block, row_sqnorms64
 from .source import as_label_matrix, make_source
 
 __all__ = ["SparseRLS"]

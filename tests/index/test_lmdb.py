@@ -12,7 +12,6 @@ import zlib
 import lmdb
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from _forest_helpers import blobs, make_indexed
 
 from ooc_learn.index.lmdb_io import (INDEX_FORMAT_VERSION, MANIFEST, META_KEY, ForestWriter,

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 from ooc_learn.rls import SparseRLS
 from ooc_learn.rls.kernel import kernel_block

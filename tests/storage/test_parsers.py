@@ -502,7 +502,7 @@ def test_truncated_and_corrupted_streams(tmp_path, rng, comp):
     packed = {"gz": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}[comp](text)
     cut = tmp_path / f"cut.{comp}"
     cut.write_bytes(packed[:len(packed) // 2])
-    with pytest.raises(IngestError, match=f"truncated or corrupted") as info:
+    with pytest.raises(IngestError, match="truncated or corrupted") as info:
         list(iter_chunks(cut, fmt="libsvm", chunk_bytes=4096))
     assert info.value.path == str(cut)
     broken = bytearray(packed)
