@@ -106,10 +106,18 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
         out["memory_reserved_peak_bytes"] = budget.peak  # the most the buffers held at once
         if out.get("peak_rss_bytes") is None:
             out["peak_rss_bytes"] = peak_rss_bytes()
-    if getattr(args, "json", False):
-        print(json.dumps(jsonable(result["json"])))
-    else:
-        print(result["text"])
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps(jsonable(result["json"])))
+        else:
+            print(result["text"])
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (``| head``): the work is done and saved; no traceback, and
+        # stdout pointed at /dev/null so the interpreter's own flush at exit stays quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return 0
 
 

@@ -77,3 +77,24 @@ def test_training_stops_cleanly(tmp_path, sig, code):
     assert waited < 10
     assert not model.exists() and not list(spill.iterdir())
     assert not [p for p in tmp_path.iterdir() if ".ooc-tmp-" in p.name]
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
+    # `ooc-info STORE --json | head -c 10`: the output pipe closes before the command writes
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from ooc_learn.api import ingest_arrays
+
+    rng = np.random.default_rng(0)
+    ingest_arrays(rng.normal(size=(50, 3)).astype(np.float32), np.sign(rng.normal(size=50)),
+                  tmp_path / "s").close()
+    cmd = [sys.executable, "-c", "import sys; from ooc_learn.cli import info_main; "
+           "sys.exit(info_main())", str(tmp_path / "s"), "--json"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # gone before the command prints
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
