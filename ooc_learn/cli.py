@@ -638,8 +638,12 @@ def _cv_svm(args, budget) -> dict:
                              f"the {args.solver} SVM is regularized by --C.",
                              "Drop --lam, or add --learner pegasos.")
     k = _cv_folds(args.cv)
+    from ooc_learn.storage.store import open_store
+
+    with open_store(args.store, memory=budget) as st:  # one-vs-rest: a fold per class
+        per_fold = len(st.label_map.get("classes") or []) if st.task == "multiclass" else 1
     bar = tqdm(desc="cv", unit="fold", disable=args.quiet, leave=False,
-               total=(k if isinstance(k, int) else None) and k * len(args.C))
+               total=(k if isinstance(k, int) else None) and k * len(args.C) * per_fold)
 
     def on_fold(entry):
         check_stop()
@@ -673,7 +677,8 @@ def _cv_svm(args, budget) -> dict:
              "fold_scores": [float(v) for v in r.fold_scores], "seconds": r.stats["seconds"],
              "rows_read": r.stats["rows_read"], "folds": r.stats["folds"]} for r in results]
     solver = best.stats["solver"]
-    out = {"store": str(args.store), "solver": solver, "loss": args.loss,
+    loss = args.loss or ("squared_epsilon_insensitive" if rmse else "hinge")
+    out = {"store": str(args.store), "solver": solver, "loss": loss,
            "truncate": s, "k": best.k, "metric": metric, "best_C": best.stats["C"],
            "estimate": best.estimate, "grid": grid,
            "seconds": sum(r.stats["seconds"] for r in results),
