@@ -455,8 +455,9 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
     dual solution stays feasible as C grows), so K solutions are kept (the dual solvers: K
     alpha vectors, paid from the budget). Returns one :class:`CVResult` per C tried, in
     order; the best is the most accurate (regression: the lowest RMSE), the smallest C of
-    equals. Binary and regression stores (least squares by the dual: use
-    :func:`linear_cv_grid` for the exact solver's one-pass grid)."""
+    equals. Binary, multiclass (one-vs-rest at each C, without the warm start along C) and
+    regression stores (least squares by the dual: use :func:`linear_cv_grid` for the exact
+    solver's one-pass grid)."""
     from ooc_learn.training import (_check, _run, open_data, regression_solver,
                                     train_regression)
 
@@ -468,10 +469,10 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                              f"{patience!r}.", "Try 3.")
     st, opened = open_data(store, memory)
     try:
-        if st.task not in ("binary", "regression"):
-            raise ParameterError(f"The C search runs on binary and regression stores; "
-                                 f"{st.path} holds a {st.task} task.",
-                                 "Give a list of C (--C 0.01,0.1,1,10) for one-vs-rest.")
+        if st.task not in ("binary", "regression", "multiclass"):
+            raise ParameterError(f"The C search runs on binary, multiclass and regression "
+                                 f"stores; {st.path} holds a {st.task} task.",
+                                 "Re-ingest it with --task.")
         n, d = st.n_samples, st.n_features
         k = check_k(k, n, "linear_c_search")
         regression = st.task == "regression"
@@ -481,6 +482,20 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
         if not (isinstance(C_min, (int, float)) and 0 < C_min <= C_max):
             raise ParameterError(f"C_min must be in (0, C_max = {C_max:g}]. Got {C_min!r}.",
                                  "Leave it out for LIBLINEAR's start.")
+        stop = _SearchStop(regression, patience, min_delta)
+        if st.task == "multiclass":
+            # one-vs-rest at each C of the path, the folds of each C from scratch
+            out, C = [], float(C_min)
+            while C <= C_max * (1 + 1e-12):
+                out += linear_cv_grid(st, k, [C], solver=solver, loss=loss, s=s, bias=bias,
+                                      eps=eps, max_outer=max_outer, block_size=block_size,
+                                      block_solver=block_solver, init_sample=init_sample,
+                                      sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
+                                      on_fold=on_fold, caller="linear_c_search")
+                if stop(out[-1].estimate):
+                    break
+                C *= factor
+            return out
         if regression:
             loss = "squared_epsilon_insensitive" if loss is None else loss
             solver = regression_solver(st, "dcd" if solver in (None, "exact") else solver,
@@ -511,7 +526,7 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
             folds, contiguous = fold_plan(st.block_offsets, k, seed)
             sizes = np.bincount(folds, minlength=k)
             states = [None] * k
-            out, best, since, C, moved = [], None, 0, float(C_min), False
+            out, C = [], float(C_min)
             while C <= C_max * (1 + 1e-12):
                 t0, r0 = time.perf_counter(), st.rows_read
                 decision = np.empty(n)
@@ -542,21 +557,40 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                     stats={"k": k, "n": n, "solver": solver, "C": C, "warm_start": True,
                            "seconds": time.perf_counter() - t0, "rows_read": st.rows_read - r0,
                            "folds": log}))
-                better = best is None or (estimate < best * (1 - min_delta) if regression
-                                          else estimate > best + min_delta)
-                # the smallest Cs give the trivial model (every row the majority class, or
-                # the mean) whatever C: patience counts from the first C that beats it
-                moved = moved or (len(out) > 1 and better)
-                since = 0 if better else since + int(moved)
-                if best is None or (estimate < best if regression else estimate > best):
-                    best = estimate
-                if since >= patience:
+                if stop(estimate):
                     break
                 C *= factor
         return out
     finally:
         if opened:
             st.close()
+
+
+class _SearchStop:
+    """The C search's stopping rule: called with each C's CV score, True once the score has
+    not gained more than ``min_delta`` (regression: relatively, lower is better) for
+    ``patience`` Cs in a row. The smallest Cs give the trivial model (every row the
+    majority class, or the mean) whatever C: patience counts from the first C that beats
+    the first score."""
+
+    def __init__(self, regression: bool, patience: int, min_delta: float):
+        self.regression, self.patience, self.min_delta = regression, patience, min_delta
+        self.best, self.since, self.calls, self.moved = None, 0, 0, False
+
+    def __call__(self, score: float) -> bool:
+        self.calls += 1
+        best = self.best
+        if self.regression:
+            gained = best is None or score < best * (1 - self.min_delta)
+            record = best is None or score < best
+        else:
+            gained = best is None or score > best + self.min_delta
+            record = best is None or score > best
+        self.moved = self.moved or (self.calls > 1 and gained)
+        self.since = 0 if gained else self.since + int(self.moved)
+        if record:
+            self.best = score
+        return self.since >= self.patience
 
 
 def _pieces(st, a: int, z: int, mask=None):

@@ -112,3 +112,14 @@ def test_multiclass_cv_matches_refitting_per_fold(store):
     assert res.estimate == pytest.approx(np.mean(pred == ys), abs=0.005)
     assert np.array_equal(res.predictions[res.predictions == pred],
                           pred[res.predictions == pred])
+
+
+def test_c_search_on_a_multiclass_store(store):
+    from ooc_learn.cv.linear import linear_c_search
+
+    path = linear_c_search(store, 3, solver="dcd", C_min=0.01, C_max=1.0, patience=2)
+    Cs = [r.stats["C"] for r in path]
+    assert Cs[0] == 0.01 and all(b == 2 * a for a, b in zip(Cs, Cs[1:]))
+    r = path[len(path) // 2]
+    assert r.stats["classes"] == [0.0, 1.0, 2.0, 3.0]
+    assert r.estimate == pytest.approx(linear_cv(store, 3, solver="dcd", C=r.stats["C"]).estimate)
