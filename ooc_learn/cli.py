@@ -32,6 +32,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="print one JSON object with the results on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    from ooc_learn import __version__
+
+    p.add_argument("--version", action="version", version=f"%(prog)s (ooc-learn) {__version__}")
 
 
 def _budget(args, *, solvers: bool = False, parsers: bool = False) -> MemoryBudget:
@@ -591,6 +594,7 @@ def _train_and_test(args, budget, test):
     out = {"model": str(args.output), "solver": solver, "loss": loss, "C": args.C,
            "truncate": s, "seconds": round(st["seconds"], 4), "objective": st.get("objective"),
            "n_sv": st.get("n_sv"), "outer_iterations": st.get("outer_iterations"),
+           "converged": st.get("converged"),
            "rows_read": st.get("rows_read"), "bytes_read": st.get("bytes_read"),
            "peak_rss_bytes": None}
     if model.regression:

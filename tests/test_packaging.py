@@ -46,3 +46,17 @@ def test_no_submodule_shadows_a_public_name():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_every_command_prints_its_version(capsys):
+    import pytest
+
+    import ooc_learn
+    from ooc_learn import cli
+
+    for main in (cli.ingest_main, cli.train_main, cli.predict_main, cli.index_main,
+                 cli.info_main, cli.check_main):
+        with pytest.raises(SystemExit) as e:
+            main(["--version"])
+        assert e.value.code == 0
+        assert capsys.readouterr().out.strip().endswith(f"(ooc-learn) {ooc_learn.__version__}")

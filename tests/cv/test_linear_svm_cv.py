@@ -192,6 +192,7 @@ def test_cli_cv_grid_and_final_model(store, tmp_path, capsys):
     ref = train(store, solver="dcd", C=best, eps=1e-3)
     assert np.abs(m.coef_ - ref.coef_).max() < 1e-9
     assert out["final_model"]["model"] == str(model)
+    assert out["final_model"]["converged"] is True  # dual CD reached eps within its passes
 
 
 @pytest.mark.parametrize("argv, flag", [
