@@ -55,6 +55,8 @@ class CVResult:
         for key, value in self.stats.items():
             if isinstance(value, float):
                 lines.append(f"  {key}: {value:.4g}")
+            elif isinstance(value, (list, tuple, dict)) and len(value) > 4:
+                lines.append(f"  {key}: {len(value)} entries (to_dict() has them)")
             else:
                 lines.append(f"  {key}: {value}")
         return "\n".join(lines)
