@@ -390,9 +390,9 @@ def _train_parser() -> argparse.ArgumentParser:
                         "on all rows); with --cv-method tree or --learner, TreeCV of an "
                         "incremental learner ('loo' for leave-one-out)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="with --cv and a dual CD solver (dcd, bm; SVR): run N folds at once "
-                        "in threads, each paying its own dual state from --memory "
-                        "(default 1)")
+                   help="dual CD solvers (dcd, bm; SVR): with --cv run N folds at once in "
+                        "threads; on a multiclass store (also pegasos) train up to N classes "
+                        "at once, as many as --memory holds (default 1)")
     p.add_argument("--cv-method", default=None, choices=["warm", "tree", "standard"],
                    help="warm: folds of the SVM solver, warm-started (default; --solver "
                         "pegasos: tree); tree / standard: TreeCV / k-fold of --learner")
@@ -522,8 +522,7 @@ def _train_body(args):
                              "regression store.", "Add --cv 5.")
     args.C = [1.0] if args.C is None else args.C
     if args.cv is None:
-        for flag, given in (("--jobs", args.jobs != 1),
-                            ("--cv-method", args.cv_method is not None),
+        for flag, given in (("--cv-method", args.cv_method is not None),
                             ("--learner", args.learner is not None),
                             ("--lam", args.lam is not None)):
             if given:
@@ -586,7 +585,7 @@ def _train_and_test(args, budget, test):
                   block_size=args.block_size, block_solver=args.block_solver,
                   epochs=args.epochs, sample_eps=args.sample_eps, seed=args.seed,
                   memory=budget, spill_dir=args.spill_dir, on_outer=on_outer,
-                  epsilon=args.epsilon)
+                  epsilon=args.epsilon, n_jobs=args.jobs)
     bar.close()
     model.save(args.output)
     st = model.meta["stats"]

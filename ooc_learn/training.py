@@ -53,7 +53,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
           s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
           block_size: int = 1000, block_solver: str = "dual", epochs: int = 1,
           init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0, memory=None,
-          spill_dir=None, on_outer=None, epsilon: float = 0.0) -> LinearModel:
+          spill_dir=None, on_outer=None, epsilon: float = 0.0, n_jobs: int = 1) -> LinearModel:
     """Train a linear model on a store; returns a :class:`LinearModel`.
 
     A binary store trains a linear SVM, a multiclass store one SVM per class against the
@@ -75,6 +75,11 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     epsilon : float
         Regression: the width of the insensitive zone (LIBLINEAR's -p; scikit-learn
         LinearSVR's epsilon). 0 (default) with the squared loss is least squares.
+    n_jobs : int
+        Multiclass with the dual CD solvers (dcd, bm) or PEGASOS: train up to this many
+        classes at once in threads, as many as the free budget holds two of each one's
+        state for (IBCD trains one class at a time: its index search is Python and holds
+        the store's one LMDB environment).
     C : float
         The SVM cost (LIBLINEAR's -c).
     s : float or None
@@ -133,7 +138,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
                 st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
                 max_outer=max_outer, block_size=block_size, block_solver=block_solver,
                 epochs=epochs, init_sample=init_sample, sample_eps=sample_eps, seed=seed,
-                spill_dir=spill_dir, on_outer=on_outer)
+                spill_dir=spill_dir, on_outer=on_outer, n_jobs=n_jobs)
         if st.task != "binary":
             raise ParameterError(f"train fits binary, multiclass and regression stores; "
                                  f"{st.path} holds a {st.task} task.",
@@ -262,25 +267,44 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
         label_map=st.label_map, zero_based=st.metadata.get("zero_based"), stats=stats)
 
 
-def _train_one_vs_rest(st, on_outer=None, **params) -> LinearModel:
+def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
     """One binary model per class of a multiclass store (the class against the rest), each
-    on the same store file read as that binary task (``open_store(..., positive=c)``), one
-    after the other under the one budget; combined into one one-vs-rest model."""
+    on the same store file read as that binary task (``open_store(..., positive=c)``) under
+    the one budget, one after the other or (``n_jobs``, dual CD solvers and PEGASOS) several
+    at once in threads; combined into one one-vs-rest model."""
     classes = st.label_map.get("classes")
     if not classes or len(classes) < 2:
         raise ParameterError(f"The multiclass store {st.path} lists no classes.",
                              "Re-ingest it with --task multiclass.")
+    if not (isinstance(n_jobs, int) and not isinstance(n_jobs, bool) and n_jobs >= 1):
+        raise ParameterError(f"The 'n_jobs' parameter of train must be an int >= 1. Got "
+                             f"{n_jobs!r} instead.", "1 trains the classes one at a time.")
     t0 = time.perf_counter()
-    models, per_class = [], []
     # two classes: one model, the second class against the first, is the binary classifier
-    for c in (classes if len(classes) > 2 else classes[1:]):
+    todo = classes if len(classes) > 2 else classes[1:]
+
+    def one(c):
         report = None if on_outer is None else (
-            lambda info, c=c: on_outer(dict(info, **{"class": c})))
+            lambda info: on_outer(dict(info, **{"class": c})))
         with open_store(st.path, memory=st.budget, positive=c) as view:
             m = train(view, on_outer=report, **params)
-        m_stats = dict(m.meta["stats"], **{"class": c})
-        per_class.append(m_stats)
-        models.append(m)
+        return m, dict(m.meta["stats"], **{"class": c})
+
+    jobs = 1
+    if n_jobs > 1 and params.get("solver") in ("dcd", "bm", "pegasos"):
+        # as many classes at once as the free budget holds two of each one's state for
+        each = 2 * (20 * st.n_samples + _model_state_bytes(params["solver"], "dual",
+                                                           st.n_features))
+        jobs = int(max(1, min(n_jobs, len(todo), st.budget.available // max(1, each))))
+    if jobs == 1:
+        done = [one(c) for c in todo]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(one, todo))
+    models = [m for m, _ in done]
+    per_class = [x for _, x in done]
     if len(classes) == 2:
         return LinearModel(models[0].coef_, models[0].intercept_, classes=classes,
                            meta=dict(models[0].meta, label_map=st.label_map,
@@ -290,7 +314,8 @@ def _train_one_vs_rest(st, on_outer=None, **params) -> LinearModel:
              "bytes_read": sum(x.get("bytes_read") or 0 for x in per_class),
              "objective": None, "n_sv": sum(x.get("n_sv") or 0 for x in per_class),
              "outer_iterations": max(x.get("outer_iterations") or 0 for x in per_class),
-             "per_class": per_class}
+             "converged": all(x.get("converged", True) for x in per_class),
+             "jobs": jobs, "per_class": per_class}
     meta = {k: v for k, v in models[0].meta.items() if k not in ("stats", "label_map")}
     meta.update(multiclass="one-vs-rest", label_map=st.label_map, stats=stats,
                 store=str(st.path), store_fingerprint=st.fingerprint())

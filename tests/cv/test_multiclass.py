@@ -123,3 +123,13 @@ def test_c_search_on_a_multiclass_store(store):
     r = path[len(path) // 2]
     assert r.stats["classes"] == [0.0, 1.0, 2.0, 3.0]
     assert r.estimate == pytest.approx(linear_cv(store, 3, solver="dcd", C=r.stats["C"]).estimate)
+
+
+def test_classes_in_threads_give_the_same_model(store):
+    one = train(store, solver="dcd", C=0.5)
+    two = train(store, solver="dcd", C=0.5, n_jobs=2)
+    assert two.meta["stats"]["jobs"] == 2 and one.meta["stats"]["jobs"] == 1
+    assert np.array_equal(one.coef_, two.coef_) and np.array_equal(one.intercept_,
+                                                                   two.intercept_)
+    # IBCD trains one class at a time whatever n_jobs
+    assert train(store, C=0.5, n_jobs=2).meta["stats"]["jobs"] == 1
