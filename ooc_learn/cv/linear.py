@@ -117,10 +117,7 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
                              f"{n_jobs!r} instead.", "1 runs the folds one after another.")
     st, opened = open_data(store, memory)
     try:
-        if st.task not in ("binary", "multiclass", "regression"):
-            raise ParameterError(f"{caller} cross-validates binary, multiclass and "
-                                 f"regression stores; {st.path} holds a {st.task} task.",
-                                 "Re-ingest it with --task.")
+        _check_task(st, caller)
         if isinstance(k, str) and k.lower() == "loo":
             raise ParameterError(
                 "Leave-one-out of the linear SVM would train one model per row.",
@@ -175,6 +172,13 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
     finally:
         if opened:
             st.close()
+
+
+def _check_task(st, caller: str) -> None:
+    if st.task not in ("binary", "multiclass", "regression"):
+        raise ParameterError(f"{caller} cross-validates binary, multiclass and regression "
+                             f"stores; {st.path} holds a {st.task} task.",
+                             "Re-ingest it with --task.")
 
 
 def _as_list(Cs, caller):
@@ -469,10 +473,7 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                              f"{patience!r}.", "Try 3.")
     st, opened = open_data(store, memory)
     try:
-        if st.task not in ("binary", "regression", "multiclass"):
-            raise ParameterError(f"The C search runs on binary, multiclass and regression "
-                                 f"stores; {st.path} holds a {st.task} task.",
-                                 "Re-ingest it with --task.")
+        _check_task(st, "linear_c_search")
         n, d = st.n_samples, st.n_features
         k = check_k(k, n, "linear_c_search")
         regression = st.task == "regression"
