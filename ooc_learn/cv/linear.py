@@ -101,8 +101,7 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
     as :func:`ooc_learn.train`), least squares by the normal equations from one pass with
     a Gram matrix per fold (any number of C from the same pass).
     """
-    from ooc_learn.training import (_check, _model_state_bytes, _run, open_data,
-                                    regression_solver)
+    from ooc_learn.training import open_data, regression_solver
 
     Cs = sorted(float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else c
                 for c in _as_list(Cs, caller))
@@ -128,50 +127,119 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
             raise ParameterError(
                 f"{k} folds of {n} rows leave about {n / k:.1f} rows a fold; each fold is a "
                 "full SVM solve.", "Use k <= 20, or TreeCV (--cv-method tree) for many folds.")
-        if st.task == "regression":
-            from ooc_learn.training import train_regression
-
+        if st.task == "regression" and regression_solver(
+                st, solver, "squared_epsilon_insensitive" if loss is None else loss,
+                epsilon) == "exact":
             for C in Cs:  # the checks of train_regression, before any work
-                if not (C > 0 and math.isfinite(C)):
-                    raise ParameterError(f"The Cs of {caller} must be > 0. Got {C!r}.",
-                                         "C is the cost; try 1.")
-            loss = "squared_epsilon_insensitive" if loss is None else loss
-            solver = regression_solver(st, solver, loss, epsilon)
-            if solver == "exact":
-                return _cross_validate_exact(st, k, Cs=Cs, bias=bias, on_fold=on_fold,
-                                             seed=seed)
+                _check_cost(C, caller)
+            return _cross_validate_exact(st, k, Cs=Cs, bias=bias, on_fold=on_fold, seed=seed)
+        task = _FoldTask(st, Cs, solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+                         max_outer=max_outer, block_size=block_size,
+                         block_solver=block_solver, init_sample=init_sample,
+                         sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
+                         epsilon=epsilon, caller=caller)
+        if st.task == "multiclass":
+            return _cross_validate_ovr(st, k, task=task, warm_start=warm_start,
+                                       on_fold=on_fold, n_jobs=n_jobs)
+        return _cross_validate(st, k, task=task, warm_start=warm_start, on_fold=on_fold,
+                               n_jobs=n_jobs)
+    finally:
+        if opened:
+            st.close()
 
-            def run(st_, *, C, holdout, warm, reference=None, **_):
+
+def _check_cost(C, caller: str) -> None:
+    if not (isinstance(C, (int, float)) and C > 0 and math.isfinite(C)):
+        raise ParameterError(f"The Cs of {caller} must be > 0. Got {C!r}.",
+                             "C is the cost; try 1.")
+
+
+class _FoldTask:
+    """What every fold of a CV run solves and how it is scored: the solver and its
+    parameters (checked before any work), resolved from the store's task; :meth:`solve`
+    trains fold i at C from a warm start and scores it."""
+
+    def __init__(self, st, Cs, *, solver, loss, s, bias, eps, max_outer, block_size,
+                 block_solver, init_sample, sample_eps, seed, spill_dir, epsilon, caller):
+        from ooc_learn.training import (_check, _model_state_bytes, _run, regression_solver,
+                                        train_regression)
+
+        self.st, self.Cs, self.bias, self.seed = st, list(Cs), bias, seed
+        self.regression = st.task == "regression"
+        self.metric = "rmse" if self.regression else "accuracy"
+        if self.regression:
+            for C in Cs:
+                _check_cost(C, caller)
+            loss = "squared_epsilon_insensitive" if loss is None else loss
+            self.solver = regression_solver(st, "dcd" if solver in (None, "exact") else solver,
+                                            loss, epsilon)
+
+            def run(st_, *, C, holdout, warm, reference=None):
                 return train_regression(st_, solver="dcd", loss=loss, C=C, epsilon=epsilon,
                                         bias=bias, eps=eps, max_outer=max_outer, seed=seed,
                                         holdout=holdout, warm=warm, s=s, stats_only=True,
                                         reference=reference)
-            return _cross_validate(st, k, solver="dcd", Cs=Cs, bias=bias,
-                                   warm_start=warm_start, on_fold=on_fold, run=run,
-                                   state_bytes=16 * (st.n_features + 1), regression=True,
-                                   seed=seed, n_jobs=n_jobs)
-        solver = "ibcd" if solver is None else solver
-        loss = "hinge" if loss is None else loss
-        if solver not in LINEAR_CV_SOLVERS:
-            raise ParameterError(
-                f"The 'solver' parameter of {caller} must be one of "
-                f"{', '.join(LINEAR_CV_SOLVERS)}. Got {solver!r} instead.",
-                "PEGASOS and the other incremental learners are cross-validated by tree_cv.")
-        for C in Cs:
-            _check(solver, loss, C, s, bias, eps, max_outer, block_size)
-        if epsilon != 0.0:
-            raise ParameterError("epsilon is the insensitive zone of regression; "
-                                 f"{st.path} holds a {st.task} task.", "Drop --epsilon.")
-        run = _cross_validate_ovr if st.task == "multiclass" else _cross_validate
-        return run(st, k, solver=solver, Cs=Cs, loss=loss, s=s, bias=bias,
-                   eps=eps, max_outer=max_outer, block_size=block_size,
-                   block_solver=block_solver, init_sample=init_sample,
-                   sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
-                   warm_start=warm_start, on_fold=on_fold, run=_run, n_jobs=n_jobs,
-                   state_bytes=_model_state_bytes(solver, block_solver, st.n_features))
-    finally:
-        if opened:
-            st.close()
+            self.run = run
+            self.state_bytes = 16 * (st.n_features + 1)
+        else:
+            self.solver = "ibcd" if solver is None else solver
+            loss = "hinge" if loss is None else loss
+            if self.solver not in LINEAR_CV_SOLVERS:
+                raise ParameterError(
+                    f"The 'solver' parameter of {caller} must be one of "
+                    f"{', '.join(LINEAR_CV_SOLVERS)}. Got {self.solver!r} instead.",
+                    "PEGASOS and the other incremental learners are cross-validated by "
+                    "tree_cv.")
+            for C in Cs:
+                _check(self.solver, loss, C, s, bias, eps, max_outer, block_size)
+            if epsilon != 0.0:
+                raise ParameterError("epsilon is the insensitive zone of regression; "
+                                     f"{st.path} holds a {st.task} task.", "Drop --epsilon.")
+            params = dict(solver=self.solver, loss=loss, s=s, eps=eps, max_outer=max_outer,
+                          block_size=block_size, block_solver=block_solver,
+                          init_sample=init_sample, sample_eps=sample_eps, seed=seed,
+                          spill_dir=spill_dir, epochs=1, on_outer=None, bias=bias)
+
+            def run(st_, *, C, holdout, warm, reference=None):
+                return _run(st_, C=C, holdout=holdout, warm=warm, **params)
+            self.run = run
+            self.state_bytes = _model_state_bytes(self.solver, block_solver, st.n_features)
+        self.dual = self.solver in ("dcd", "bm")
+
+    def on(self, st):
+        """The same task on another view of the store (one class against the rest)."""
+        other = object.__new__(_FoldTask)
+        other.__dict__.update(self.__dict__, st=st)
+        return other
+
+    def solve(self, folds, contiguous, i, C, warm, decision, reference=None):
+        """Fold i at C from ``warm``: ``(stats, score, entry)``; its rows' decision values
+        go into ``decision``. The dual solvers update ``warm`` in place."""
+        st = self.st
+        f0, fr0 = time.perf_counter(), st.rows_read
+        a, z, holdout = _fold(folds, contiguous, i)
+        mask = None if contiguous else holdout
+        size = int(z - a) if contiguous else int(mask.sum())
+        stats = self.run(st, C=C, holdout=holdout, warm=warm, reference=reference)
+        score = _score_fold(st, np.array(stats["w"], dtype=np.float64), self.bias, a, z, mask,
+                            size, self.regression, decision)
+        entry = {"fold": i, "C": C, "rows": size, self.metric: score,
+                 "seconds": time.perf_counter() - f0, "rows_read": st.rows_read - fr0,
+                 "outer_iterations": stats.get("outer_iterations"),
+                 "objective": stats.get("objective"), "n_sv": stats.get("n_sv")}
+        return stats, score, entry
+
+    def result(self, C, scores, sizes, folds, decision, logs, method, **stats):
+        """The CVResult of one C from its fold scores (RMSE: over all rows, not averaged)."""
+        n = int(sizes.sum())
+        estimate = (math.sqrt((scores ** 2 * sizes).sum() / n) if self.regression
+                    else float((scores * sizes).sum() / n))
+        base = {"k": len(scores), "n": n, "solver": self.solver, "C": C,
+                "rows_read": int(sum(e["rows_read"] for e in logs)),
+                "seconds": float(sum(e["seconds"] for e in logs))}
+        return CVResult(estimate=estimate, fold_scores=scores, metric=self.metric,
+                        method=method, folds=folds, predictions=decision,
+                        stats=dict(base, **stats, folds=logs))
 
 
 def _check_task(st, caller: str) -> None:
@@ -221,32 +289,31 @@ def _fold(folds, contiguous: bool, i: int):
     return int(idx[0]), int(idx[-1]) + 1, mask
 
 
-def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes, bias,
-                    regression=False, n_jobs=1, **params) -> list[CVResult]:
-    """One CVResult per C of ``Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
+def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1) -> list[CVResult]:
+    """One CVResult per C of ``task.Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
     starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
     fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
-    ``regression``: SVR's dual (beta, signed, no labels in w) and the RMSE per fold; each C's
-    folds stop relative to the first violation of that C's first solve. ``n_jobs`` > 1 (the
-    dual CD solvers): folds run in that many threads (the kernels release the GIL), each
-    from scratch at C_1 and warm along C, one state per running fold."""
+    Regression (SVR's dual: beta signed, no labels in w): each C's folds stop relative to
+    the first violation of that C's first solve. ``n_jobs`` > 1 (the dual CD solvers): folds
+    run in that many threads (the kernels release the GIL), each from scratch at C_1 and
+    warm along C, one state per running fold."""
     from ooc_learn.solvers.dcd import drop_rows
 
     t0 = time.perf_counter()
     n, d = st.n_samples, st.n_features
     rows0, bytes0 = st.rows_read, st.bytes_read
-    dual = solver in ("dcd", "bm")
+    dual, regression, Cs = task.dual, task.regression, task.Cs
     jobs = max(1, min(int(n_jobs), k)) if dual else 1
     m = len(Cs)
     # per row and C: its decision value (float64); per row: its fold (int32); the dual
     # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
     # per running fold
     per_row = 5 * n + 8 * m * n + ((16 if jobs == 1 else 8 * jobs) * n if dual else 0)
-    with st.budget.reservation(per_row + 3 * jobs * state_bytes, "cross-validation state "
-                               "(each row's fold and decision values, the warm starts)"):
-        folds, contiguous = fold_plan(st.block_offsets, k, params.get("seed", 0))
+    with st.budget.reservation(per_row + 3 * jobs * task.state_bytes, "cross-validation "
+                               "state (each row's fold and decision values, the warm "
+                               "starts)"):
+        folds, contiguous = fold_plan(st.block_offsets, k, task.seed)
         decision = np.empty((m, n), dtype=np.float64)
-        metric = "rmse" if regression else "accuracy"
         references = {}  # regression: each C's stopping reference, from its first solve
         fold_scores = np.empty((m, k))
         logs = [[None] * k for _ in range(m)]
@@ -254,39 +321,28 @@ def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes,
         def one_fold(i, head):
             """Fold i at every C; ``head``: fold i-1 at C_1 (None: from scratch). Returns
             fold i at C_1, the next fold's head."""
-            a, z, holdout = _fold(folds, contiguous, i)
-            mask = None if contiguous else holdout
-            size = int(z - a) if contiguous else int(mask.sum())
             if dual and warm_start and head is not None:
-                drop_rows(st.read_range, a, z, head[0], head[1], bias, signed=regression,
-                          mask=mask, block_offsets=st.block_offsets)
+                a, z, holdout = _fold(folds, contiguous, i)
+                drop_rows(st.read_range, a, z, head[0], head[1], task.bias,
+                          signed=regression, mask=None if contiguous else holdout,
+                          block_offsets=st.block_offsets)
             if dual and warm_start and head is None:
                 head = (np.zeros(n), np.zeros(d + 1))
             warm = head if warm_start else None
             for j, C in enumerate(Cs):
-                f0, fr0 = time.perf_counter(), st.rows_read
                 if dual and warm_start and j == 1:
                     # the C path goes on from a copy: head stays fold i at C_1 for fold i+1
                     warm = (head[0].copy(), head[1].copy())
-                extra = {"reference": references.get(C)} if regression else {}
-                stats = run(st, solver=solver, C=C, bias=bias, epochs=1, on_outer=None,
-                            holdout=holdout, warm=warm, **params, **extra)
+                stats, fold_scores[j, i], logs[j][i] = task.solve(
+                    folds, contiguous, i, C, warm, decision[j], references.get(C))
                 if regression and C not in references and "reference" in stats:
                     references[C] = stats["reference"]
-                w = np.array(stats["w"], dtype=np.float64)
                 if warm_start and not dual:
                     warm = stats["warm"]
                     if j == 0:
                         head = warm
-                fold_scores[j, i] = _score_fold(st, w, bias, a, z, mask, size, regression,
-                                                decision[j])
-                entry = {"fold": i, "C": C, "rows": size, metric: fold_scores[j, i],
-                         "seconds": time.perf_counter() - f0, "rows_read": st.rows_read - fr0,
-                         "outer_iterations": stats.get("outer_iterations"),
-                         "objective": stats.get("objective"), "n_sv": stats.get("n_sv")}
-                logs[j][i] = entry
                 if on_fold is not None:
-                    on_fold(entry)
+                    on_fold(logs[j][i])
             return head if warm_start else None
 
         if jobs == 1:
@@ -300,23 +356,13 @@ def _cross_validate(st, k, *, solver, Cs, warm_start, on_fold, run, state_bytes,
                 for f in [pool.submit(one_fold, i, None) for i in range(k)]:
                     f.result()
         sizes = np.bincount(folds, minlength=k)
-        total = time.perf_counter() - t0
-        out = []
-        for j, C in enumerate(Cs):
-            estimate = (math.sqrt((fold_scores[j] ** 2 * sizes).sum() / n) if regression
-                        else float((fold_scores[j] * sizes).sum() / n))
-            out.append(CVResult(
-                estimate=estimate, fold_scores=fold_scores[j],
-                metric=metric, method=f"{solver}-warm" if warm_start else solver,
-                folds=folds, predictions=decision[j],
-                stats={"k": k, "n": n, "solver": solver, "C": C, "warm_start": warm_start,
-                       "jobs": jobs,
-                       "rows_read": int(sum(e["rows_read"] for e in logs[j])),
-                       "seconds": float(sum(e["seconds"] for e in logs[j])),
-                       "folds": logs[j]}))
+        method = f"{task.solver}-warm" if warm_start else task.solver
+        out = [task.result(C, fold_scores[j], sizes, folds, decision[j], logs[j], method,
+                           warm_start=warm_start, jobs=jobs) for j, C in enumerate(Cs)]
         if m == 1:
             out[0].stats.update(rows_read=st.rows_read - rows0,
-                                bytes_read=st.bytes_read - bytes0, seconds=total)
+                                bytes_read=st.bytes_read - bytes0,
+                                seconds=time.perf_counter() - t0)
     return out
 
 
@@ -373,7 +419,7 @@ def _cross_validate_exact(st, k, *, Cs, bias, on_fold, seed=0) -> list[CVResult]
     return out
 
 
-def _cross_validate_ovr(st, k, *, Cs, **params) -> list[CVResult]:
+def _cross_validate_ovr(st, k, *, task, **params) -> list[CVResult]:
     """One-vs-rest CV of a multiclass store: each class against the rest on the same folds
     (the store read as that binary task), a row's prediction the class whose model, trained
     without the row's fold, gives it the largest value. Only the running best value and class
@@ -385,6 +431,7 @@ def _cross_validate_ovr(st, k, *, Cs, **params) -> list[CVResult]:
     if classes.size < 2:
         raise ParameterError(f"The multiclass store {st.path} lists no classes.",
                              "Re-ingest it with --task multiclass.")
+    Cs = task.Cs
     n, m = st.n_samples, len(Cs)
     rows0 = st.rows_read
     with st.budget.reservation(10 * m * n + 4 * n, "one-vs-rest cross-validation (each "
@@ -395,7 +442,7 @@ def _cross_validate_ovr(st, k, *, Cs, **params) -> list[CVResult]:
         rows_read = 0
         for ci, c in enumerate(classes):
             with open_store(st.path, memory=st.budget, positive=c) as view:
-                results = _cross_validate(view, k, Cs=Cs, **params)
+                results = _cross_validate(view, k, task=task.on(view), **params)
                 rows_read += view.rows_read
             for j, r in enumerate(results):
                 better = r.predictions > best[j]
@@ -414,9 +461,9 @@ def _cross_validate_ovr(st, k, *, Cs, **params) -> list[CVResult]:
             fold_scores = np.bincount(folds, weights=right, minlength=sizes.size) / sizes
             out.append(CVResult(
                 estimate=float(right.mean()), fold_scores=fold_scores, metric="accuracy",
-                method=f"{params['solver']}-one-vs-rest", folds=folds,
+                method=f"{task.solver}-one-vs-rest", folds=folds,
                 predictions=classes[best_k[j]],
-                stats={"k": len(fold_scores), "n": n, "solver": params["solver"], "C": C,
+                stats={"k": len(fold_scores), "n": n, "solver": task.solver, "C": C,
                        "classes": classes.tolist(), "warm_start": params["warm_start"],
                        "seconds": sum(e["seconds"] for e in per_class[j]),
                        "rows_read": sum(e["rows_read"] for e in per_class[j]),
@@ -462,8 +509,7 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
     equals. Binary, multiclass (one-vs-rest at each C, without the warm start along C) and
     regression stores (least squares by the dual: use :func:`linear_cv_grid` for the exact
     solver's one-pass grid)."""
-    from ooc_learn.training import (_check, _run, open_data, regression_solver,
-                                    train_regression)
+    from ooc_learn.training import open_data
 
     if not (isinstance(factor, (int, float)) and factor > 1):
         raise ParameterError(f"The 'factor' of linear_c_search must be > 1. Got {factor!r}.",
@@ -497,31 +543,13 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                     break
                 C *= factor
             return out
-        if regression:
-            loss = "squared_epsilon_insensitive" if loss is None else loss
-            solver = regression_solver(st, "dcd" if solver in (None, "exact") else solver,
-                                       loss, epsilon)
-
-            def run(st_, *, C, holdout, warm, **_):
-                return train_regression(st_, solver="dcd", loss=loss, C=C, epsilon=epsilon,
-                                        bias=bias, eps=eps, max_outer=max_outer, seed=seed,
-                                        holdout=holdout, warm=warm, s=s, stats_only=True)
-            params = {}
-        else:
-            solver = "ibcd" if solver is None else solver
-            loss = "hinge" if loss is None else loss
-            if solver not in LINEAR_CV_SOLVERS:
-                raise ParameterError(f"The C search runs the SVM solvers "
-                                     f"({', '.join(LINEAR_CV_SOLVERS)}); got {solver!r}.",
-                                     "PEGASOS is cross-validated by TreeCV.")
-            _check(solver, loss, C_min, s, bias, eps, max_outer, block_size)
-            run = _run
-            params = dict(loss=loss, s=s, eps=eps, max_outer=max_outer, block_size=block_size,
-                          block_solver=block_solver, init_sample=init_sample,
-                          sample_eps=sample_eps, seed=seed, spill_dir=spill_dir)
-        dual = solver in ("dcd", "bm")
-        metric = "rmse" if regression else "accuracy"
-        state = (8 * n + 8 * (d + 1)) if dual else 16 * n  # a fold's warm start (IBCD: SVs)
+        task = _FoldTask(st, [C_min], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+                         max_outer=max_outer, block_size=block_size,
+                         block_solver=block_solver, init_sample=init_sample,
+                         sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
+                         epsilon=epsilon, caller="linear_c_search")
+        # a fold's warm start: the dual solvers' alpha and w, IBCD's support vectors
+        state = (8 * n + 8 * (d + 1)) if task.dual else 16 * n
         with st.budget.reservation(k * state + 12 * n, f"the C search's {k} warm starts and "
                                    "each row's fold and decision value"):
             folds, contiguous = fold_plan(st.block_offsets, k, seed)
@@ -533,32 +561,20 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                 decision = np.empty(n)
                 scores, log = np.empty(k), []
                 for i in range(k):
-                    a, z, holdout = _fold(folds, contiguous, i)
-                    f0 = time.perf_counter()
                     warm = states[i]
-                    if dual and warm is None:
+                    if task.dual and warm is None:
                         warm = (np.zeros(n), np.zeros(d + 1))
-                    stats = run(st, solver=solver, C=C, bias=bias, epochs=1, on_outer=None,
-                                holdout=holdout, warm=warm, **params)
-                    states[i] = warm if dual else stats["warm"]
-                    scores[i] = _score_fold(st, np.array(stats["w"], dtype=np.float64), bias,
-                                            a, z, None if contiguous else holdout,
-                                            int(sizes[i]), regression, decision)
-                    entry = {"fold": i, "C": C, "rows": int(sizes[i]), metric: scores[i],
-                             "seconds": time.perf_counter() - f0,
-                             "outer_iterations": stats.get("outer_iterations")}
+                    stats, scores[i], entry = task.solve(folds, contiguous, i, C, warm,
+                                                         decision)
+                    states[i] = warm if task.dual else stats["warm"]
                     log.append(entry)
                     if on_fold is not None:
                         on_fold(entry)
-                estimate = (math.sqrt((scores ** 2 * sizes).sum() / n) if regression
-                            else float((scores * sizes).sum() / n))
-                out.append(CVResult(
-                    estimate=estimate, fold_scores=scores, metric=metric,
-                    method=f"{solver}-c-search", folds=folds, predictions=decision,
-                    stats={"k": k, "n": n, "solver": solver, "C": C, "warm_start": True,
-                           "seconds": time.perf_counter() - t0, "rows_read": st.rows_read - r0,
-                           "folds": log}))
-                if stop(estimate):
+                out.append(task.result(C, scores, sizes, folds, decision, log,
+                                       f"{task.solver}-c-search", warm_start=True,
+                                       seconds=time.perf_counter() - t0,
+                                       rows_read=st.rows_read - r0))
+                if stop(out[-1].estimate):
                     break
                 C *= factor
         return out
