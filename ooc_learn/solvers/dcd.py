@@ -241,14 +241,11 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
     _check_common(C, eps, max_iter, bias, where)
     loss = get_loss(loss).base()
     off = np.asarray(block_offsets, dtype=np.int64)
-    n, d = int(off[-1]), int(n_features)
+    d = int(n_features)
     upper, diag = loss.dual_upper(C), loss.dual_diag(C)
-    need = 8 * n + 4 * n + 8 * n + 8 * (d + 1)
-    if budget is not None:
-        budget.reserve(need, "dual CD state (alpha, permutations, row norms)")
-    try:
-        sd = StreamedDual(read_block, off, d, holdout=holdout, warm=warm, sqnorms=sqnorms,
-                          seed=seed, where=where)
+    with StreamedDual(read_block, off, d, holdout=holdout, warm=warm, sqnorms=sqnorms,
+                      seed=seed, where=where, budget=budget,
+                      what="dual CD state (alpha, row lists, row norms)") as sd:
         alpha, w, active, sizes, state = sd.alpha, sd.w, sd.active, sd.sizes, sd.state
         pgmax_old, pgmin_old = np.inf, -np.inf
         epochs = upd = vis = 0
@@ -291,9 +288,6 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
         stats = DCDStats(epochs, int(upd), int(vis), float(pgmax), float(pgmin), converged,
                          obj, int(sd.rows_read), int(sd.blocks_read))
         return DCDResult(w, alpha, stats)
-    finally:
-        if budget is not None:
-            budget.release(need)
 
 
 class StreamedDual:
@@ -301,10 +295,15 @@ class StreamedDual:
     rows, each block's list of training rows (its active prefix shrinks), the squared row
     norms (from ``sqnorms`` or computed at a block's first read), and the random state.
     :meth:`blocks` visits the blocks holding an active row in a fresh random order and yields
-    each one's kernel arguments; the caller reserves the memory (20 B a row)."""
+    each one's kernel arguments. A context manager: its 20 B a row (and w) are reserved from
+    ``budget`` before they are allocated and released on exit."""
 
-    def __init__(self, read_block, off, d: int, *, holdout, warm, sqnorms, seed, where):
+    def __init__(self, read_block, off, d: int, *, holdout, warm, sqnorms, seed, where,
+                 budget=None, what="dual state"):
         n = int(off[-1])
+        self.budget, self.need = budget, 8 * n + 4 * n + 8 * n + 8 * (d + 1)
+        if budget is not None:
+            budget.reserve(self.need, what)
         self.read_block, self.off, self.sqnorms = read_block, off, sqnorms
         self.alpha, self.w = _warm_state(warm, n, d, where)
         self.index = np.empty(n, dtype=np.int32)
@@ -316,6 +315,15 @@ class StreamedDual:
         self.gen = np.random.default_rng(seed)
         self.state = seed_state(self.gen)
         self.rows_read = self.blocks_read = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.budget is not None:
+            self.budget.release(self.need)
+            self.budget = None
+        return False
 
     def blocks(self):
         """``(b, kernel args, y as float64, squared norms, row list, lo, hi)`` per block."""

@@ -117,13 +117,10 @@ def solve_svr_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
     _check(C, epsilon, eps, max_iter, bias, where)
     upper, diag = _box(loss, C)
     off = np.asarray(block_offsets, dtype=np.int64)
-    n, d = int(off[-1]), int(n_features)
-    need = 8 * n + 4 * n + 8 * n + 8 * (d + 1)
-    if budget is not None:
-        budget.reserve(need, "SVR dual state (beta, row lists, row norms)")
-    try:
-        sd = StreamedDual(read_block, off, d, holdout=holdout, warm=warm, sqnorms=sqnorms,
-                          seed=seed, where=where)
+    d = int(n_features)
+    with StreamedDual(read_block, off, d, holdout=holdout, warm=warm, sqnorms=sqnorms,
+                      seed=seed, where=where, budget=budget,
+                      what="SVR dual state (beta, row lists, row norms)") as sd:
         beta, w, active, sizes = sd.alpha, sd.w, sd.active, sd.sizes
         gmax_old = np.inf
         reference = -1.0 if reference is None else float(reference)
@@ -165,9 +162,6 @@ def solve_svr_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
                           stacklevel=2)
         return SVRResult(w, beta, SVRStats(epochs, int(upd), int(vis), float(violation),
                                            converged, int(sd.rows_read), float(reference)))
-    finally:
-        if budget is not None:
-            budget.release(need)
 
 
 def solve_svr(X, y, *, loss: str = "squared_epsilon_insensitive", C: float = 1.0,
