@@ -824,19 +824,17 @@ def _predict_body(args):
     labels = dec if model.regression else model.classes_[pred]
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size)}
     if model.regression:
-        r = ys.astype(np.float64) - dec
-        sst = float(((ys - ys.mean()) ** 2).sum()) if ys.size else 0.0
-        out.update(rmse=float(np.sqrt(np.mean(r * r))) if ys.size else float("nan"),
-                   mae=float(np.mean(np.abs(r))) if ys.size else float("nan"),
-                   r2=float(1 - (r @ r) / sst) if sst > 0 else float("nan"))
+        from ooc_learn.model import error_figures
+
+        err = error_figures([(dec, ys)])
+        out.update(rmse=err["rmse"], mae=err["mae"], r2=err["r2"])
         accuracy = None
     elif model.multiclass:
         accuracy = float(np.mean(labels.astype(np.float64) == ys))
-        truth = np.searchsorted(np.asarray(model.classes_, dtype=np.float64), ys)
-        known = (truth < len(model.classes_)) & (
-            np.asarray(model.classes_, dtype=np.float64)[np.minimum(truth, len(model.classes_)
-                                                                    - 1)] == ys)
-        confusion = np.zeros((len(model.classes_), len(model.classes_)), np.int64)
+        classes = np.asarray(model.classes_, dtype=np.float64)  # sorted, as ingest lists them
+        truth = np.minimum(np.searchsorted(classes, ys), classes.size - 1)
+        known = classes[truth] == ys
+        confusion = np.zeros((classes.size, classes.size), np.int64)
         np.add.at(confusion, (truth[known], pred[known]), 1)
         out["classes"] = model.classes_.tolist()
         out["confusion_matrix"] = confusion.tolist()  # rows: true class, columns: predicted

@@ -39,7 +39,7 @@ from ooc_learn.storage.errors import ModelMismatchError, ParameterError, UsageEr
 from ooc_learn.storage.replace import atomic_file
 
 __all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "regression_errors",
-           "MODEL_FORMAT", "MODEL_VERSION"]
+           "error_figures", "MODEL_FORMAT", "MODEL_VERSION"]
 
 MODEL_FORMAT = "ooc-learn-linear-model"
 MODEL_VERSION = 1
@@ -308,9 +308,16 @@ def regression_errors(model, X, y=None) -> dict:
         if y is None:
             raise ParameterError("score(X, y) needs the targets y for arrays.")
         parts = [(model.decision_function(X), y)]
+    return error_figures(parts)
+
+
+def error_figures(parts) -> dict:
+    """``{"rmse", "r2", "mae", "n"}`` from ``(decision values, targets)`` pairs, summed part
+    by part (a store's blocks, or one pair of arrays)."""
     n = 0
     sse = sae = sy = syy = 0.0
     for dv, yb in parts:
+        dv = np.asarray(dv, dtype=np.float64)
         yb = np.asarray(yb, dtype=np.float64).ravel()
         if yb.shape != dv.shape:
             raise ParameterError(f"y has {yb.shape[0]} values for {dv.shape[0]} rows.")
