@@ -465,13 +465,6 @@ class Store:
             return y
         return np.where(np.asarray(y) == self.positive, 1.0, -1.0).astype(np.float32)
 
-    @property
-    def binary_label_map(self) -> dict:
-        """The label map of the task as read: the stored one, or the one-vs-rest class's."""
-        if self.positive is None:
-            return self.label_map
-        return {"positive": self.positive, "negative": "rest"}
-
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         """Release the cache and the file. Closing twice is fine."""
