@@ -49,7 +49,8 @@ def _budget(args, *, solvers: bool = False, parsers: bool = False) -> MemoryBudg
 
     budget = MemoryBudget.for_process(None if args.memory is None else parse_size(args.memory),
                                       late_load=late_load_bytes(solvers=solvers,
-                                                                parsers=parsers))
+                                                                parsers=parsers),
+                                      start_peak=True)
     args.budget_ = budget  # run_command reports its figures in --json
     return budget
 
@@ -107,6 +108,7 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
         out["memory_cap_bytes"] = budget.cap
         out["memory_fixed_bytes"] = budget.fixed  # charged first: interpreter, libraries
         out["memory_reserved_peak_bytes"] = budget.peak  # the most the buffers held at once
+        out["memory_start_peak_bytes"] = budget.start_peak  # the least cap: the start's RSS
         if out.get("peak_rss_bytes") is None:
             out["peak_rss_bytes"] = peak_rss_bytes()
     try:

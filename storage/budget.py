@@ -28,19 +28,21 @@ import time
 from typing import Callable
 
 from .errors import BudgetExceededError, ParameterError
-from .resources import check_stop
+from .resources import check_stop, peak_rss_bytes
 
 __all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes",
            "current_rss_bytes", "LATE_LOAD_BYTES", "late_load_bytes", "MIN_WORKING_BYTES"]
 
 # What a command's process takes after its budget is made that does not grow with the data:
-# its own numba kernels as they load from the cache (numba's compiler itself is set up before
-# the fixed part is measured, see ooc_learn._jit), h5py's and lmdb's handles. Measured as peak
-# RSS minus the RSS when the budget was made, on a 3000-row store with a warm kernel cache:
-# ooc-index, ooc-predict of a store and cross-validation 5-7 MiB; training adds its solver's
-# kernels (ooc-train without --test: 16-17 MiB); reading a text file adds the parsers' (ooc-ingest
-# and ooc-predict of an svmlight file 24 MiB, ooc-train --solver ibcd --test FILE 34 MiB).
-LATE_LOAD_PARTS = {"base": 12 << 20, "solvers": 12 << 20, "parsers": 20 << 20}
+# its own numba kernels as they load from the cache, with the pages of LLVM that loading them
+# faults back in (numba's compiler itself is set up, and its set-up pages handed back, before
+# the fixed part is measured: see ooc_learn._jit and resources.release_compiler_pages), h5py's
+# and lmdb's handles. Measured as peak RSS minus the RSS when the budget was made, on a
+# 3000-row store with a warm kernel cache: ooc-index and ooc-predict of a store 2-3 MiB;
+# ooc-train 17-25 MiB (dual CD, IBCD), cross-validation 17-27 MiB; reading a text file adds the
+# parsers' (ooc-ingest and ooc-predict of an svmlight file 34 MiB, ooc-train --solver ibcd
+# --test FILE 35 MiB).
+LATE_LOAD_PARTS = {"base": 16 << 20, "solvers": 14 << 20, "parsers": 20 << 20}
 # ... all of them: the allowance when nothing says which load
 LATE_LOAD_BYTES = sum(LATE_LOAD_PARTS.values())
 
@@ -128,7 +130,10 @@ def default_memory_bytes() -> int:
 
 def _load_libraries() -> None:
     """Import what every command loads and set numba's compiler up (one cached kernel,
-    ``ooc_learn._jit``), so that a process budget's RSS reading holds them."""
+    ``ooc_learn._jit``), so that a process budget's RSS reading holds them; hand the pages
+    of LLVM that only the set-up needed back to the kernel, before it (the import's) and
+    after it (the set-up's): the peak RSS of the start falls from 171 to 152 MiB here and the
+    RSS left from 171 to 105 MiB (see ``resources.release_compiler_pages``)."""
     import h5py  # noqa: F401
     import lmdb  # noqa: F401
     import numba  # noqa: F401
@@ -137,7 +142,11 @@ def _load_libraries() -> None:
 
     from ooc_learn._jit import start_jit
 
+    from .resources import release_compiler_pages
+
+    release_compiler_pages()
     start_jit()
+    release_compiler_pages()
 
 
 class MemoryBudget:
@@ -160,6 +169,7 @@ class MemoryBudget:
     def __init__(self, limit=None):
         self.limit = default_memory_bytes() if limit is None else parse_size(limit)
         self.fixed = 0  # the process's fixed part, charged by for_process (not in limit)
+        self.start_peak = 0  # for_process(start_peak=True): the peak RSS of the start
         # the working share as first charged (_learn_fixed lowers limit, never this)
         self._grant_limit = self.limit
         self._watch_rss = False  # for_process: reservations must also fit the real RSS
@@ -179,26 +189,35 @@ class MemoryBudget:
 
     @classmethod
     def for_process(cls, cap=None, *, late_load: int = LATE_LOAD_BYTES,
-                    minimum: int = MIN_WORKING_BYTES) -> "MemoryBudget":
+                    minimum: int = MIN_WORKING_BYTES,
+                    start_peak: bool = False) -> "MemoryBudget":
         """A budget for a whole process of at most ``cap`` bytes (a CLI command's ``--memory``).
 
         The fixed part, the RSS now plus ``late_load``, is charged first; ``limit`` is the
         rest, which every cache and buffer shares. Raises :class:`BudgetExceededError` when
-        the rest is below ``minimum``, naming the cap to raise to.
+        the rest is below ``minimum``, naming the cap to raise to; with ``start_peak`` (a
+        command's own process, whose peak RSS so far is its start's) also when the cap is
+        below that peak.
         """
         budget = cls(cap)
         cap_bytes = budget.limit
         _load_libraries()
         rss = current_rss_bytes()
         fixed = rss + int(late_load)
-        if cap_bytes - fixed < minimum:
+        # setting the compiler up took more for a moment than the process keeps (see
+        # _load_libraries): a cap below that peak is broken before any data is read
+        start = peak_rss_bytes() if start_peak else 0
+        if cap_bytes < max(fixed + minimum, start):
             raise BudgetExceededError(
                 f"The memory cap {format_size(cap_bytes)} does not cover this process's fixed "
                 f"part ({format_size(fixed)}: the interpreter, numpy, numba and its compiled "
-                f"kernels, h5py) plus the {format_size(minimum)} a run needs at the least.",
+                f"kernels, h5py) plus the {format_size(minimum)} a run needs at the least"
+                + (f", nor the {format_size(start)} its start took" if start > fixed + minimum
+                   else "") + ".",
                 f"Raise --memory (or OOC_MEMORY) to at least "
-                f"{format_size(fixed + minimum, up=True)}.")
+                f"{format_size(max(fixed + minimum, start), up=True)}.")
         budget.fixed, budget.limit = fixed, cap_bytes - fixed
+        budget.start_peak = start
         budget._fixed0 = fixed
         budget._grant_limit = budget.limit
         budget._watch_rss = bool(rss)  # 0: no reading on this platform
@@ -302,9 +321,10 @@ class MemoryBudget:
             if nbytes > self._free_now() and self._watch_rss and evict:
                 # the caches are empty or what they freed is still in the heap's free
                 # lists: hand those pages back and read the RSS again
-                from .resources import release_free_heap
+                from .resources import release_compiler_pages, release_free_heap
 
                 release_free_heap()
+                release_compiler_pages()  # what loading kernels faulted back in
                 self._rss_at = -math.inf
             if nbytes > (self._free_now() if not evict else self._grant_limit - self._used):
                 # the account refuses; the RSS only presses the caches: a reservation that

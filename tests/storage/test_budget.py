@@ -1,6 +1,8 @@
 """MemoryBudget, size parsing, OOC_MEMORY and LRU eviction across caches."""
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -134,6 +136,8 @@ def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fix
         monkeypatch):
     import ooc_learn.storage.budget as B
 
+    clock = [B.time.monotonic()]  # the lesson's decay follows this clock only
+    monkeypatch.setattr(B.time, "monotonic", lambda: clock[0])
     rss = B.current_rss_bytes()
     b = MemoryBudget.for_process(rss + (300 << 20), late_load=10 << 20)
     fixed, limit = b.fixed, b.limit
@@ -154,9 +158,6 @@ def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fix
     b.release(limit - (80 << 20))
     # once the RSS no longer shows it, the lesson falls by half every LESSON_HALF_LIFE
     # seconds (a transient is not a fixed part), and never below what the RSS shows
-    clock = [B.time.monotonic()]
-    monkeypatch.setattr(B.time, "monotonic", lambda: clock[0])
-    b._lesson_at = clock[0]
     monkeypatch.setattr(B, "current_rss_bytes", lambda: fixed + (50 << 20) + (10 << 20))
     clock[0] += B.LESSON_HALF_LIFE
     b._rss_at = -float("inf")
@@ -176,3 +177,34 @@ def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fix
 def test_an_api_budget_ignores_the_process_rss():
     b = MemoryBudget("1M")
     assert b.fixed == 0 and b.cap == b.limit == 1 << 20 and b.available == 1 << 20
+
+
+_PAGE_OUT = """
+import numpy as np
+from ooc_learn._jit import start_jit
+from ooc_learn.storage.budget import current_rss_bytes
+from ooc_learn.storage.resources import release_compiler_pages
+start_jit()
+before = current_rss_bytes()
+freed = release_compiler_pages()
+after = current_rss_bytes()
+from numba import njit
+@njit(cache=False)
+def twice(x):
+    return 2 * x
+print(before, after, freed, twice(np.arange(3)).sum())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT is Linux's")
+def test_the_compilers_set_up_pages_are_handed_back_and_numba_still_compiles():
+    # a fresh interpreter: numba's set-up pages are resident only in a process that just
+    # made them
+    out = subprocess.run([sys.executable, "-c", _PAGE_OUT], capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, after, freed, total = (int(x) for x in out)
+    if freed == 0:
+        pytest.skip("this kernel refuses MADV_PAGEOUT (Linux < 5.4)")
+    assert before - after >= 20 << 20  # ~60 MiB of LLVM's code pages on Linux x86-64
+    assert freed == pytest.approx(before - after, abs=4 << 20)
+    assert total == 6  # compiling a new kernel afterwards faults what it needs back in
