@@ -148,7 +148,14 @@ class ActiveSet:
         if cap_rows == self._cap_rows and cap_nnz == self._cap_nnz:
             return
         plan, new_bytes, largest_old = self._growth(cap_rows, cap_nnz)
-        self.budget.reserve(new_bytes + largest_old - self._reserved, "IBCD active set")
+        if not self.spilled and self.can_spill and not self.budget.try_reserve(
+                new_bytes + largest_old - self._reserved):
+            # ``fits`` said yes a moment ago, but what it counted on is held now (the lesson
+            # of a new RSS reading, a buffer of the step): spill rather than stop (§4.2)
+            self.spill()
+            return self._grow(need_rows, need_nnz)
+        if self.spilled or not self.can_spill:
+            self.budget.reserve(new_bytes + largest_old - self._reserved, "IBCD active set")
         for name, size, keep in plan:
             old = getattr(self, name)
             out = np.empty((size,) + old.shape[1:], old.dtype)

@@ -159,6 +159,22 @@ def test_growth_copies_one_array_at_a_time(tmp_path, rng):
     assert budget.used == 0
 
 
+def test_a_growth_that_no_longer_fits_spills_instead_of_stopping(tmp_path, rng):
+    # fits() said yes, then something else took the room before add(): S spills (section
+    # 4.2) and keeps every row, rather than raising mid-run
+    d = 50
+    budget = MemoryBudget("4M")
+    S = ActiveSet(d, False, budget, spill_dir=tmp_path)
+    X = rng.normal(size=(6000, d)).astype(np.float32)
+    S.add(np.arange(3000), X[:3000], np.ones(3000), np.zeros(3000))
+    assert S.fits(3000) and not S.spilled
+    budget.reserve(budget.available - (64 << 10), "a buffer of the step")
+    S.add(np.arange(3000, 6000), X[3000:], -np.ones(3000), np.zeros(3000))
+    assert S.spilled and S.m == 6000
+    np.testing.assert_array_equal(S.read(0, S.m), X)
+    S.release()
+
+
 def test_spilling_refused_gives_a_clear_error(tmp_path, rng):
     S = ActiveSet(10, False, MemoryBudget("1M"), can_spill=False)
     S.add(np.arange(10), _rows(rng, 10, 10, False), np.ones(10), np.zeros(10))
