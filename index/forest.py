@@ -45,7 +45,7 @@ from ._kernels import (_ORDER_MASK, _ORDER_SHIFT, BBF_LOW_PREC, BBF_MISS, BBF_RE
                        new_row_lists, rows_slot_set, scan_leaf, seen_rehash)
 from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
                       IndexVersionMismatch, Node, decode_node, decode_tree_header, node_key,
-                      open_env, open_reader, rows_crc, tree_key, tree_node_records)
+                      SharedReader, rows_crc, tree_key, tree_node_records)
 from .tree import _EMPTY_IDX, _EMPTY_PTR, _EMPTY_VAL, _EMPTY_X, row_arrays
 
 __all__ = ["Forest", "open_forest", "outlier_margin"]
@@ -386,7 +386,7 @@ class _Resident:
             return True
         f = self.forest
         try:
-            with f._env.begin(buffers=False) as txn:
+            with f._reader.read() as txn:
                 records = list(tree_node_records(txn, t))
             vids = [v for v, _ in records]
             parts = [raw for _, raw in records]
@@ -594,7 +594,7 @@ class Forest:
         self.n_features = int(n_features)
         self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
         self.budget = MemoryBudget.coerce(budget)
-        self._env = None
+        self._reader = None
         self._map_window = 0
         self._mapped = 0
         self._shrunk = _NO_MASK
@@ -604,7 +604,7 @@ class Forest:
         self.remaps = 0
         self._row_bytes = 4.0 * (self.n_features + 3)  # updated from every read
         try:
-            self._env = open_reader(self.path)
+            self._reader = SharedReader.acquire(self.path)
         except FileNotFoundError:
             raise self._error(f"The store {self.name} has no index ({self.path} is missing).",
                               build=True) from None
@@ -658,7 +658,7 @@ class Forest:
 
     def _get(self, key: bytes, what: str):
         try:
-            with self._env.begin(buffers=False) as txn:
+            with self._reader.read() as txn:
                 raw = txn.get(key)
             # a record touches its pages and the B-tree path above them (4 KiB pages)
             self._account_mapped((0 if raw is None else len(raw)) + 3 * 4096)
@@ -671,8 +671,7 @@ class Forest:
         """Count ``nbytes`` of mapped pages against the window; past it, drop the map."""
         self._mapped += nbytes
         if self._mapped > self._map_window:
-            self._env.close()
-            self._env = open_env(self.path)
+            self._reader.remap()
             self._mapped = 0
             self.remaps += 1
 
@@ -763,10 +762,10 @@ class Forest:
 
     @property
     def closed(self) -> bool:
-        return self._env is None
+        return self._reader is None
 
     def _alive(self):
-        if self._env is None:
+        if self._reader is None:
             raise ClosedError(f"The index of store {self.name} is closed.",
                               "Open the store again (store.index) to query it.")
 
@@ -784,9 +783,9 @@ class Forest:
             if cache is not None:
                 cache.close()
         self.unshrink()
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        if self._reader is not None:
+            self._reader.release()
+            self._reader = None
             self.budget.release(self._map_window)
             self._map_window = 0
 

@@ -42,7 +42,9 @@ import json
 import os
 import shutil
 import struct
+import threading
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -59,7 +61,8 @@ from .tree import FlatTree
 __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
            "encode_node", "encode_nodes", "decode_node", "encode_tree_header",
            "decode_tree_header",
-           "tree_key", "node_key", "tree_node_records", "META_KEY", "open_reader", "index_nbytes",
+           "tree_key", "node_key", "tree_node_records", "META_KEY", "open_reader", "SharedReader",
+           "index_nbytes",
            "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST", "rows_crc"]
 
 INDEX_FORMAT = "ooc-learn-index"
@@ -529,6 +532,75 @@ def open_env(path) -> lmdb.Environment:
     except (lmdb.ReadonlyError, PermissionError, lmdb.ReadersFullError):
         return lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=0,
                          readahead=False)
+
+
+class SharedReader:
+    """The read-only environment of one index, shared by every reader of it in this process.
+
+    LMDB opens an environment once per process (py-lmdb refuses a second open of the same
+    files), while one-vs-rest classes trained in threads each query the store's index with
+    their own forest state. Each takes the environment with :meth:`acquire` (the first
+    verifies and opens it) and gives it back with :meth:`release` (the last closes it);
+    :meth:`read` yields a read transaction; :meth:`remap` drops the memory map's resident
+    pages by reopening the environment once no transaction is open.
+    """
+
+    _open: dict = {}
+    _open_lock = threading.Lock()
+
+    def __init__(self, key, path: Path, env: lmdb.Environment):
+        self._key, self.path, self._env = key, path, env
+        self._users = 0
+        self._cond = threading.Condition()
+        self._active = 0  # read transactions open now
+
+    @classmethod
+    def acquire(cls, path) -> "SharedReader":
+        """The shared reader of the index at ``path``; raises as :func:`open_reader`."""
+        path = Path(path)
+        if not path.exists():
+            recover(path)  # a replace killed between its two renames: the old index back
+        try:
+            st = (path / "data.mdb").stat()
+            key = (str(path.resolve()), st.st_dev, st.st_ino)  # a rebuilt index: a new one
+        except OSError:
+            key = None
+        with cls._open_lock:
+            reader = cls._open.get(key) if key is not None else None
+            if reader is None:
+                reader = cls(key, path, open_reader(path))
+                if key is not None:
+                    cls._open[key] = reader
+            reader._users += 1
+            return reader
+
+    @contextmanager
+    def read(self):
+        with self._cond:
+            self._active += 1
+        try:
+            with self._env.begin(buffers=False) as txn:
+                yield txn
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def remap(self) -> None:
+        with self._cond:
+            while self._active:
+                self._cond.wait()
+            self._env.close()
+            self._env = open_env(self.path)
+
+    def release(self) -> None:
+        with self._open_lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if self._open.get(self._key) is self:
+                del self._open[self._key]
+        self._env.close()
 
 
 def index_nbytes(path) -> int:

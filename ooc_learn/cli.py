@@ -392,9 +392,9 @@ def _train_parser() -> argparse.ArgumentParser:
                         "on all rows); with --cv-method tree or --learner, TreeCV of an "
                         "incremental learner ('loo' for leave-one-out)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="dual CD solvers (dcd, bm; SVR): with --cv run N folds at once in "
-                        "threads; on a multiclass store (also pegasos) train up to N classes "
-                        "at once, as many as --memory holds (default 1)")
+                   help="on a multiclass store (every solver) train up to N classes at "
+                        "once in threads, as many as --memory holds; with --cv (dual CD "
+                        "solvers dcd, bm; SVR) run N folds at once (default 1)")
     p.add_argument("--cv-method", default=None, choices=["warm", "tree", "standard"],
                    help="warm: folds of the SVM solver, warm-started (default; --solver "
                         "pegasos: tree); tree / standard: TreeCV / k-fold of --learner")

@@ -76,10 +76,10 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
         Regression: the width of the insensitive zone (LIBLINEAR's -p; scikit-learn
         LinearSVR's epsilon). 0 (default) with the squared loss is least squares.
     n_jobs : int
-        Multiclass with the dual CD solvers (dcd, bm) or PEGASOS: train up to this many
-        classes at once in threads, as many as the free budget holds two of each one's
-        state for (IBCD trains one class at a time: its index search is Python and holds
-        the store's one LMDB environment).
+        Multiclass: train up to this many classes at once in threads (every solver; the
+        kernels release the GIL and the classes share the index's one LMDB environment),
+        as many as the free budget holds two of each one's state for. Fashion-MNIST, 10
+        classes, IBCD: 17.5 s in 2 threads against 30.6 s one class at a time.
     C : float
         The SVM cost (LIBLINEAR's -c).
     s : float or None
@@ -270,8 +270,8 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
 def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
     """One binary model per class of a multiclass store (the class against the rest), each
     on the same store file read as that binary task (``open_store(..., positive=c)``) under
-    the one budget, one after the other or (``n_jobs``, dual CD solvers and PEGASOS) several
-    at once in threads; combined into one one-vs-rest model."""
+    the one budget, one after the other or (``n_jobs``) several at once in threads;
+    combined into one one-vs-rest model."""
     classes = st.label_map.get("classes")
     if not classes or len(classes) < 2:
         raise ParameterError(f"The multiclass store {st.path} lists no classes.",
@@ -291,10 +291,17 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
         return m, dict(m.meta["stats"], **{"class": c})
 
     jobs = 1
-    if n_jobs > 1 and params.get("solver") in ("dcd", "bm", "pegasos"):
+    if n_jobs > 1:
         # as many classes at once as the free budget holds two of each one's state for
-        each = 2 * (20 * st.n_samples + _model_state_bytes(params["solver"], "dual",
-                                                           st.n_features))
+        solver = params.get("solver") or "ibcd"
+        if solver == "ibcd":  # its in-S mask, w_0's sample twice, the model state
+            row_bytes = max(1, st.estimated_bytes(1)) + 40
+            sample = min(params.get("init_sample") or 10000, st.n_samples)
+            each = 2 * (st.n_samples + 2 * sample * row_bytes + _model_state_bytes(
+                "ibcd", params.get("block_solver") or "dual", st.n_features))
+        else:
+            each = 2 * (20 * st.n_samples + _model_state_bytes(solver, "dual",
+                                                               st.n_features))
         jobs = int(max(1, min(n_jobs, len(todo), st.budget.available // max(1, each))))
     if jobs == 1:
         done = [one(c) for c in todo]

@@ -276,3 +276,27 @@ def test_damaged_records_fail_their_checksum(data_rng):
         decode_node(bytes(raw), 0, 0)
     with pytest.raises(ValueError, match="is missing or truncated"):
         decode_node(b"", 0, 0)
+
+
+def test_forests_of_one_index_share_its_environment(tmp_path, data_rng):
+    # one-vs-rest classes in threads each open the store's index: LMDB allows one open
+    # environment per process, so they share it, each with its own forest state; a remap
+    # (dropping the map's pages) and closing one leave the other's reads intact
+    from ooc_learn.index.lmdb_io import SharedReader
+
+    X, y = blobs(data_rng, n=600, d=6)
+    store, _ = make_indexed(X, y, tmp_path / "s", n_blocks=3)
+    w = data_rng.normal(size=6)
+    with store.forest() as alone:
+        want = alone.query(w, n=None)[0]
+    assert not SharedReader._open
+    with store.forest() as a, store.forest() as b:
+        assert a._reader is b._reader and a._reader._users == 2
+        a._reader.remap()
+        got_a = a.query(w, n=None)[0]
+        a.close()
+        assert not b.closed and b._reader._users == 1
+        got_b = b.query(w, n=None)[0]
+    np.testing.assert_array_equal(np.sort(got_a), np.sort(want))
+    np.testing.assert_array_equal(np.sort(got_b), np.sort(want))
+    assert not SharedReader._open  # the last one closed it
