@@ -118,12 +118,22 @@ def dcd_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
     n_visits = 0
     shuffle_prefix(index, active_size, state)
     b2 = bias * bias
+    d = w.shape[0] - 1
     s = 0
     while s < active_size:
         i = index[s]
         yi = 1.0 if y[i] > 0 else -1.0
         n_visits += 1
-        G = yi * row_dot(Xd, indptr, indices, data, sparse, bias, i, w) - 1.0 + diag * alpha[i]
+        # x_i^T w written out here: through row_dot this loop took 1.5x as long (a9a: 117
+        # against 74 ns a visit, numba 0.68)
+        acc = bias * w[d]
+        if sparse:
+            for p in range(indptr[i], indptr[i + 1]):
+                acc += data[p] * w[indices[p]]
+        else:
+            for j in range(d):
+                acc += Xd[i, j] * w[j]
+        G = yi * acc - 1.0 + diag * alpha[i]
         PG = 0.0
         if alpha[i] == 0.0:
             if shrinking and G > pgmax_old:
@@ -158,7 +168,14 @@ def dcd_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
                 # an all-zero row without bias under the hinge: the objective is linear in it
                 a_new = upper if G < 0.0 else 0.0
             alpha[i] = a_new
-            row_axpy(Xd, indptr, indices, data, sparse, bias, i, (a_new - a_old) * yi, w)
+            c = (a_new - a_old) * yi  # w += c [x_i, bias], written out like the dot
+            w[d] += c * bias
+            if sparse:
+                for p in range(indptr[i], indptr[i + 1]):
+                    w[indices[p]] += c * data[p]
+            else:
+                for j in range(d):
+                    w[j] += c * Xd[i, j]
             n_updates += 1
         s += 1
     return active_size, pgmax_new, pgmin_new, n_updates, n_visits
@@ -234,11 +251,19 @@ def svr_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
     n_visits = 0
     shuffle_prefix(index, active_size, state)
     b2 = bias * bias
+    nf = w.shape[0] - 1  # (d is the step below)
     s = 0
     while s < active_size:
         i = index[s]
         n_visits += 1
-        G = row_dot(Xd, indptr, indices, data, sparse, bias, i, w) - y[i] + diag * beta[i]
+        acc = bias * w[nf]  # x_i^T w written out, as in dcd_epoch
+        if sparse:
+            for q in range(indptr[i], indptr[i + 1]):
+                acc += data[q] * w[indices[q]]
+        else:
+            for j in range(nf):
+                acc += Xd[i, j] * w[j]
+        G = acc - y[i] + diag * beta[i]
         Gp = G + p
         Gn = G - p
         H = sqn[i] + b2 + diag
@@ -289,7 +314,14 @@ def svr_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
         b_new = min(max(b + d, -upper), upper)
         if b_new != b:
             beta[i] = b_new
-            row_axpy(Xd, indptr, indices, data, sparse, bias, i, b_new - b, w)
+            c = b_new - b
+            w[nf] += c * bias
+            if sparse:
+                for q in range(indptr[i], indptr[i + 1]):
+                    w[indices[q]] += c * data[q]
+            else:
+                for j in range(nf):
+                    w[j] += c * Xd[i, j]
             n_updates += 1
     return active_size, gmax_new, gnorm1, n_updates, n_visits
 
