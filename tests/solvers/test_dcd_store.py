@@ -41,6 +41,27 @@ def test_streamed_store_equals_in_memory_blocks(store, loss):
     assert agree >= 0.995
 
 
+@pytest.mark.parametrize("holdout", [None, (40, 90)])
+def test_one_block_runs_the_whole_loop_in_one_kernel_with_the_same_iterates(tmp_path,
+                                                                            holdout):
+    # one block and no per-pass callback: LIBLINEAR's outer loop runs in one kernel call
+    # (dcd_solve); with a callback the Python loop runs the same passes: identical results
+    from ooc_learn.storage.ingest import ingest_arrays
+
+    X, y = DATASETS["sparse"]()
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=1, memory="64M", seed=1) as st:
+        passes = []
+        fast = solve_dcd_store(st, C=1.0, eps=0.01, seed=3, holdout=holdout)
+        slow = solve_dcd_store(st, C=1.0, eps=0.01, seed=3, holdout=holdout,
+                               on_epoch=lambda e, info: passes.append(e))
+    np.testing.assert_array_equal(fast.alpha, slow.alpha)
+    np.testing.assert_array_equal(fast.w, slow.w)
+    assert fast.stats == slow.stats and fast.stats.converged
+    assert passes == list(range(1, slow.stats.epochs + 1))
+    if holdout is not None:
+        assert not fast.alpha[holdout[0]:holdout[1]].any()
+
+
 def test_streamed_state_is_reserved_from_the_budget(tmp_path):
     from ooc_learn.storage.ingest import ingest_arrays
     from ooc_learn.storage.store import open_store
