@@ -324,7 +324,7 @@ class MemoryBudget:
                 from .resources import release_compiler_pages, release_free_heap
 
                 release_free_heap()
-                release_compiler_pages()  # what loading kernels faulted back in
+                release_compiler_pages(1.0)  # what loading kernels faulted back in
                 self._rss_at = -math.inf
             if nbytes > (self._free_now() if not evict else self._grant_limit - self._used):
                 # the account refuses; the RSS only presses the caches: a reservation that

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 
@@ -100,11 +101,14 @@ def release_free_heap() -> bool:
 _MADV_PAGEOUT = 21
 # the shared objects whose code only compiling needs: LLVM, through llvmlite
 _COMPILER_LIBRARIES = ("libllvmlite",)
+_LAST_PAGEOUT = -float("inf")
 
 
-def release_compiler_pages() -> int:
+def release_compiler_pages(min_interval: float = 0.0) -> int:
     """Hand the compiler's resident code pages back to the kernel; return how many bytes the
-    RSS fell by (0 where this is not Linux or the kernel refuses).
+    RSS fell by (0 where this is not Linux or the kernel refuses, or when the last call was
+    less than ``min_interval`` seconds ago: a call costs ~1 ms, and the pages come back only
+    when a kernel loads).
 
     Setting numba's code generation up touches ~68 MiB of LLVM's shared library (llvmlite),
     which stays resident although a run only calls compiled kernels afterwards: loading one
@@ -113,9 +117,13 @@ def release_compiler_pages() -> int:
     memory cgroup's count too); whatever LLVM needs later faults back in from the file. Under
     a 224 MiB cap that is a third of what the process held before any data.
     """
-    global _LIBC
+    global _LIBC, _LAST_PAGEOUT
     if not sys.platform.startswith("linux"):
         return 0
+    now = time.monotonic()
+    if now - _LAST_PAGEOUT < min_interval:
+        return 0
+    _LAST_PAGEOUT = now
     try:
         import ctypes
 
