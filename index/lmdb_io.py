@@ -43,6 +43,7 @@ import os
 import shutil
 import struct
 import threading
+import weakref
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -545,7 +546,8 @@ class SharedReader:
     pages by reopening the environment once no transaction is open.
     """
 
-    _open: dict = {}
+    # weak: a forest dropped without close() still lets its environment go with it
+    _open: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
     _open_lock = threading.Lock()
 
     def __init__(self, key, path: Path, env: lmdb.Environment):
@@ -598,9 +600,15 @@ class SharedReader:
             self._users -= 1
             if self._users > 0:
                 return
-            if self._open.get(self._key) is self:
+            if self._key is not None and self._open.get(self._key) is self:
                 del self._open[self._key]
         self._env.close()
+
+    @classmethod
+    def is_open(cls, path) -> bool:
+        """Whether this process holds the index at ``path`` open now."""
+        where = str(Path(path).resolve())
+        return any(key[0] == where for key in list(cls._open.keys()))
 
 
 def index_nbytes(path) -> int:

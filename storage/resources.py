@@ -10,7 +10,16 @@ from pathlib import Path
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes."""
+    """Peak resident set size of this process so far, in bytes: ``VmHWM`` where /proc has
+    it, else ``ru_maxrss``. (``ru_maxrss`` keeps the peak of the image before an exec: a
+    command started from an 870 MiB pytest process read 870 MiB.)"""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(ru if sys.platform == "darwin" else ru * 1024)
 

@@ -282,14 +282,17 @@ def test_forests_of_one_index_share_its_environment(tmp_path, data_rng):
     # one-vs-rest classes in threads each open the store's index: LMDB allows one open
     # environment per process, so they share it, each with its own forest state; a remap
     # (dropping the map's pages) and closing one leave the other's reads intact
+    import gc
+
     from ooc_learn.index.lmdb_io import SharedReader
 
     X, y = blobs(data_rng, n=600, d=6)
     store, _ = make_indexed(X, y, tmp_path / "s", n_blocks=3)
+    where = tmp_path / "s" / "index.lmdb"
     w = data_rng.normal(size=6)
     with store.forest() as alone:
         want = alone.query(w, n=None)[0]
-    assert not SharedReader._open
+    assert not SharedReader.is_open(where)
     with store.forest() as a, store.forest() as b:
         assert a._reader is b._reader and a._reader._users == 2
         a._reader.remap()
@@ -299,4 +302,10 @@ def test_forests_of_one_index_share_its_environment(tmp_path, data_rng):
         got_b = b.query(w, n=None)[0]
     np.testing.assert_array_equal(np.sort(got_a), np.sort(want))
     np.testing.assert_array_equal(np.sort(got_b), np.sort(want))
-    assert not SharedReader._open  # the last one closed it
+    assert not SharedReader.is_open(where)  # the last one closed it
+    # a forest dropped without close() does not keep the environment open
+    leaked = store.forest()
+    assert SharedReader.is_open(where)
+    del leaked
+    gc.collect()
+    assert not SharedReader.is_open(where)
