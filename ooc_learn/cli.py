@@ -392,9 +392,10 @@ def _train_parser() -> argparse.ArgumentParser:
                         "on all rows); with --cv-method tree or --learner, TreeCV of an "
                         "incremental learner ('loo' for leave-one-out)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="on a multiclass store (every solver) train up to N classes at "
-                        "once in threads, as many as --memory holds; with --cv (dual CD "
-                        "solvers dcd, bm; SVR) run N folds at once (default 1)")
+                   help="on a multiclass store (every solver) train or cross-validate up to "
+                        "N classes at once in threads, as many as --memory holds; with --cv "
+                        "on a binary or regression store (dual CD solvers dcd, bm; SVR) run "
+                        "N folds at once (default 1)")
     p.add_argument("--cv-method", default=None, choices=["warm", "tree", "standard"],
                    help="warm: folds of the SVM solver, warm-started (default; --solver "
                         "pegasos: tree); tree / standard: TreeCV / k-fold of --learner")
@@ -661,10 +662,11 @@ def _cv_svm(args, budget) -> dict:
                   block_solver=args.block_solver, sample_eps=args.sample_eps, seed=args.seed,
                   memory=budget, spill_dir=args.spill_dir, on_fold=on_fold,
                   epsilon=args.epsilon)
-    if args.jobs != 1 and (args.C_search or args.solver not in ("dcd", "bm")):
+    if args.jobs != 1 and (args.C_search or (args.solver not in ("dcd", "bm")
+                                             and per_fold == 1)):
         raise ParameterError("--jobs runs the folds of the dual CD solvers (--solver dcd or "
-                             "bm, without --C-search) in threads.",
-                             "Add --solver dcd, or drop --jobs.")
+                             "bm, without --C-search), or the classes of a multiclass "
+                             "store, in threads.", "Add --solver dcd, or drop --jobs.")
     if args.C_search:
         from ooc_learn.cv.linear import linear_c_search
 

@@ -134,3 +134,19 @@ def test_classes_in_threads_give_the_same_model(store, solver):
     assert two.meta["stats"]["jobs"] == 2 and one.meta["stats"]["jobs"] == 1
     assert np.array_equal(one.coef_, two.coef_) and np.array_equal(one.intercept_,
                                                                    two.intercept_)
+
+
+@pytest.mark.parametrize("solver", ["dcd", "ibcd"])
+def test_cv_of_classes_in_threads_gives_the_same_estimate(store, solver, capsys):
+    one = linear_cv(store, 3, solver=solver, C=0.5)
+    two = linear_cv(store, 3, solver=solver, C=0.5, n_jobs=2)
+    assert one.stats["jobs"] == 1 and two.stats["jobs"] == 2
+    assert two.estimate == one.estimate
+    np.testing.assert_array_equal(two.predictions, one.predictions)
+    np.testing.assert_array_equal(two.fold_scores, one.fold_scores)
+    assert [e["class"] for e in two.stats["per_class"]] == [0.0, 1.0, 2.0, 3.0]
+    # the CLI takes --jobs for the classes of a multiclass store, whatever the solver
+    assert train_main([str(store), "--cv", "3", "--C", "0.5", "--solver", solver,
+                       "--jobs", "2", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["estimate"] == pytest.approx(one.estimate)
