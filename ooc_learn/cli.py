@@ -481,10 +481,9 @@ PREDICTIONS_HEADER = "row_id,label,decision\n"
 
 def _check_model_output(path) -> None:
     """Refuse, before any work, a model path that is not one or holds a file not ours."""
-    from ooc_learn.model import check_model_suffix, is_model_file
+    from ooc_learn.model import is_model_file
     from ooc_learn.storage.replace import check_file_target
 
-    check_model_suffix(path)
     check_file_target(path, is_ours=is_model_file, kind="model")
 
 

@@ -43,16 +43,27 @@ __all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "regre
 
 MODEL_FORMAT = "ooc-learn-linear-model"
 MODEL_VERSION = 1
-MODEL_SUFFIXES = (".npz", ".h5", ".hdf5")
+# names ending so are written as HDF5; any other name holds the npz format (a zip of .npy)
+HDF5_SUFFIXES = (".h5", ".hdf5")
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
-def check_model_suffix(path) -> str:
-    """The model file's suffix, or :class:`ParameterError` when it is not one we write."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in MODEL_SUFFIXES:
-        raise ParameterError(f"A model file must end in .npz, .h5 or .hdf5. Got "
-                             f"{Path(path).name!r}.", "Choose e.g. -o model.npz.")
-    return suffix
+def model_format(path) -> str:
+    """The format a model file of this name is written in: "h5" for ``.h5`` / ``.hdf5``,
+    else "npz" (``model.npz``, ``model.model``, ``svm-c1``: any name the user gives)."""
+    return "h5" if Path(path).suffix.lower() in HDF5_SUFFIXES else "npz"
+
+
+def _stored_format(path: Path) -> str:
+    """The format a model file holds, from its first bytes (its name where unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        return model_format(path)
+    if head == _HDF5_MAGIC:
+        return "h5"
+    return "npz" if head[:2] == b"PK" else model_format(path)
 
 
 def _checksum(coef, intercept, classes, meta: str) -> int:
@@ -258,18 +269,18 @@ class LinearModel:
         return json.dumps(jsonable(meta), sort_keys=True)
 
     def save(self, path) -> Path:
-        """Write the model to ``.npz`` or ``.h5``/``.hdf5`` (no pickle), atomically. Returns
-        the path."""
+        """Write the model (no pickle), atomically: HDF5 for a name ending in ``.h5`` /
+        ``.hdf5``, npz for any other name, which is kept as given. Returns the path."""
         path = Path(path)
-        suffix = check_model_suffix(path)
+        fmt = model_format(path)
         classes = self.classes_
         if classes.dtype.kind == "O":
             classes = classes.astype(str)
         meta = self._meta_json()
         crc = np.uint32(_checksum(self.coef_, self.intercept_, classes, meta))
         with atomic_file(path) as tmp:
-            if suffix == ".npz":
-                with open(tmp, "wb") as fh:
+            if fmt == "npz":
+                with open(tmp, "wb") as fh:  # a file object: np.savez adds no ".npz"
                     np.savez(fh, coef=self.coef_, intercept=np.asarray(self.intercept_,
                                                                         dtype=np.float64),
                              classes=classes, meta=np.array(meta), checksum=crc)
@@ -337,7 +348,7 @@ def error_figures(parts) -> dict:
 def _read_model_file(path: Path):
     """``(coef, intercept, classes, meta_text, checksum or None)`` as stored; raises on a file
     that is not one."""
-    if path.suffix.lower() in (".h5", ".hdf5"):
+    if _stored_format(path) == "h5":
         import h5py
 
         with h5py.File(path, "r") as f:

@@ -77,8 +77,14 @@ def test_mismatch_and_bad_files(tmp_path):
         model.predict(X[:, :29])
     with pytest.raises(ModelMismatchError, match="labels \\['cat'\\] the model does not know"):
         model.score(X[:2], np.array(["cat", "benign"]))
-    with pytest.raises(ParameterError, match="must end in .npz, .h5 or .hdf5"):
-        model.save(tmp_path / "m.pkl")
+    # any name: .h5 / .hdf5 hold HDF5, any other the npz format, under the name as given
+    for name in ("m.model", "svm-c1", "m.pkl"):
+        assert model.save(tmp_path / name) == tmp_path / name
+        assert (tmp_path / name).read_bytes()[:2] == b"PK"
+        np.testing.assert_array_equal(load_model(tmp_path / name).predict(X), model.predict(X))
+    model.save(tmp_path / "m.hdf5")
+    (tmp_path / "renamed").write_bytes((tmp_path / "m.hdf5").read_bytes())
+    np.testing.assert_array_equal(load_model(tmp_path / "renamed").predict(X), model.predict(X))
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(UsageError, match="is not an ooc-learn model file"):
         load_model(tmp_path / "junk.npz")
