@@ -184,7 +184,10 @@ def _ingest_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="auto", choices=["auto", "libsvm", "csv", "npy", "npz"])
     p.add_argument("--layout", default="auto", choices=["auto", "dense", "csr"],
                    help="storage layout (auto: dense when >= 40%% of entries are non-zero)")
-    p.add_argument("--task", default="auto", choices=["auto", "binary", "regression", "multiclass"])
+    p.add_argument("--task", default="auto", choices=["auto", "binary", "regression", "multiclass"],
+                   help="auto: two labels -> binary, up to 20 integer labels -> multiclass, "
+                        "real-valued labels -> regression; more than 20 distinct integers "
+                        "are refused until --task says which")
     p.add_argument("--positive-label", type=float, default=None, metavar="LABEL",
                    help="make the task binary: LABEL -> +1, every other label -> -1 "
                         "(default for two-label sources: the larger label is +1)")

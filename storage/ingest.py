@@ -163,8 +163,17 @@ class _LabelTracker:
                 self.values = set()
 
 
-def _decide_task(tracker: _LabelTracker, task: str, positive_label):
-    """Return (task, label_map, mapper) where mapper turns raw labels into stored ones."""
+def _source_names(sources) -> str:
+    """The sources as a refusal names them: their paths (the first three), or "the arrays"."""
+    paths = [str(s) for s in sources if isinstance(s, (str, os.PathLike))]
+    if not paths:
+        return "the arrays"
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def _decide_task(tracker: _LabelTracker, task: str, positive_label, where: str = "the sources"):
+    """Return (task, label_map, mapper) where mapper turns raw labels into stored ones.
+    ``where`` names the sources in a refusal."""
     values = sorted(tracker.values)
     if positive_label is not None:
         if tracker.overflow or positive_label not in tracker.values:
@@ -186,6 +195,17 @@ def _decide_task(tracker: _LabelTracker, task: str, positive_label):
         elif (not tracker.overflow and tracker.integral
               and 2 < len(values) <= MULTICLASS_MAX_CLASSES):
             task = "multiclass"
+        elif tracker.integral:
+            # a class per value, or a count to predict: either is a guess (26 letters
+            # became a regression target)
+            many = (f"more than {_MAX_TRACKED_LABELS:,}" if tracker.overflow
+                    else f"{len(values)}")
+            raise IngestError(
+                f"The labels of {where} are {many} distinct integers "
+                f"({', '.join(f'{v:g}' for v in values[:8])}{' ...' if len(values) > 8 else ''}"
+                f"): a class per value, or a number to predict?",
+                f"Pass --task multiclass (one class per value; more than "
+                f"{MULTICLASS_MAX_CLASSES} is fine when asked for) or --task regression.")
         else:
             task = "regression"
     if task == "binary":
@@ -258,8 +278,9 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         Auto picks dense when at least 40 % of the entries are non-zero.
     task : "auto" | "binary" | "regression" | "multiclass"
         Auto: two distinct labels -> binary (larger label -> +1), integer labels with at most
-        20 values -> multiclass, else regression. ``positive_label`` makes any source binary
-        (that label vs the rest).
+        20 values -> multiclass, real-valued labels -> regression; more than 20 distinct
+        integers raise :class:`IngestError` (say "multiclass" or "regression").
+        ``positive_label`` makes any source binary (that label vs the rest).
     n_blocks, block_rows : int, optional
         How many random blocks, or how many rows per block (default: blocks of about
         min(64 MiB, cap / 8) in memory).
@@ -719,7 +740,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                             progress=progress)
         # ---- decide base, width, layout, task, blocks -------------------------------------
         shape = _Shape(p, n_blocks=n_blocks, block_rows=block_rows, check=True, **shape_kw)
-        task_, label_map, mapper = _decide_task(p.tracker, task, positive_label)
+        task_, label_map, mapper = _decide_task(p.tracker, task, positive_label,
+                                                _source_names(sources))
         sizes = balanced_sizes(p.n, shape.n_blocks)  # the plan's, unless bucket b is block b
         block_need = _check_block_fits(budget, int(sizes.max()), shape.bytes_per_row)
         t1 = time.perf_counter()

@@ -76,9 +76,11 @@ def test_bundled_datasets_via_libsvm_and_csv(tmp_path, loader):
     np.savetxt(csv, np.column_stack([y, X]), delimiter=",", header=header, comments="",
                fmt="%.17g")
     Xr, yr = load_svmlight_file(str(svm), n_features=X.shape[1])
+    # diabetes' targets are 214 distinct integers: classes or a number? The user says
+    task = "regression" if loader is load_diabetes else "auto"
     for src, name in ((svm, "svm"), (csv, "csv")):
         with ingest([src], tmp_path / name, build_index=False, n_features=X.shape[1]
-                    if name == "svm" else None) as store:
+                    if name == "svm" else None, task=task) as store:
             Xs, ys, _ = stored_as_source_order(store)
             np.testing.assert_array_equal(Xs, Xr.toarray().astype(np.float32))
             if store.task == "regression":
@@ -240,3 +242,21 @@ def test_sigkill_at_random_moments_never_leaves_an_openable_store(tmp_path, rng)
     with open_store(out) as s:
         assert s.n_samples == 60000
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".s.ooc-tmp-")]
+
+
+def test_many_distinct_integer_labels_need_a_task(tmp_path, rng, capsys):
+    # 26 integer labels (letters) became a regression target: now a refusal naming the
+    # file and both ways out, exit 2, nothing written; --task says which
+    src = tmp_path / "letters.svm"
+    src.write_text("".join(f"{rng.integers(0, 26)} 1:{rng.random():.3f} 2:{rng.random():.3f}\n"
+                           for _ in range(400)))
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(src) in err and "26 distinct integers" in err
+    assert "--task multiclass" in err and "--task regression" in err
+    assert not (tmp_path / "s").exists()
+    for task in ("multiclass", "regression"):
+        assert ingest_main([str(src), "-o", str(tmp_path / task), "--task", task,
+                            "--quiet"]) == 0
+        with open_store(tmp_path / task) as store:
+            assert store.task == task
