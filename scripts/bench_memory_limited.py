@@ -253,11 +253,14 @@ def peer_rls(args) -> dict:
     from ooc_learn import SparseRLS
     from ooc_learn.storage.resources import peak_rss_bytes
 
-    from ooc_learn.storage.budget import MemoryBudget
+    from ooc_learn.storage.budget import MemoryBudget, late_load_bytes
 
     # the whole process under the cap, as for the CLI commands (the API's plain
-    # memory= is what the engine adds to the caller's process)
-    budget = MemoryBudget.for_process(args.memory)
+    # memory= is what the engine adds to the caller's process), with a training command's
+    # allowance for kernels that load later (no text parsers: the test set is .npy)
+    budget = MemoryBudget.for_process(args.memory,
+                                      late_load=late_load_bytes(solvers=True, parsers=False),
+                                      start_peak=True)
     with ooc_learn.open_store(args.store, memory=budget) as st:
         t0 = time.perf_counter()
         model = SparseRLS(kernel=args.rls_kernel, n_basis=args.rls_basis, lam=args.rls_lam,
