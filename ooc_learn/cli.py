@@ -114,6 +114,9 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     try:
         if getattr(args, "json", False):
             print(json.dumps(jsonable(result["json"])))
+        elif result.get("text_to_stderr"):  # stdout holds the command's data (-o -)
+            if result["text"] is not None:
+                print(result["text"], file=sys.stderr)
         else:
             print(result["text"])
         sys.stdout.flush()
@@ -783,7 +786,8 @@ def _predict_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("data", metavar="STORE_OR_FILE")
     p.add_argument("-o", "--output", metavar="PREDICTIONS", default=None,
-                   help="write 'row_id,label,decision' lines in source order (CSV)")
+                   help="write 'row_id,label,decision' lines in source order (CSV); '-': "
+                        "to stdout, the summary then on stderr")
     _add_common(p)
     return p
 
@@ -798,7 +802,11 @@ def _predict_body(args):
     from ooc_learn.model import load_model
     from ooc_learn.storage.replace import atomic_file, check_file_target
 
-    if args.output:  # before the work: only a predictions file of ours is replaced
+    to_stdout = args.output == "-"
+    if to_stdout and args.json:
+        raise ParameterError("-o - writes the predictions to stdout, where --json writes its "
+                             "object.", "Drop --json, or write the predictions to a file.")
+    if args.output and not to_stdout:  # before the work: only a file of ours is replaced
         check_file_target(args.output, is_ours=_is_predictions_file, kind="predictions")
     budget = _budget(args, parsers=_any_text([args.data]))
     # the weights as stored, read and converted (an upper bound that needs no parsing)
@@ -850,18 +858,30 @@ def _predict_body(args):
     if not model.regression:
         out["accuracy"] = accuracy
     out["output"] = args.output
-    if args.output:
+
+    def write(fh):
+        fh.write(PREDICTIONS_HEADER)
+        for i, lab, dv in zip(ids, labels, dec):
+            fh.write(f"{i},{lab},{dv:.9g}\n")
+
+    if to_stdout:  # the CSV on stdout, the summary on stderr (unless --quiet)
+        try:
+            write(sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader went away (| head): quiet, as run_command
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    elif args.output:
         with atomic_file(args.output) as tmp, open(tmp, "w") as fh:
-            fh.write(PREDICTIONS_HEADER)
-            for i, lab, dv in zip(ids, labels, dec):
-                fh.write(f"{i},{lab},{dv:.9g}\n")
+            write(fh)
     if model.regression:
         text = f"{ids.size} rows, RMSE {out['rmse']:.6g}, R^2 {out['r2']:.4f}"
     else:
         text = f"{ids.size} rows, accuracy {100 * accuracy:.2f}%"
-    text += f", predictions in {args.output}" if args.output else ""
+    text += f", predictions in {args.output}" if args.output and not to_stdout else ""
     if model.multiclass:
         text += "\n" + _confusion_text(model.classes_, out["confusion_matrix"])
+    if to_stdout:
+        return {"json": out, "text": None if args.quiet else text, "text_to_stderr": True}
     return {"json": out, "text": text}
 
 

@@ -150,3 +150,22 @@ def test_cv_of_classes_in_threads_gives_the_same_estimate(store, solver, capsys)
                        "--jobs", "2", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["estimate"] == pytest.approx(one.estimate)
+
+
+def test_predictions_to_stdout_with_the_summary_on_stderr(store, tmp_path, capsys):
+    model = tmp_path / "m.npz"
+    assert train_main([str(store), "-o", str(model), "--solver", "dcd", "--quiet"]) == 0
+    capsys.readouterr()
+    assert predict_main([str(model), str(store), "-o", str(tmp_path / "p.csv")]) == 0
+    capsys.readouterr()
+    assert predict_main([str(model), str(store), "-o", "-"]) == 0
+    got = capsys.readouterr()
+    assert got.out == (tmp_path / "p.csv").read_text()  # stdout: the CSV alone
+    assert "accuracy" in got.err and "confusion matrix" in got.err
+    assert predict_main([str(model), str(store), "-o", "-", "--quiet"]) == 0
+    got = capsys.readouterr()
+    assert got.out == (tmp_path / "p.csv").read_text() and "accuracy" not in got.err
+    # --json writes stdout too: refused before any work, naming both
+    assert predict_main([str(model), str(store), "-o", "-", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "-o -" in err and "--json" in err
