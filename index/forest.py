@@ -542,12 +542,12 @@ def outlier_margin(loss: str, s) -> float:
     """
     if s is None or (isinstance(s, float) and math.isinf(s)):
         return -math.inf
-    if loss == "hinge":
-        return -float(s)
-    if loss in ("sqhinge", "squared_hinge"):
-        return 1.0 - math.sqrt(1.0 + float(s))
-    raise ParameterError(f"The 'loss' parameter of query must be 'hinge' or 'sqhinge'. Got "
-                         f"{loss!r} instead.", "Pick the loss the solver truncates.")
+    if loss not in ("hinge", "sqhinge", "squared_hinge"):
+        raise ParameterError(f"The 'loss' parameter of query must be 'hinge' or 'sqhinge'. "
+                             f"Got {loss!r} instead.", "Pick the loss the solver truncates.")
+    from ooc_learn.losses import get_loss  # the one definition of the truncation
+
+    return get_loss(loss).outlier_margin(s)
 
 
 class Forest:

@@ -14,9 +14,10 @@ interface serves every solver:
   hinge) and :meth:`Loss.dual_diag` (D_ii = 0 for the hinge, 1/(2C) for the squared hinge);
   :meth:`Loss.dual_from_margin` maps a primal margin to the optimal dual value ``-C L'(z)``.
 
-The truncated loss ``R_s(z) = min(L(z), L(-s))`` (IBCD paper eq. 1; the paper writes the cap
-as ``1 + s``, which is ``L(-s)`` for the hinge) caps the loss of outliers, the rows with
-``z < -s``. It is not convex; :mod:`ooc_learn.solvers.relax` minimises it by the relaxation
+The truncated loss ``R_s(z) = min(L(z), 1 + s)`` (IBCD paper eq. 2) caps the loss of
+outliers, the rows with ``z < L^-1(1 + s)``: ``z < -s`` for the hinge, ``z < 1 - sqrt(1 + s)``
+for the squared hinge (whose cap was ``L(-s) = (1 + s)^2`` here before session 19, while the
+index's query used the paper's threshold). It is not convex; :mod:`ooc_learn.solvers.relax` minimises it by the relaxation
 of eq. (5), which only ever needs the convex base loss on the non-outliers.
 
 >>> import numpy as np
@@ -24,10 +25,12 @@ of eq. (5), which only ever needs the convex base loss on the non-outliers.
 >>> get_loss("hinge").value(np.array([-1.0, 0.5, 2.0]))
 array([2. , 0.5, 0. ])
 >>> get_loss("sqhinge", s=1.0).value(np.array([-3.0, 0.0]))
-array([4., 1.])
+array([2., 1.])
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -84,8 +87,14 @@ class Loss:
 
     # -- truncation ---------------------------------------------------------------------------
     def cap(self, s: float) -> float:
-        """``L(-s)``: the loss a truncated row is charged."""
-        return float(self.value(np.array([-float(s)]))[0])
+        """``1 + s``: the loss a truncated row is charged (the paper's ``R_s(z) = min(L(z),
+        1 + s)``; for the hinge this is ``L(-s)``)."""
+        return 1.0 + float(s)
+
+    def outlier_margin(self, s: float) -> float:
+        """``L^-1(1 + s)``: the smallest margin ``y w^T x`` that is not an outlier of the
+        truncation at ``s`` (below it the loss is capped)."""
+        raise NotImplementedError
 
     def base(self) -> "Loss":
         """The convex loss under a truncation (itself for a convex loss)."""
@@ -120,6 +129,9 @@ class Hinge(Loss):
         z = np.asarray(z, dtype=np.float64)
         return np.where(z < 1.0, float(C), 0.0)
 
+    def outlier_margin(self, s):
+        return -float(s)  # 1 - z = 1 + s
+
 
 class SquaredHinge(Loss):
     """L2 loss ``max(0, 1 - z)^2``; its generalized Hessian is ``2 [z < 1]``."""
@@ -142,9 +154,14 @@ class SquaredHinge(Loss):
     def dual_diag(self, C):
         return 0.5 / float(C)
 
+    def outlier_margin(self, s):
+        return 1.0 - math.sqrt(1.0 + float(s))  # (1 - z)^2 = 1 + s
+
 
 class TruncatedLoss(Loss):
-    """``R_s(z) = min(L(z), L(-s))``: the base loss, capped for outliers ``z < -s``.
+    """``R_s(z) = min(L(z), 1 + s)`` (IBCD paper, eq. 2): the base loss, capped for the
+    outliers ``z < L^-1(1 + s)`` (``-s`` for the hinge, ``1 - sqrt(1 + s)`` for the squared
+    hinge; the index's query uses the same threshold).
 
     Outliers get zero gradient, zero curvature and a zero dual variable, which is what makes
     the truncated problem dual-sparse (IBCD paper §2).
@@ -165,8 +182,8 @@ class TruncatedLoss(Loss):
         return self._base
 
     def inlier(self, z) -> np.ndarray:
-        """Rows charged their real loss: ``z >= -s`` (IN(w) of the paper)."""
-        return np.asarray(z, dtype=np.float64) >= -self.s
+        """Rows charged their real loss: ``z >= L^-1(1 + s)`` (IN(w) of the paper)."""
+        return np.asarray(z, dtype=np.float64) >= self._base.outlier_margin(self.s)
 
     def value(self, z):
         return np.minimum(self._base.value(z), self._base.cap(self.s))
@@ -188,6 +205,9 @@ class TruncatedLoss(Loss):
 
     def cap(self, s=None):
         return self._base.cap(self.s if s is None else s)
+
+    def outlier_margin(self, s=None):
+        return self._base.outlier_margin(self.s if s is None else s)
 
     def __repr__(self) -> str:
         return f"TruncatedLoss({self._base!r}, s={self.s})"

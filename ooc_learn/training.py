@@ -83,7 +83,8 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     C : float
         The SVM cost (LIBLINEAR's -c).
     s : float or None
-        Truncate the loss at L(-s) (IBCD only; None: the convex loss).
+        Truncate the loss at 1 + s, R_s(z) = min(L(z), 1 + s) (IBCD only; None: the convex
+        loss).
     bias : float
         The value of the augmented constant feature (LIBLINEAR -B); its weight is
         regularized like the others. 0: no intercept.

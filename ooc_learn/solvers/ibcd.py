@@ -2,7 +2,7 @@
 
 Objective (2), the truncated SVM::
 
-    min_w  1/2 |w|^2 + C sum_i R_s(y_i w^T x_i),   R_s(z) = min(L(z), L(-s)),
+    min_w  1/2 |w|^2 + C sum_i R_s(y_i w^T x_i),   R_s(z) = min(L(z), 1 + s),
 
 L the hinge (L1) or squared hinge (L2), the bias a regularized constant feature (LIBLINEAR
 ``-B 1``). The outer relaxation (eq. 5) fixes the loss of the outliers

@@ -2,12 +2,12 @@
 
 Objective (2), non-convex::
 
-    J(w) = 1/2 |w|^2 + C sum_l R_s(y_l w^T x_l),   R_s(z) = min(L(z), L(-s)).
+    J(w) = 1/2 |w|^2 + C sum_l R_s(y_l w^T x_l),   R_s(z) = min(L(z), 1 + s).
 
 Each outer iteration t fixes the loss of the current outliers OUT(w_t) = {l : y_l w_t^T x_l
-< -s} at the cap L(-s) and solves the convex problem of L on the rest (eq. 5)::
+< L^-1(1 + s)} at the cap 1 + s and solves the convex problem of L on the rest (eq. 5)::
 
-    w_{t+1} = argmin_w 1/2 |w|^2 + C sum_{l in IN(w_t)} L(y_l w^T x_l)   (+ C |OUT| L(-s)).
+    w_{t+1} = argmin_w 1/2 |w|^2 + C sum_{l in IN(w_t)} L(y_l w^T x_l)   (+ C |OUT| (1 + s)).
 
 Because (5) upper-bounds (2) and equals it at w_t, J never increases; the loop stops when the
 outlier set stops changing (then w_t is a fixed point: a minimiser of (5) whose own outlier

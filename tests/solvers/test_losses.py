@@ -46,14 +46,24 @@ def test_dual_quantities_and_cap(loss):
     assert np.all(a >= 0) and np.all(a <= loss.dual_upper(C)) and np.all(a[z >= 1] == 0)
 
 
-def test_truncation_caps_at_L_of_minus_s():
-    for base, s in [(Hinge(), 1.0), (SquaredHinge(), 2.0)]:
+def test_truncation_is_the_papers_min_of_L_and_1_plus_s():
+    # R_s(z) = min(L(z), 1 + s) (IBCD paper eq. 2): the outliers are z < L^-1(1 + s), the
+    # threshold the index's query uses too (one definition: the squared hinge's cap was
+    # L(-s) = (1 + s)^2 here while the query cut at 1 - sqrt(1 + s))
+    from ooc_learn.index.forest import outlier_margin
+
+    for base, s, low in [(Hinge(), 1.0, -1.0), (SquaredHinge(), 3.0, -1.0),
+                         (SquaredHinge(), 0.44, -0.2)]:
         t = TruncatedLoss(base, s)
-        z = np.array([-10.0, -s - 1e-9, -s, 0.0, 2.0])
-        assert t.cap() == pytest.approx(base.value(np.array([-s]))[0])
-        np.testing.assert_allclose(t.value(z), np.minimum(base.value(z), t.cap()))
-        assert t.grad(np.array([-10.0]))[0] == 0.0 and t.dual_from_margin(np.array([-10.0]), 1.0)[0] == 0.0
-    assert TruncatedLoss(Hinge(), 1.0).cap() == 2.0  # the paper's 1 + s for the hinge
+        assert t.cap() == 1.0 + s
+        assert t.outlier_margin() == pytest.approx(low)
+        assert outlier_margin(base.name, s) == pytest.approx(low)
+        z = np.array([-10.0, low - 1e-6, low + 1e-6, 0.0, 2.0])
+        np.testing.assert_allclose(t.value(z), np.minimum(base.value(z), 1.0 + s))
+        assert t.value(np.array([low]))[0] == pytest.approx(1.0 + s)  # continuous there
+        assert t.inlier(z).tolist() == [False, False, True, True, True]
+        assert t.grad(z[:2]).tolist() == [0.0, 0.0] and t.grad(z[2:3])[0] < 0.0
+        assert t.dual_from_margin(np.array([-10.0]), 1.0)[0] == 0.0
 
 
 def test_get_loss_names_and_errors():
