@@ -49,7 +49,14 @@ def test_ooc_index_adds_an_index_and_refuses_twice(tmp_path, rng, capsys):
         before = dict(zip(s.row_ids(), s.labels()))
     assert index_main([str(tmp_path / "s"), "--quiet", "--json"]) == 0
     with open_store(tmp_path / "s") as s:
-        assert s.has_index and s.index.query(np.ones(7), n=None)[0].size >= 0
+        assert s.has_index
+        # the new index answers a query as a scan does: rows with -1 <= y (x^T w + b) < 1
+        w = np.ones(7)
+        Xs, ys = s.read_range(0, s.n_samples)[:2]
+        z = np.asarray(ys, np.float64) * (np.asarray(Xs, np.float64) @ w[:6] + w[6])
+        want = np.flatnonzero((z < 1.0) & (z >= -1.0))
+        got = np.sort(s.index.query(w, n=None)[0])
+        assert want.size > 0 and np.array_equal(got, want)
         # rows were reordered within blocks, none lost or changed
         assert dict(zip(s.row_ids(), s.labels())) == before
     capsys.readouterr()

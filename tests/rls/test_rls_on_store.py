@@ -8,7 +8,7 @@ from ooc_learn.rls import SparseRLS
 
 from _rls_reference import brute_predict
 
-store_mod = pytest.importorskip("ooc_learn.storage.ingest")
+from ooc_learn.storage import ingest as store_mod
 
 
 @pytest.fixture(params=["dense", "csr"])
