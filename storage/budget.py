@@ -207,15 +207,18 @@ class MemoryBudget:
         # setting the compiler up took more for a moment than the process keeps (see
         # _load_libraries): a cap below that peak is broken before any data is read
         start = peak_rss_bytes() if start_peak else 0
-        if cap_bytes < max(fixed + minimum, start):
+        least = format_size(max(fixed + minimum, start), up=True)
+        if cap_bytes < fixed + minimum:
             raise BudgetExceededError(
                 f"The memory cap {format_size(cap_bytes)} does not cover this process's fixed "
                 f"part ({format_size(fixed)}: the interpreter, numpy, numba and its compiled "
-                f"kernels, h5py) plus the {format_size(minimum)} a run needs at the least"
-                + (f", nor the {format_size(start)} its start took" if start > fixed + minimum
-                   else "") + ".",
-                f"Raise --memory (or OOC_MEMORY) to at least "
-                f"{format_size(max(fixed + minimum, start), up=True)}.")
+                f"kernels, h5py) plus the {format_size(minimum)} a run needs at the least.",
+                f"Raise --memory (or OOC_MEMORY) to at least {least}.")
+        if cap_bytes < start:
+            raise BudgetExceededError(
+                f"The memory cap {format_size(cap_bytes)} is below the {format_size(start)} "
+                f"this process's start already took (numba setting its compiler up, before "
+                f"any data).", f"Raise --memory (or OOC_MEMORY) to at least {least}.")
         budget.fixed, budget.limit = fixed, cap_bytes - fixed
         budget.start_peak = start
         budget._fixed0 = fixed

@@ -114,6 +114,23 @@ def test_a_process_budget_charges_the_fixed_part_and_refuses_a_cap_below_it():
     assert wanted >= rss + (50 << 20) + MIN_WORKING_BYTES
 
 
+def test_a_command_refuses_a_cap_below_the_peak_its_start_took(monkeypatch):
+    # numba's set-up peaks above what the process keeps: a cap that covers the fixed part
+    # but not that peak would be broken before any data is read
+    import ooc_learn.storage.budget as B
+
+    B._load_libraries()
+    rss = B.current_rss_bytes()
+    cap = rss + (20 << 20) + B.MIN_WORKING_BYTES + (4 << 20)  # fits the fixed part
+    monkeypatch.setattr(B, "peak_rss_bytes", lambda: cap + (30 << 20))
+    assert MemoryBudget.for_process(cap, late_load=20 << 20).start_peak == 0  # not asked
+    with pytest.raises(BudgetExceededError, match="start already took") as ei:
+        MemoryBudget.for_process(cap, late_load=20 << 20, start_peak=True)
+    assert parse_size(ei.value.hint.split("at least ")[1].rstrip(".")) >= cap + (30 << 20)
+    b = MemoryBudget.for_process(cap + (40 << 20), late_load=20 << 20, start_peak=True)
+    assert b.start_peak == cap + (30 << 20)
+
+
 def test_a_process_budget_lets_real_rss_press_the_caches(monkeypatch):
     import ooc_learn.storage.budget as B
 
