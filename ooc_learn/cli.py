@@ -821,7 +821,10 @@ def _predict_body(args):
         budget.reserve(48 * data.n_samples, f"predictions of {data.n_samples:,} rows",
                        hint="or predict a part of the rows at a time")
         ids, dec, ys, pred = [], [], [], []
-        for X, y, row_ids in data.iter_blocks():
+        from tqdm.auto import tqdm
+
+        for X, y, row_ids in tqdm(data.iter_blocks(), total=data.n_blocks, desc="predict",
+                                  unit="block", disable=args.quiet, leave=False):
             ids.append(row_ids)
             dv = model.decision_function(X)
             if model.multiclass:  # the winning class's value, not the whole row
