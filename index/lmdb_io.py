@@ -517,8 +517,6 @@ def open_reader(path) -> lmdb.Environment:
     is read-only (nobody can be writing it then).
     """
     path = Path(path)
-    if not path.exists():
-        recover(path)  # a replace killed between its two renames: the old index back
     if not (path / "data.mdb").is_file():
         raise FileNotFoundError(str(path))
     verify_files(path)

@@ -28,7 +28,7 @@ import time
 from typing import Callable
 
 from .errors import BudgetExceededError, ParameterError
-from .resources import check_stop, peak_rss_bytes
+from .resources import check_stop, current_rss_bytes, peak_rss_bytes
 
 __all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes",
            "current_rss_bytes", "LATE_LOAD_BYTES", "late_load_bytes", "MIN_WORKING_BYTES"]
@@ -98,20 +98,6 @@ def format_size(n: int, *, up: bool = False) -> str:
             return f"{math.ceil(n * 10) / 10:.1f}{unit}" if up else f"{n:.1f}{unit}"
         n /= 1024.0
     return str(n)  # pragma: no cover
-
-
-def current_rss_bytes() -> int:
-    """Resident set size of this process now (0 where it cannot be read)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        try:
-            import psutil
-
-            return int(psutil.Process().memory_info().rss)
-        except Exception:  # pragma: no cover - psutil is a dependency
-            return 0
 
 
 def default_memory_bytes() -> int:

@@ -24,6 +24,20 @@ def peak_rss_bytes() -> int:
     return int(ru if sys.platform == "darwin" else ru * 1024)
 
 
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        try:
+            import psutil
+
+            return int(psutil.Process().memory_info().rss)
+        except Exception:  # pragma: no cover - psutil is a dependency
+            return 0
+
+
 def children_peak_rss_bytes() -> int:
     """Largest peak RSS among waited-for child processes, in bytes (for benchmarks)."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -89,21 +103,26 @@ def release_free_heap() -> bool:
     between long-lived ones leave such holes; under a memory cap they would count in RSS
     although nothing lives there. Cheap (a walk of the free lists); False where this is
     not glibc."""
-    global _LIBC
     if not sys.platform.startswith("linux"):
         return False
     try:
-        if _LIBC is None:
-            import ctypes
-            import ctypes.util
-
-            try:  # find_library runs ldconfig in a child process: only where needed
-                _LIBC = ctypes.CDLL("libc.so.6")
-            except OSError:
-                _LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(_LIBC.malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+def _libc():
+    """The C library, loaded once (glibc on Linux)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:  # find_library runs ldconfig in a child process: only where needed
+            _LIBC = ctypes.CDLL("libc.so.6")
+        except OSError:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+    return _LIBC
 
 
 # madvise(2) advice: reclaim these pages now (Linux >= 5.4)
@@ -126,7 +145,7 @@ def release_compiler_pages(min_interval: float = 0.0) -> int:
     memory cgroup's count too); whatever LLVM needs later faults back in from the file. Under
     a 224 MiB cap that is a third of what the process held before any data.
     """
-    global _LIBC, _LAST_PAGEOUT
+    global _LAST_PAGEOUT
     if not sys.platform.startswith("linux"):
         return 0
     now = time.monotonic()
@@ -136,11 +155,9 @@ def release_compiler_pages(min_interval: float = 0.0) -> int:
     try:
         import ctypes
 
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        madvise = _LIBC.madvise
+        madvise = _libc().madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        before = _rss_pages()
+        before = current_rss_bytes()
         with open("/proc/self/maps") as fh:
             for line in fh:
                 parts = line.split()
@@ -150,14 +167,9 @@ def release_compiler_pages(min_interval: float = 0.0) -> int:
                 start, end = (int(x, 16) for x in parts[0].split("-"))
                 if madvise(start, end - start, _MADV_PAGEOUT) != 0:
                     return 0  # an older kernel (EINVAL): nothing to gain
-        return max(0, before - _rss_pages()) * os.sysconf("SC_PAGE_SIZE")
+        return max(0, before - current_rss_bytes())
     except (OSError, AttributeError, ValueError):
         return 0
-
-
-def _rss_pages() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1])
 
 
 _WRAP = ("import resource, subprocess, sys, time\n"
