@@ -291,19 +291,9 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
             m = train(view, on_outer=report, **params)
         return m, dict(m.meta["stats"], **{"class": c})
 
-    jobs = 1
-    if n_jobs > 1:
-        # as many classes at once as the free budget holds two of each one's state for
-        solver = params.get("solver") or "ibcd"
-        if solver == "ibcd":  # its in-S mask, w_0's sample twice, the model state
-            row_bytes = max(1, st.estimated_bytes(1)) + 40
-            sample = min(params.get("init_sample") or 10000, st.n_samples)
-            each = 2 * (st.n_samples + 2 * sample * row_bytes + _model_state_bytes(
-                "ibcd", params.get("block_solver") or "dual", st.n_features))
-        else:
-            each = 2 * (20 * st.n_samples + _model_state_bytes(solver, "dual",
-                                                               st.n_features))
-        jobs = int(max(1, min(n_jobs, len(todo), st.budget.available // max(1, each))))
+    jobs = concurrent_jobs(st.budget, n_jobs, len(todo), solver_state_bytes(
+        st, params.get("solver") or "ibcd", params.get("block_solver") or "dual",
+        params.get("init_sample") or 10000))
     if jobs == 1:
         done = [one(c) for c in todo]
     else:
@@ -336,6 +326,26 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
 # residual and Hessian-vector product; dcd/bm hold w and a copy; PEGASOS its scaled w, its
 # average and a copy; every solver's result and the saved model add two more.
 _MODEL_VECTORS = {"ibcd": 9, "ibcd-primal": 15, "dcd": 4, "bm": 4, "pegasos": 5}
+
+
+def solver_state_bytes(st, solver: str, block_solver: str = "dual",
+                       init_sample: int = 10000) -> int:
+    """What one training of ``solver`` on ``st`` holds beside the shared caches: IBCD its
+    in-S mask, w_0's sample (twice) and its model state; the dual CD solvers 20 B a row and
+    theirs (PEGASOS less)."""
+    if solver == "ibcd":
+        from ooc_learn.solvers.ibcd import sample_row_bytes
+
+        sample = min(int(init_sample), st.n_samples)
+        return (st.n_samples + 2 * sample * sample_row_bytes(st)
+                + _model_state_bytes("ibcd", block_solver, st.n_features))
+    return 20 * st.n_samples + _model_state_bytes(solver, "dual", st.n_features)
+
+
+def concurrent_jobs(budget, n_jobs: int, n_tasks: int, each: int) -> int:
+    """How many of ``n_tasks`` to run at once in threads: up to ``n_jobs``, as many as the
+    free budget holds two of each one's ``each`` bytes for (at least one)."""
+    return int(max(1, min(n_jobs, n_tasks, budget.available // max(1, 2 * int(each)))))
 
 
 def _model_state_bytes(solver: str, block_solver: str, d: int) -> int:

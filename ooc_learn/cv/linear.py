@@ -165,6 +165,7 @@ class _FoldTask:
                                         train_regression)
 
         self.st, self.Cs, self.bias, self.seed = st, list(Cs), bias, seed
+        self.block_solver, self.init_sample = block_solver, init_sample
         self.regression = st.task == "regression"
         self.metric = "rmse" if self.regression else "accuracy"
         if self.regression:
@@ -431,6 +432,7 @@ def _cross_validate_ovr(st, k, *, task, n_jobs=1, **params) -> list[CVResult]:
     from concurrent.futures import ThreadPoolExecutor
 
     from ooc_learn.storage.store import open_store
+    from ooc_learn.training import concurrent_jobs, solver_state_bytes
 
     t0 = time.perf_counter()
     classes = np.asarray(st.label_map.get("classes") or [], dtype=np.float64)
@@ -454,9 +456,10 @@ def _cross_validate_ovr(st, k, *, task, n_jobs=1, **params) -> list[CVResult]:
                 return results, view.rows_read
 
         # a running class: its fold labels and decision values, its results' predictions,
-        # the dual solvers' warm starts, three model states
-        each = 2 * (5 * n + 16 * m * n + (16 * n if task.dual else 0) + 3 * task.state_bytes)
-        jobs = int(max(1, min(n_jobs, classes.size, st.budget.available // max(1, each))))
+        # the dual solvers' warm starts, three model states, and what its solver holds
+        each = (5 * n + 16 * m * n + (16 * n if task.dual else 0) + 3 * task.state_bytes
+                + solver_state_bytes(st, task.solver, task.block_solver, task.init_sample))
+        jobs = concurrent_jobs(st.budget, n_jobs, classes.size, each)
         folds = None
 
         def merge(ci, results, read):

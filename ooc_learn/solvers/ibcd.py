@@ -270,7 +270,7 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
     # another sample size takes another path (Fashion-MNIST at 1/10, L1, seed 0: 1406 rows
     # gave 4 outer iterations and 60k rows read; 1352 rows, 10 and 441k). Cache entries are
     # evicted for it; only what cannot be (a cap nearly full of buffers) shrinks it further
-    row_bytes = max(1, store.estimated_bytes(1)) + 40
+    row_bytes = sample_row_bytes(store)
     N_train = N_all - (ho_z - ho_a if ho_mask is None else int(ho_mask.sum()))
     m0 = int(min(init_sample, N_train, max(100, store.budget.limit // (4 * row_bytes))))
     if not store.budget.try_reserve(2 * m0 * row_bytes):
@@ -323,6 +323,12 @@ def solve_ibcd(store, *, loss: str = "hinge", C: float = 1.0, s: float | None = 
         store.budget.release(N_all)
         forest.close()
         rows_src.clear()
+
+
+def sample_row_bytes(store) -> int:
+    """What a row of w_0's sample holds while it is solved: the row and its dual state
+    (IBCD reserves twice this per sampled row: the rows and the copy S takes)."""
+    return max(1, store.estimated_bytes(1)) + 40
 
 
 def _sample_start(store, rng, m0, holdout, *, loss, C, bias, eps):
