@@ -121,12 +121,15 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
             print(result["text"])
         sys.stdout.flush()
     except BrokenPipeError:
-        # the reader went away (``| head``): the work is done and saved; no traceback, and
-        # stdout pointed at /dev/null so the interpreter's own flush at exit stays quiet
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        # the reader went away (``| head``): the work is done and saved; no traceback
+        _stdout_gone()
     return 0
+
+
+def _stdout_gone() -> None:
+    """Point stdout at /dev/null after its reader went away, so the interpreter's own flush
+    at exit stays quiet (no BrokenPipeError traceback)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class _StopSignals:
@@ -371,7 +374,8 @@ def _train_parser() -> argparse.ArgumentParser:
                         "improving or C passes 1024); -o trains at the best")
     tg = p.add_mutually_exclusive_group()
     tg.add_argument("--truncate", type=float, default=None, metavar="S",
-                    help="truncate the loss at L(-S) (ramp loss; IBCD only)")
+                    help="truncate the loss at 1 + S, min(L(z), 1 + S) (ramp loss for the "
+                         "hinge; IBCD only)")
     tg.add_argument("--no-truncate", action="store_true", help="convex loss (the default)")
     p.add_argument("--bias", type=float, default=1.0,
                    help="value of the augmented intercept feature (LIBLINEAR -B; 0: none)")
@@ -871,8 +875,8 @@ def _predict_body(args):
         try:
             write(sys.stdout)
             sys.stdout.flush()
-        except BrokenPipeError:  # the reader went away (| head): quiet, as run_command
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except BrokenPipeError:  # the reader went away (| head)
+            _stdout_gone()
     elif args.output:
         with atomic_file(args.output) as tmp, open(tmp, "w") as fh:
             write(fh)
