@@ -268,6 +268,7 @@ class _Resident:
         self._slots: dict = {}
         self._free: list[int] = []
         self.blocks: dict = {}  # tree -> the kernels' arrays of its cached block
+        self.label_bytes: dict = {}  # block -> bytes of its mapped labels (block_labels)
         self.budget.register_evictor(self._evict)
 
     # ---------------------------------------------------------------- node records
@@ -450,6 +451,12 @@ class _Resident:
             if not isinstance(X, np.ndarray) or not 0 <= key[1] < self.blk_slot.shape[0]:
                 return  # CSR blocks: the kernels' int64 row pointers would be a copy
             Xd, indptr, indices, data, is_csr = X, _EMPTY_PTR, _EMPTY_IDX, _EMPTY_VAL, False
+            if self.forest.block_labels is not None:
+                y = np.ascontiguousarray(self.forest.block_labels(y), np.float32)
+                # no eviction here: this runs inside the block cache's insert
+                if not self.budget.try_reserve(y.nbytes, evict=False):
+                    return
+                self.label_bytes[key[1]] = y.nbytes
         else:
             (Xd, indptr, indices, data, is_csr), y = value
         if not (Xd.flags.c_contiguous and y.flags.c_contiguous and y.dtype == np.float32
@@ -496,6 +503,7 @@ class _Resident:
             t = key[1]
             self.blk_slot[t] = -1
             self.blocks.pop(t, None)
+            self.budget.release(self.label_bytes.pop(t, 0))
             # the block's rows count as read again when next used (see bbf_run)
             for marks, a, z in ((self.span_slot, self.boff[t], self.boff[t + 1]),
                                 (self.pv_slot, self.base[t], self.base[t] + self.n_nodes[t])):
@@ -516,6 +524,8 @@ class _Resident:
         self._slots.clear()
         self._free.clear()
         self.blocks.clear()
+        self.budget.release(sum(self.label_bytes.values()))
+        self.label_bytes.clear()
         self.n_slots = 0
         self.span_slot.fill(-1)
         self.pv_slot.fill(-1)
@@ -579,14 +589,19 @@ class Forest:
     block_cache : LRUCache, optional
         The store's block cache (entries ``("block", b)`` → ``(X, y, row_ids)``): while it
         holds block t, the search reads tree t's rows from it without calling Python.
+    block_labels : callable, optional
+        Maps a cached block's labels to the ones the search reads: the cache keeps the stored
+        labels (it is shared by the store's views), a one-vs-rest view reads +1 / -1
+        (``Store.labels_out``). The mapped copy is paid from the budget while mirrored.
     """
 
     def __init__(self, path, *, read_range: Callable, n_samples: int, n_features: int,
                  block_offsets, budget=None, name: str | None = None,
                  cache_bytes: int | None = None, read_rows: Callable | None = None,
-                 block_cache: LRUCache | None = None):
+                 block_cache: LRUCache | None = None, block_labels: Callable | None = None):
         self.path = Path(path)
         self._block_cache = None
+        self.block_labels = block_labels
         self.name = str(name) if name is not None else str(self.path.parent)
         self._read_range = read_range
         self._read_rows = read_rows
@@ -1205,6 +1220,12 @@ class Forest:
                 "last_query": dict(self.last_query), "n_shrunk": self.n_shrunk}
 
 
+def view_labels(store):
+    """How the search maps the stored labels of the store's cached blocks: None where the
+    store reads them as stored."""
+    return store.labels_out if getattr(store, "positive", None) is not None else None
+
+
 def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
     """The index of an open store (``STORE/index.lmdb``), reading leaf rows through it.
 
@@ -1217,4 +1238,4 @@ def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
                   n_samples=store.n_samples, n_features=store.n_features,
                   block_offsets=store.block_offsets, budget=store.budget,
                   name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows,
-                  block_cache=store.block_cache)
+                  block_cache=store.block_cache, block_labels=view_labels(store))

@@ -45,7 +45,11 @@ class LRUCache:
         self.name = name
         self._entries: "OrderedDict[Hashable, tuple[object, int]]" = OrderedDict()
         self._bytes = 0
-        self._lock = threading.RLock()
+        # the budget's own lock: an insert reserves (cache, then budget) while a reservation
+        # elsewhere evicts (budget, then cache); with two locks, two threads sharing the
+        # budget (one-vs-rest classes) could each hold one and wait for the other
+        self._lock = budget._lock
+        self._loading: dict = {}  # key -> Event set when the thread loading it is done
         self.hits = 0
         self.misses = 0
         budget.register_evictor(self._evict)
@@ -87,16 +91,34 @@ class LRUCache:
             return True
 
     def get_or_load(self, key, load: Callable[[], tuple[object, int]]):
-        """Return the cached value or ``load()``'s ``(value, nbytes)``, caching it if it fits."""
-        with self._lock:
-            item = self._entries.get(key)
-            if item is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return item[0]
-            self.misses += 1
-        value, nbytes = load()
-        self.put(key, value, nbytes)
+        """Return the cached value or ``load()``'s ``(value, nbytes)``, caching it if it fits.
+        A key another thread is loading now is waited for, not loaded twice (classes in
+        threads share one store's block cache and ask for the same blocks together)."""
+        while True:
+            with self._lock:
+                item = self._entries.get(key)
+                if item is not None:
+                    self._entries.move_to_end(key)
+                    self.hits += 1
+                    return item[0]
+                busy = self._loading.get(key)
+                if busy is None:
+                    self.misses += 1
+                    self._loading[key] = busy = threading.Event()
+                    break
+            busy.wait()
+            with self._lock:
+                if key not in self._entries:  # it did not fit: load it here, uncached
+                    self.misses += 1
+                    break
+        try:
+            value, nbytes = load()
+            self.put(key, value, nbytes)
+        finally:
+            with self._lock:
+                if self._loading.get(key) is busy:
+                    del self._loading[key]
+            busy.set()
         return value
 
     def pop(self, key):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import h5py
@@ -287,6 +288,49 @@ def row_sqnorms(X) -> np.ndarray:
     return sq.astype(np.float32)
 
 
+# One block cache per store file and budget, shared by every Store open on them: the
+# one-vs-rest classes of a multiclass store (each its own view, trained in threads under one
+# budget) read each block once between them instead of once each. (id(budget), file key) ->
+# [cache, views using it]; the entry holds the cache and so its budget, so the id stays that
+# budget's while the entry lives.
+_SHARED_CACHES: dict = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _file_key(data: Path):
+    """The data file's identity: a store rewritten or re-ingested in place is another file."""
+    try:
+        st = os.stat(data)
+    except OSError:
+        return None
+    return (str(data.resolve()), st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def _acquire_block_cache(budget: MemoryBudget, data: Path, name: str):
+    """The block cache of ``data`` under ``budget``, made by the first view; with its key."""
+    key = _file_key(data)
+    with _SHARED_LOCK:
+        entry = _SHARED_CACHES.get((id(budget), key)) if key is not None else None
+        if entry is None:
+            entry = [LRUCache(budget, name=name), 0]
+            if key is not None:
+                _SHARED_CACHES[(id(budget), key)] = entry
+        entry[1] += 1
+        return entry[0], key
+
+
+def _release_block_cache(budget: MemoryBudget, key, cache: LRUCache) -> None:
+    """A view lets go of its block cache; the last one empties and closes it."""
+    with _SHARED_LOCK:
+        entry = _SHARED_CACHES.get((id(budget), key))
+        if entry is not None and entry[0] is cache:
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _SHARED_CACHES[(id(budget), key)]
+    cache.close()
+
+
 def is_store(path) -> bool:
     p = Path(path)
     return (p / DATA_FILE).is_file() and TMP_MARKER not in p.name
@@ -354,7 +398,10 @@ class Store:
         self._fd = os.open(data, os.O_RDONLY) if hasattr(os, "preadv") else None
         if self._fd is not None:
             self._ds = {k: _Slicer.of(self._fd, v) for k, v in self._ds.items()}
-        self._cache = LRUCache(self.budget, name=f"blocks of {self.path.name}")
+        # shared with every other view of this file under this budget (_acquire_block_cache):
+        # entries keep the stored labels; a one-vs-rest view maps them as they leave
+        self._cache, self._cache_key = _acquire_block_cache(self.budget, data,
+                                                            f"blocks of {self.path.name}")
         self._index = None
         self.rows_read = 0
         self.bytes_read = 0
@@ -459,8 +506,9 @@ class Store:
         self.positive = c
         self.task = "binary"
 
-    def _labels_out(self, y):
-        """Labels as the reader sees them: stored, or +1 / -1 for the one-vs-rest class."""
+    def labels_out(self, y):
+        """Labels as this view reads them: stored, or +1 / -1 for the one-vs-rest class (the
+        block cache, shared between views, keeps the stored ones)."""
         if self.positive is None:
             return y
         return np.where(np.asarray(y) == self.positive, 1.0, -1.0).astype(np.float32)
@@ -473,7 +521,7 @@ class Store:
         self._closed = True
         if self._index is not None and hasattr(self._index, "close"):
             self._index.close()
-        self._cache.close()
+        _release_block_cache(self.budget, self._cache_key, self._cache)
         self._file.close()
         if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
@@ -540,9 +588,11 @@ class Store:
                 "metadata": self.metadata}
 
     # -- reads ---------------------------------------------------------------------------
-    def read_range(self, start: int, stop: int, *, ids: bool = True):
+    def read_range(self, start: int, stop: int, *, ids: bool = True,
+                   stored_labels: bool = False):
         """Rows ``start:stop`` of the store as ``(X, y, row_ids)``; one read per dataset
-        (``ids=False`` skips the row ids, returning None for them: one read fewer)."""
+        (``ids=False`` skips the row ids, returning None for them: one read fewer;
+        ``stored_labels`` the labels as stored, not as this view maps them)."""
         self._check_open()
         check_stop()  # a safe point for SIGINT / SIGTERM
         start, stop = int(start), int(stop)
@@ -563,7 +613,9 @@ class Store:
             X = sp.csr_matrix((got["data"], got["indices"], indptr - a),
                               shape=(stop - start, self.n_features))
         self._verify(start, stop, got)
-        y, row_ids = self._labels_out(got["y"]), got.get("row_id")
+        y, row_ids = got["y"], got.get("row_id")
+        if not stored_labels:
+            y = self.labels_out(y)
         self.rows_read += stop - start
         nb = _nbytes(X, y, row_ids)
         self.bytes_read += nb
@@ -583,18 +635,21 @@ class Store:
             X, y = Xs.take(rows), ys.take(rows)
             self.rows_read += rows.size
             self.bytes_read += X.nbytes + y.nbytes
-            return X, self._labels_out(y)
+            return X, self.labels_out(y)
         return rows_one_by_one(lambda a, b: self.read_range(a, b, ids=False), rows)
 
-    def read_block(self, b: int):
-        """Block ``b`` as ``(X, y, row_ids)``, through the LRU block cache."""
+    def read_block(self, b: int, *, stored_labels: bool = False):
+        """Block ``b`` as ``(X, y, row_ids)``, through the LRU block cache (shared with the
+        other views of this store under this budget; ``stored_labels``: as in
+        :meth:`read_range`)."""
         self._check_open()
         b = int(b)
         if not 0 <= b < self.n_blocks:
             raise IndexError(f"block {b} outside 0:{self.n_blocks}")
 
         def load():
-            out = self.read_range(self.block_offsets[b], self.block_offsets[b + 1])
+            out = self.read_range(self.block_offsets[b], self.block_offsets[b + 1],
+                                  stored_labels=True)
             return out, _nbytes(*out)
 
         rows = int(self.block_offsets[b + 1] - self.block_offsets[b])
@@ -612,7 +667,8 @@ class Store:
                 f"Raise --memory to at least {format_size(self.budget.cap_needed(need), up=True)}"
                 f", or re-ingest with --block-rows {fit} (blocks are sized at ingest from its "
                 f"--memory).")
-        return self._cache.get_or_load(("block", b), load)
+        X, y, row_ids = self._cache.get_or_load(("block", b), load)
+        return X, (y if stored_labels else self.labels_out(y)), row_ids
 
     def block_rows_that_fit(self) -> int:
         """The ``--block-rows`` to re-ingest with so that a block takes a quarter of this
@@ -621,8 +677,10 @@ class Store:
 
     @property
     def block_cache(self) -> LRUCache:
-        """The LRU cache of whole blocks (entries ``("block", b)`` → ``(X, y, row_ids)``);
-        the index search listens to it (``LRUCache.listen``) to read cached blocks in place."""
+        """The LRU cache of whole blocks (entries ``("block", b)`` → ``(X, y, row_ids)``, the
+        labels as stored: see :meth:`labels_out`), shared by the views of this store under
+        this budget; the index search listens to it (``LRUCache.listen``) to read cached
+        blocks in place."""
         return self._cache
 
     def block_is_cached(self, b: int) -> bool:
@@ -761,7 +819,7 @@ class Store:
                         read = ds.take_runs(want, runs, out=out[a0:a1])
                     self.bytes_read += read * ds.row_bytes
                 if self.positive is not None:  # read raw from the file, not by read_range
-                    yout[a0:a1] = self._labels_out(yout[a0:a1])
+                    yout[a0:a1] = self.labels_out(yout[a0:a1])
                 continue
             for r_a, r_b in runs:
                 run = want[r_a:r_b]
@@ -890,7 +948,7 @@ class Store:
 
     def labels(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         self._check_open()
-        return self._labels_out(self._file["y"][start:self.n_samples if stop is None else stop])
+        return self.labels_out(self._file["y"][start:self.n_samples if stop is None else stop])
 
     def row_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         self._check_open()

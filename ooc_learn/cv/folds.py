@@ -187,14 +187,16 @@ class StoreSource:
     def _dealt_block(self, b: int):
         """Block b's rows in the fixed random order its positions stand for."""
         def load():
-            X, y, ids = self.store.read_block(b)
+            # stored labels: the cache is shared with the store's other views (classes)
+            X, y, ids = self.store.read_block(b, stored_labels=True)
             perm = np.random.default_rng([self.seed, b]).permutation(y.shape[0])
             out = (X[perm], np.asarray(y)[perm], np.asarray(ids)[perm])
             nbytes = sum(a.nbytes for a in (out[1], out[2])) + (
                 out[0].data.nbytes + out[0].indices.nbytes + out[0].indptr.nbytes
                 if hasattr(out[0], "indptr") else out[0].nbytes)
             return out, nbytes
-        return self.store.block_cache.get_or_load(("dealt", b, self.seed), load)
+        X, y, ids = self.store.block_cache.get_or_load(("dealt", b, self.seed), load)
+        return X, self.store.labels_out(y), ids
 
     def row_bytes(self) -> float:
         return self.store.estimated_bytes(1000) / 1000.0

@@ -418,7 +418,7 @@ class _RowSource:
         self._memo_bytes = 0
 
     def open_forest(self):
-        from ooc_learn.index.forest import Forest
+        from ooc_learn.index.forest import Forest, view_labels
         from ooc_learn.storage.format import INDEX_DIR
 
         st = self.store
@@ -427,7 +427,8 @@ class _RowSource:
         return Forest(Path(st.path) / INDEX_DIR, read_range=self.read_range,
                       n_samples=st.n_samples, n_features=st.n_features,
                       block_offsets=st.block_offsets, budget=st.budget, name=str(st.path),
-                      read_rows=self.read_rows, block_cache=st.block_cache)
+                      read_rows=self.read_rows, block_cache=st.block_cache,
+                      block_labels=view_labels(st))
 
     def read_range(self, start: int, stop: int):
         b = int(np.searchsorted(self.offsets, start, side="right") - 1)

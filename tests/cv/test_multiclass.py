@@ -169,3 +169,19 @@ def test_predictions_to_stdout_with_the_summary_on_stderr(store, tmp_path, capsy
     assert predict_main([str(model), str(store), "-o", "-", "--json"]) == 2
     err = capsys.readouterr().err
     assert "-o -" in err and "--json" in err
+
+
+def test_each_class_trains_as_its_own_binary_store(store, digits, tmp_path):
+    """IBCD on the one-vs-rest view of class c equals IBCD on a binary store of the same rows
+    labelled c vs rest: the index search reads the shared block cache's stored labels
+    (0..3) mapped to +1 / -1 for its class."""
+    X, y = digits
+    for c in (1, 3):
+        path = tmp_path / f"bin{c}"
+        ingest_arrays(X, np.where(y == c, 1.0, -1.0), path, n_blocks=5,
+                      build_index=True).close()
+        with open_store(path) as st:
+            want = train(st, C=0.5, eps=1e-3)
+        with open_store(store, positive=c) as view:
+            got = train(view, C=0.5, eps=1e-3)
+        np.testing.assert_allclose(got.coef_, want.coef_, rtol=0, atol=1e-6)

@@ -217,6 +217,63 @@ def test_block_cache_stays_inside_budget(tmp_path, rng):
     assert budget.used == 0  # closing gives everything back
 
 
+def test_views_of_one_store_share_its_block_cache(tmp_path, rng):
+    """One-vs-rest views of a multiclass store under one budget read each block once between
+    them, and each still sees its own +1 / -1 labels (the cache keeps the stored ones)."""
+    X = rng.normal(size=(900, 12)).astype(np.float32)
+    y = rng.integers(0, 3, 900).astype(np.float64)
+    ingest_arrays(X, y, tmp_path / "mc", n_blocks=3, task="multiclass").close()
+    budget = MemoryBudget("64M")
+    with open_store(tmp_path / "mc", memory=budget) as raw:
+        stored = [raw.read_block(b)[1].copy() for b in range(3)]
+        assert raw.rows_read == 900
+        views = [open_store(tmp_path / "mc", memory=budget, positive=c) for c in (0, 1, 2)]
+        for c, view in enumerate(views):
+            for b in range(3):
+                Xb, yb, _ = view.read_block(b)
+                np.testing.assert_array_equal(yb, np.where(stored[b] == c, 1.0, -1.0))
+                np.testing.assert_array_equal(Xb, raw.read_block(b)[0])
+                # the stored labels stay as stored in the shared cache
+                np.testing.assert_array_equal(view.read_block(b, stored_labels=True)[1],
+                                              stored[b])
+            assert view.rows_read == 0  # every block came from the shared cache
+        for view in views:
+            view.close()
+        assert raw.block_is_cached(0)  # the others closing leaves the cache to raw
+    assert budget.used == 0
+    # under another budget a view has a cache of its own
+    with open_store(tmp_path / "mc", memory="64M", positive=1) as other:
+        other.read_block(0)
+        assert other.rows_read == 300
+
+
+def test_a_block_asked_for_by_two_threads_at_once_is_read_once(tmp_path, rng):
+    import threading
+
+    from ooc_learn.storage.cache import LRUCache
+
+    cache = LRUCache(MemoryBudget("1M"))
+    started, go, calls = threading.Event(), threading.Event(), []
+
+    def load():
+        calls.append(1)
+        started.set()
+        go.wait(5)
+        return np.arange(10), 80
+
+    got = []
+    t1 = threading.Thread(target=lambda: got.append(cache.get_or_load("k", load)))
+    t1.start()
+    started.wait(5)
+    t2 = threading.Thread(target=lambda: got.append(cache.get_or_load("k", load)))
+    t2.start()
+    go.set()
+    t1.join(5)
+    t2.join(5)
+    assert len(calls) == 1 and len(got) == 2 and got[0] is got[1]
+    assert cache.misses == 1 and cache.hits == 1
+
+
 def test_use_after_close_and_double_close(tmp_path, rng):
     X, y = make_data(rng)
     store = ingest_arrays(X, y, tmp_path / "s", n_blocks=2)
