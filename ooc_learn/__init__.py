@@ -50,7 +50,11 @@ _EXPORTS = {
     "svm_cv": "ooc_learn.kernel.cv",
     "loo_error": "ooc_learn.kernel.loo",
     "LOOResult": "ooc_learn.kernel.loo",
-    "SparseRLS": "ooc_learn.rls.model",
+    # the scikit-learn estimators (importing one imports scikit-learn); the sparse RLS solver
+    # itself, without scikit-learn, is ooc_learn.rls.SparseRLS
+    "SparseRLS": "ooc_learn.sklearn",
+    "LinearSVC": "ooc_learn.sklearn",
+    "LinearSVR": "ooc_learn.sklearn",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

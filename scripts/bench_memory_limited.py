@@ -250,7 +250,7 @@ def peer_vw(args) -> dict:
 
 def peer_rls(args) -> dict:
     import ooc_learn
-    from ooc_learn import SparseRLS
+    from ooc_learn.rls import SparseRLS  # the solver: no scikit-learn in the capped process
     from ooc_learn.storage.resources import peak_rss_bytes
 
     from ooc_learn.storage.budget import MemoryBudget, late_load_bytes

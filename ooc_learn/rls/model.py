@@ -84,6 +84,17 @@ def check_lambdas(lams, owner: str) -> np.ndarray:
 LIBRARY_BYTES = 48 << 20
 
 
+class _RowsNotKept:
+    """The training rows of a copied model: every use says to fit again."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UsageError("This SparseRLS is a copy (pickled or deep-copied): its training rows "
+                         "are not kept, so it predicts but cannot cross-validate.",
+                         "Fit it again on the rows (or store) to get hold-out or LOO figures.")
+
+
 class SparseRLS:
     """Sparse RLS with a random (seeded) or explicit basis and exact fast CV.
 
@@ -173,6 +184,25 @@ class SparseRLS:
             self.close()
         except Exception:
             pass
+
+    # -- copies (pickle, copy.deepcopy: scikit-learn's GridSearchCV workers) ------------------
+    def __getstate__(self) -> dict:
+        """A copy keeps what ``predict`` and ``set_lambda`` need, not the training rows (an
+        array copy of them, or an open store), the budget's account (locks and evictors) or
+        the U cache: cross-validating a copy asks to fit again."""
+        state = self.__dict__.copy()
+        if isinstance(state.get("memory"), MemoryBudget):
+            state["memory"] = state["memory"].cap
+        state.update(_budget=None, _ucache=None, _ucache_bytes=0, _ucache_is_u=False,
+                     _state_bytes=0, _fold_grams=None, _fold_grams_bytes=0)
+        if self._fitted:
+            state.update(_source=_RowsNotKept(), _Y=_RowsNotKept())
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._fitted:
+            self._budget = MemoryBudget.coerce(self.memory)
 
     @property
     def KBB_(self) -> np.ndarray:

@@ -1,0 +1,164 @@
+"""The scikit-learn estimators (ooc_learn.sklearn): scikit-learn's own estimator checks, the
+engine's model through GridSearchCV(Pipeline) equal to the CLI's, fits on stores, and the
+solutions against LIBLINEAR (-s 3 / -s 2 one-vs-rest / -s 13)."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from liblinear.liblinearutil import parameter, problem, train as ll_train
+from sklearn.datasets import load_diabetes, load_digits, make_classification
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import check_estimator
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.cli import ingest_main, predict_main, train_main
+from ooc_learn.sklearn import LinearSVC, LinearSVR, SparseRLS
+from ooc_learn.storage.store import open_store
+
+
+@pytest.mark.parametrize("est", [LinearSVC(), LinearSVC(solver="dcd", loss="squared_hinge"),
+                                 LinearSVR(), SparseRLS()],
+                         ids=["svc-ibcd", "svc-dcd", "svr", "rls"])
+def test_passes_scikit_learns_estimator_checks(est):
+    results = check_estimator(est, on_fail=None)
+    failed = [(r["check_name"], str(r["exception"])[:300]) for r in results
+              if r["status"] == "failed"]
+    assert failed == []
+    assert sum(r["status"] == "passed" for r in results) >= 45
+
+
+def _ll_decision(X, y, opts):
+    m = ll_train(problem(y, X.astype(np.float64)), parameter(opts + " -q"))
+    labels = m.get_labels()
+    d = X.shape[1]
+    W = np.array([[m.get_decfun_coef(f + 1, j) for f in range(d)] for j in range(
+        len(labels) if len(labels) > 2 else 1)])
+    b = np.array([m.get_decfun_bias(j) for j in range(W.shape[0])])
+    return X @ W.T + b, labels
+
+
+def test_linear_svc_matches_liblinear_binary_and_one_vs_rest():
+    X, y = load_digits(return_X_y=True)
+    keep = y < 3
+    X, y = (X[keep] / 16.0), y[keep]
+    yb = np.where(y == 1, "one", "other")
+    clf = LinearSVC(C=0.5, tol=1e-4, max_outer=1000).fit(X, yb)
+    assert clf.classes_.tolist() == ["one", "other"] and clf.coef_.shape == (1, 64)
+    # LIBLINEAR's first label is the first it meets; compare the decision of "other" vs "one"
+    ref, labels = _ll_decision(X, np.where(yb == "other", 1.0, -1.0), "-s 3 -c 0.5 -B 1 -e 1e-4")
+    sign = 1.0 if labels[0] == 1 else -1.0
+    assert np.abs(clf.decision_function(X) - sign * ref[:, 0]).max() < 0.02
+    multi = LinearSVC(C=0.5, tol=1e-4, max_outer=1000, solver="dcd").fit(X, y)
+    assert multi.coef_.shape == (3, 64) and multi.classes_.tolist() == [0, 1, 2]
+    ref, labels = _ll_decision(X, y.astype(np.float64), "-s 3 -c 0.5 -B 1 -e 1e-4")
+    order = [labels.index(c) for c in (0, 1, 2)]
+    assert np.abs(multi.decision_function(X) - ref[:, order]).max() < 0.02
+    ibcd = LinearSVC(C=0.5).fit(X, y)
+    assert ibcd.score(X, y) == pytest.approx(multi.score(X, y), abs=0.01)
+
+
+def test_linear_svr_matches_liblinear():
+    X, y = load_diabetes(return_X_y=True)
+    y = (y - y.mean()) / y.std()
+    reg = LinearSVR(C=1.0, epsilon=0.1, tol=1e-5, max_outer=1000).fit(X, y)
+    m = ll_train(problem(y, X), parameter("-s 13 -c 1 -p 0.1 -B 1 -e 1e-5 -q"))
+    w = np.array([m.get_decfun_coef(f + 1) for f in range(X.shape[1])])
+    ref = X @ w + m.get_decfun_bias()
+    assert np.abs(reg.predict(X) - ref).max() < 1e-2
+    ls = LinearSVR(loss="squared_epsilon_insensitive", C=10.0).fit(X, y)  # the normal equations
+    assert ls.model_.meta["solver"] == "exact" and ls.score(X, y) > 0.45
+
+
+def test_grid_search_in_a_pipeline_equals_the_cli(tmp_path, capsys):
+    """GridSearchCV(Pipeline(scaler, LinearSVC)) picks C; its refit model scores the test rows
+    as ooc-ingest + ooc-train --C best + ooc-predict on the same scaled rows do."""
+    X, y = make_classification(n_samples=900, n_features=12, n_informative=6, flip_y=0.05,
+                               random_state=3)
+    X = (X * 3 + 1).astype(np.float32).astype(np.float64)
+    Xtr, ytr, Xte, yte = X[:700], y[:700], X[700:], y[700:]
+    gs = GridSearchCV(Pipeline([("scale", StandardScaler()), ("svc", LinearSVC())]),
+                      {"svc__C": [0.01, 1.0]}, cv=3).fit(Xtr, ytr)
+    best = gs.best_params_["svc__C"]
+    scaler = gs.best_estimator_.named_steps["scale"]
+    np.save(tmp_path / "train.npy", np.c_[ytr, scaler.transform(Xtr)].astype(np.float32))
+    np.save(tmp_path / "test.npy", np.c_[yte, scaler.transform(Xte)].astype(np.float32))
+    assert ingest_main([str(tmp_path / "train.npy"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--C", str(best),
+                       "--quiet"]) == 0
+    capsys.readouterr()
+    assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "test.npy"), "--json",
+                         "--quiet"]) == 0
+    cli = json.loads(capsys.readouterr().out)["accuracy"]
+    assert gs.score(Xte, yte) == pytest.approx(cli, abs=1e-12)
+    svc = gs.best_estimator_.named_steps["svc"]
+    from ooc_learn.model import load_model
+
+    np.testing.assert_allclose(svc.coef_[0], load_model(tmp_path / "m.npz").coef_, atol=1e-6)
+
+
+def test_fit_on_a_store_reads_labels_from_it(tmp_path):
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    ingest_arrays(X, y.astype(np.float64), tmp_path / "mc", task="multiclass",
+                  build_index=True).close()
+    clf = LinearSVC(loss="squared_hinge").fit(str(tmp_path / "mc"))
+    assert clf.classes_.tolist() == list(range(10)) and clf.coef_.shape == (10, 64)
+    arrays = LinearSVC(loss="squared_hinge").fit(X, y)
+    assert clf.score(X, y) == pytest.approx(arrays.score(X, y), abs=0.01)
+    with open_store(tmp_path / "mc") as st:
+        assert clf.fit(st) is clf and clf.n_features_in_ == 64
+        assert clf.model_.score(st) == pytest.approx(clf.score(X, y))
+    with pytest.raises(ValueError, match="leave y out"):
+        LinearSVC().fit(str(tmp_path / "mc"), y)
+    with pytest.raises(ValueError, match="LinearSVR"):
+        LinearSVC().fit(_regression_store(tmp_path))
+    reg = LinearSVR().fit(_regression_store(tmp_path))
+    assert reg.coef_.shape == (10,) and reg.n_features_in_ == 10
+
+
+def _regression_store(tmp_path):
+    path = tmp_path / "reg"
+    if not path.exists():
+        X, y = load_diabetes(return_X_y=True)
+        ingest_arrays(X, y, path, task="regression").close()
+    return str(path)
+
+
+def test_sparse_input_equals_dense():
+    X, y = make_classification(n_samples=400, n_features=30, random_state=0)
+    X[np.abs(X) < 0.8] = 0.0
+    dense = LinearSVC(solver="dcd", tol=1e-4, max_outer=1000).fit(X, y)
+    sparse = LinearSVC(solver="dcd", tol=1e-4, max_outer=1000).fit(sp.csr_matrix(X), y)
+    np.testing.assert_allclose(sparse.coef_, dense.coef_, atol=1e-6)
+    assert np.array_equal(sparse.predict(sp.csr_matrix(X)), dense.predict(X))
+
+
+def test_the_modules_examples_run():
+    import doctest
+
+    import ooc_learn.sklearn as mod
+
+    res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted >= 10
+
+
+def test_sparse_rls_copies_predict_and_refuse_cv():
+    import pickle
+
+    X, y = load_diabetes(return_X_y=True)
+    reg = SparseRLS(n_basis=60, lam=0.1, gamma=0.5).fit(X, y)
+    back = pickle.loads(pickle.dumps(reg))
+    np.testing.assert_array_equal(back.predict(X), reg.predict(X))
+    with pytest.raises(Exception, match="copy"):
+        back.loo_predict()
+    # the solver's fast CV through the estimator equals the solver's own
+    from ooc_learn.rls import SparseRLS as Solver
+
+    solver = Solver(n_basis=60, lam=0.1, gamma=0.5, seed=0).fit(X, y)
+    np.testing.assert_allclose(reg.loo_predict(), solver.loo_predict(), rtol=1e-10)
+    best = reg.select_lambda([0.001, 0.1, 10.0])
+    assert reg.lam == best.best_lambda
