@@ -65,6 +65,8 @@ def _any_text(paths) -> bool:
 
 def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv=None) -> int:
     """Parse ``argv``, run ``body(args)`` and turn failures into messages and exit codes."""
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        _json_usage_errors(parser)
     args = parser.parse_args(argv)
     from ooc_learn.storage.resources import limit_allocator_retention
 
@@ -124,6 +126,20 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
         # the reader went away (``| head``): the work is done and saved; no traceback
         _stdout_gone()
     return 0
+
+
+def _json_usage_errors(parser: argparse.ArgumentParser) -> None:
+    """Under ``--json`` a usage error (an unknown flag, a bad choice) is JSON on stdout too,
+    as every other failure is; argparse still prints the usage and exits 2."""
+    usage_error = parser.error
+
+    def error(message):
+        print(json.dumps({"error": message, "hint": f"See {parser.prog} --help.",
+                          "exit_code": 2}))
+        sys.stdout.flush()
+        usage_error(message)
+
+    parser.error = error
 
 
 def _stdout_gone() -> None:
@@ -357,9 +373,11 @@ def _train_parser() -> argparse.ArgumentParser:
                         "(least squares by the normal equations; the default where they fit "
                         "--memory) or dcd (dual CD SVR)")
     p.add_argument("--loss", default=None,
+                   type=lambda v: "sqhinge" if v == "squared_hinge" else v,
                    choices=["hinge", "sqhinge", "squared_epsilon_insensitive",
                             "epsilon_insensitive"],
-                   help="classification: hinge (default), sqhinge; regression: "
+                   help="classification: hinge (default), sqhinge (or squared_hinge, "
+                        "scikit-learn's name); regression: "
                         "squared_epsilon_insensitive (default; least squares at --epsilon 0) "
                         "or epsilon_insensitive (LIBLINEAR -s 12 / -s 13)")
     p.add_argument("--epsilon", type=float, default=0.0, metavar="P",

@@ -299,3 +299,17 @@ def test_json_failures_are_json(tmp_path, capsys):
                         "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert out["exit_code"] == 2 and "missing.svm" in out["error"] and out["hint"]
+
+
+def test_usage_errors_are_json_under_json(capsys):
+    import json
+
+    from ooc_learn.cli import train_main
+
+    with pytest.raises(SystemExit) as exc:
+        train_main(["some.store", "--loss", "squared", "--json"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["exit_code"] == 2 and "'squared'" in out["error"] and "--help" in out["hint"]
+    assert "usage:" in captured.err
