@@ -71,6 +71,10 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     from ooc_learn.storage.resources import limit_allocator_retention
 
     limit_allocator_retention()
+    if not getattr(args, "quiet", False):
+        from ooc_learn._jit import announce_first_run
+
+        announce_first_run(prog)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
     stop = _StopSignals()

@@ -48,3 +48,23 @@ def test_training_compiles_nothing_numba_cannot_cache(tmp_path):
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_cold_cache_is_told_and_a_warm_one_is_not(tmp_path, monkeypatch, capsys):
+    """The first run says it compiles (README command 1 spent ~25 s compiling, silently)."""
+    check = ("from ooc_learn._jit import kernels_cached, FIRST_RUN_KERNELS, _plus_one; "
+             "print(kernels_cached(FIRST_RUN_KERNELS['ooc-train']), end=' '); _plus_one(1); "
+             "print(kernels_cached([('ooc_learn._jit', '_plus_one')]))")
+    env = dict(__import__("os").environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
+
+    import ooc_learn._jit as jit
+    from ooc_learn.cli import index_main
+
+    monkeypatch.setattr(jit, "kernels_cached", lambda kernels: False)
+    index_main([str(tmp_path / "missing.store")])
+    assert "compiling kernels (first run only" in capsys.readouterr().err
+    index_main([str(tmp_path / "missing.store"), "--quiet"])
+    assert "compiling" not in capsys.readouterr().err
