@@ -222,8 +222,10 @@ def _ingest_parser() -> argparse.ArgumentParser:
     g.add_argument("--block-rows", type=int, default=None, metavar="N", help="rows per block")
     p.add_argument("--n-features", type=int, default=None, metavar="D",
                    help="feature count (to match a training store when a test file has fewer)")
-    p.add_argument("--label-column", default="0", metavar="COL",
-                   help="CSV/npy: label column, an index (negative from the end) or a header name")
+    p.add_argument("--label-column", default=None, metavar="COL",
+                   help="CSV/npy: label column, an index (negative from the end) or a header "
+                        "name (default: the CSV header's column named label, y, target or "
+                        "class, else the first column)")
     p.add_argument("--delimiter", default=None, help="CSV delimiter (default: detected)")
     hg = p.add_mutually_exclusive_group()
     hg.add_argument("--header", dest="header", action="store_true", default=None,
@@ -246,7 +248,9 @@ def _ingest_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _label_column(text: str):
+def _label_column(text):
+    if text is None:
+        return None
     try:
         return int(text)
     except ValueError:

@@ -261,7 +261,7 @@ def _check_finite_labels(labels, path, chunk):
 def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: str = "auto",
            n_blocks: int | None = None, block_rows: int | None = None,
            n_features: int | None = None, positive_label: float | None = None,
-           label_column=0, delimiter: str | None = None, header: bool | None = None,
+           label_column=None, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
            overwrite: bool = False, progress: bool = False, _chunks=None,
            _chunks_total: int = 0) -> Store:

@@ -285,8 +285,9 @@ def _check_params(fmt, chunk_bytes, label_column, delimiter, header, npz_keys) -
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, (int, np.integer)) \
             or chunk_bytes < 1:
         raise bad("chunk_bytes", "an int >= 1", chunk_bytes)
-    if isinstance(label_column, bool) or not isinstance(label_column, (int, np.integer, str)):
-        raise bad("label_column", "an int or a column name", label_column)
+    if label_column is not None and (isinstance(label_column, bool) or
+                                     not isinstance(label_column, (int, np.integer, str))):
+        raise bad("label_column", "None, an int or a column name", label_column)
     if delimiter is not None and (not isinstance(delimiter, str) or
                                   (len(delimiter) != 1 and delimiter != "whitespace") or
                                   delimiter in "\n\r#.+-0123456789eE" or ord(delimiter[0]) > 127):
@@ -298,7 +299,7 @@ def _check_params(fmt, chunk_bytes, label_column, delimiter, header, npz_keys) -
         raise bad("npz_keys", "a pair of member names such as ('X', 'y')", npz_keys)
 
 
-def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_column=0,
+def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_column=None,
                 delimiter: str | None = None, header: bool | None = None,
                 npz_keys=("X", "y")) -> Iterator[RawChunk]:
     """Stream the rows of one source as :class:`RawChunk` s of about ``chunk_bytes`` of input.
@@ -308,7 +309,9 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
     path : source file (``.gz``/``.bz2``/``.xz`` read transparently).
     fmt : ``"auto"`` (see :func:`detect_format`), ``"libsvm"``, ``"csv"``, ``"npy"``, ``"npz"``.
     chunk_bytes : decompressed text (or array bytes) parsed per chunk.
-    label_column : CSV/npy label column, an int (negative counts from the end) or a header name.
+    label_column : CSV/npy label column, an int (negative counts from the end) or a header name;
+        ``None`` (default): the CSV header's column named label, y, target or class (any case;
+        several such names are refused as ambiguous), else the first column.
     delimiter : CSV delimiter; ``None`` detects ``,`` ``\\t`` ``;`` or whitespace.
     header : CSV header line; ``None`` detects it (first row has a non-numeric field).
     npz_keys : member names of the dense matrix and the labels in an ``.npz``.
@@ -664,7 +667,18 @@ def _sniff_delimiter(lines: list[str]) -> str | None:
         d in lines[0] for d in ",\t;") else None
 
 
+LABEL_NAMES = ("label", "y", "target", "class")
+
+
 def _label_index(path, label_column, names, n_fields: int) -> int:
+    if label_column is None:  # auto: a header's label name, else the first column
+        named = [i for i, x in enumerate(names or ()) if x.strip().lower() in LABEL_NAMES]
+        if len(named) > 1:
+            cols = ", ".join(f"{names[i]!r} (column {i})" for i in named)
+            raise IngestError(f"the header names more than one label column: {cols}",
+                              f"Pick the label with --label-column NAME (label_column=), e.g. "
+                              f"--label-column {names[named[0]]}.", path=os.fspath(path))
+        return named[0] if named else 0
     if isinstance(label_column, str):
         if names is None:
             raise IngestError(f"label_column={label_column!r} names a column, but the file has "

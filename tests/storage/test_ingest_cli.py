@@ -260,3 +260,18 @@ def test_many_distinct_integer_labels_need_a_task(tmp_path, rng, capsys):
                             "--quiet"]) == 0
         with open_store(tmp_path / task) as store:
             assert store.task == task
+
+
+def test_csv_label_column_by_header_name_and_ambiguity(tmp_path, capsys):
+    src = tmp_path / "h.csv"
+    src.write_text("f1,f2,label\n" + "".join(f"{i % 7},{i % 3},{i % 2}\n" for i in range(60)))
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet", "--no-index"]) == 0
+    with open_store(tmp_path / "s") as st:
+        assert st.n_features == 2 and st.task == "binary"
+    amb = tmp_path / "amb.csv"
+    amb.write_text("class,f2,y\n1,2,3\n")
+    capsys.readouterr()
+    assert ingest_main([str(amb), "-o", str(tmp_path / "a"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "amb.csv" in err and "'class' (column 0)" in err and "--label-column" in err
+    assert not (tmp_path / "a").exists()

@@ -317,6 +317,30 @@ def test_csv_header_options(tmp_path):
         iter_chunks(path, label_column=3)
 
 
+def test_csv_label_column_found_by_header_name(tmp_path):
+    """A header naming the label (label / y / target / class, any case) picks that column
+    (it silently took column 0 before, the last column then became a feature); two such names
+    are refused, naming both; no such name keeps the first column."""
+    last = tmp_path / "last.csv"
+    last.write_text("f1,f2,Target\n0.5,2,1\n1.5,0,0\n")
+    y, ip, ind, val, *_ = collect(last)
+    assert y.tolist() == [1, 0] and val.tolist() == [0.5, 2, 1.5]
+    assert collect(last, label_column=0)[0].tolist() == [0.5, 1.5]  # asked for: honoured
+    both = tmp_path / "both.csv"
+    both.write_text("y,f2,label\n1,2,3\n")
+    with pytest.raises(IngestError, match=r"more than one label column: 'y' \(column 0\), "
+                                          r"'label' \(column 2\)") as exc:
+        iter_chunks(both)
+    assert "--label-column" in exc.value.hint
+    assert collect(both, label_column="label")[0].tolist() == [3]
+    plain = tmp_path / "plain.csv"
+    plain.write_text("a,b,c\n7,8,9\n")
+    assert collect(plain)[0].tolist() == [7]
+    numeric = tmp_path / "n.csv"
+    numeric.write_text("4,2\n3,1\n")
+    assert collect(numeric)[0].tolist() == [4, 3]
+
+
 def test_byte_order_mark_is_skipped(tmp_path):
     svm = bad(tmp_path, "\ufeff1 1:0.5\n-1 2:2\n")
     assert detect_format(svm) == "libsvm" and collect(svm)[0].tolist() == [1, -1]
