@@ -207,7 +207,10 @@ def _ingest_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="input files (.gz/.bz2/.xz read transparently); several are concatenated")
     p.add_argument("-o", "--output", required=True, metavar="STORE", help="store directory to create")
-    p.add_argument("--format", default="auto", choices=["auto", "libsvm", "csv", "npy", "npz"])
+    p.add_argument("--format", default="auto",
+                   choices=["auto", "libsvm", "csv", "npy", "npz", "idx"],
+                   help="source format (auto: detected; idx: MNIST images, labels found "
+                        "beside them as X-labels-idx1-ubyte[.gz])")
     p.add_argument("--layout", default="auto", choices=["auto", "dense", "csr"],
                    help="storage layout (auto: dense when >= 40%% of entries are non-zero)")
     p.add_argument("--task", default="auto", choices=["auto", "binary", "regression", "multiclass"],

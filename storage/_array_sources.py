@@ -1,4 +1,4 @@
-"""Streaming readers of binary array sources for ingest: ``.npy`` and ``.npz``.
+"""Streaming readers of binary array sources for ingest: ``.npy``, ``.npz`` and idx (MNIST).
 
 Split out of :mod:`parsers` (which dispatches here from ``iter_chunks``). A ``.npy`` file is
 memory-mapped and read a row range at a time (or read sequentially when compressed); an
@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import os
 import zipfile
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from . import _parse_kernels as K
 from .errors import IngestError
-from .parsers import INDEX_SENTINEL, RawChunk, _label_index, _read_full, open_binary
+from .parsers import (IDX_TYPES, INDEX_SENTINEL, RawChunk, _label_index, _read_full,
+                      is_idx_head, open_binary)
 
-__all__ = ["iter_npy", "iter_npz"]
+__all__ = ["iter_npy", "iter_npz", "iter_idx", "idx_labels_path"]
 
 
 def _check_numeric(dtype, shape, path, what: str, ndim: int) -> None:
@@ -206,3 +208,76 @@ def _csr_chunk(labels, indptr, indices, data, width: int, row0: int, bytes_read:
     nnz = int(K.drop_zeros(indptr, indices, values))
     return RawChunk(labels, indptr, indices[:nnz], values[:nnz], row0 + 1, None,
                     0 if width else INDEX_SENTINEL, width - 1, width, bytes_read)
+
+
+# -- idx (MNIST, Fashion-MNIST) ----------------------------------------------------------------
+def idx_labels_path(images) -> Path | None:
+    """The labels file of an idx images file: ``X-images-idx3-ubyte[.gz]`` pairs with
+    ``X-labels-idx1-ubyte[.gz]`` beside it (compressed or not), as MNIST ships them."""
+    images = Path(images)
+    name = images.name
+    if "images" not in name or "idx3" not in name:
+        return None
+    stem = name.replace("images", "labels").replace("idx3", "idx1")
+    bare = stem[:-3] if stem.endswith(".gz") else stem
+    for candidate in (stem, bare, bare + ".gz"):
+        if (images.parent / candidate).is_file():
+            return images.parent / candidate
+    return images.parent / stem
+
+
+def _idx_header(f, p: str, what: str) -> tuple[np.dtype, tuple]:
+    head = bytes(_read_full(f, 4))
+    if not is_idx_head(head):
+        raise IngestError(f"{what} is not an idx file (its first bytes are {head!r})",
+                          "Pass the MNIST-format files as downloaded (gzip'd or not).", path=p)
+    dims = np.frombuffer(bytes(_read_full(f, 4 * head[3])), ">u4")
+    if dims.size != head[3]:
+        raise IngestError(f"{what} ends inside its header (truncated file)",
+                          "Download the file again.", path=p)
+    return np.dtype(IDX_TYPES[head[2]]), tuple(int(v) for v in dims)
+
+
+def iter_idx(path, chunk_bytes: int) -> Iterator[RawChunk]:
+    """Rows of an idx images file (each image flattened; unsigned bytes scaled to [0, 1], as
+    the usual MNIST loaders do) with the labels of its ``-labels-idx1-`` file. The headers
+    and the pairing are checked now; the rows are read lazily."""
+    p = os.fspath(path)
+    with open_binary(p) as f:
+        dtype, shape = _idx_header(f, p, "the images file")
+    if len(shape) == 1:
+        raise IngestError("this is an idx labels file (one dimension); it is read with its "
+                          "images file", "Pass the images file (…-images-idx3-…); its labels "
+                          "are found beside it.", path=p)
+    labels_at = idx_labels_path(p)
+    if labels_at is None or not labels_at.is_file():
+        want = labels_at.name if labels_at is not None else "NAME-labels-idx1-ubyte"
+        raise IngestError(f"the labels of this idx images file are not beside it (looked for "
+                          f"{want})", "Keep the MNIST names: X-images-idx3-ubyte[.gz] with "
+                          "X-labels-idx1-ubyte[.gz] in the same folder.", path=p)
+    with open_binary(labels_at) as g:
+        ldtype, lshape = _idx_header(g, os.fspath(labels_at), "the labels file")
+    n = shape[0]
+    if len(lshape) != 1 or lshape[0] != n:
+        raise IngestError(f"the labels file {labels_at.name} holds {lshape[0]} labels for {n} "
+                          "images", "Pair each images file with its own labels file.", path=p)
+    return _idx_rows(p, labels_at, dtype, ldtype, n, int(np.prod(shape[1:], dtype=np.int64)),
+                     chunk_bytes)
+
+
+def _idx_rows(p: str, labels_at: Path, dtype, ldtype, n: int, width: int,
+              chunk_bytes: int) -> Iterator[RawChunk]:
+    with open_binary(p) as f, open_binary(labels_at) as g:
+        _idx_header(f, p, "the images file")
+        _idx_header(g, os.fspath(labels_at), "the labels file")
+        step = max(1, chunk_bytes // max(1, width * dtype.itemsize))
+        for a in range(0, n, step):
+            m = min(step, n - a)
+            raw = _read_full(f, m * width * dtype.itemsize)
+            lab = _read_full(g, m * ldtype.itemsize)
+            if len(raw) != m * width * dtype.itemsize or len(lab) != m * ldtype.itemsize:
+                raise IngestError(f"the idx data end before row {a + m} of {n} (truncated "
+                                  "file)", "Download the files again.", path=p)
+            X = np.frombuffer(raw, dtype).reshape(m, width)
+            X = X / np.float32(255) if dtype == np.uint8 else X
+            yield _dense_chunk(np.frombuffer(lab, ldtype), X, a, f.raw_tell(), p)

@@ -42,7 +42,7 @@ from .errors import IngestError, ParameterError
 
 __all__ = ["RawChunk", "open_binary", "detect_format", "iter_chunks", "FORMATS"]
 
-FORMATS = ("auto", "libsvm", "csv", "npy", "npz")
+FORMATS = ("auto", "libsvm", "csv", "npy", "npz", "idx")
 INDEX_SENTINEL = int(K.INDEX_SENTINEL)
 _MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 _NPY_MAGIC = b"\x93NUMPY"
@@ -235,8 +235,19 @@ def _empty_source(path) -> IngestError:
                        "written completely.", path=os.fspath(path))
 
 
+# idx (the MNIST / Fashion-MNIST format): two zero bytes, the element type, the number of
+# dimensions, then each dimension as a big-endian uint32
+IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def is_idx_head(head: bytes) -> bool:
+    return (len(head) >= 4 and head[:2] == b"\x00\x00" and head[2] in IDX_TYPES
+            and 1 <= head[3] <= 4)
+
+
 def detect_format(path) -> str:
-    """Return ``"libsvm"``, ``"csv"``, ``"npy"`` or ``"npz"`` for the source at ``path``.
+    """Return ``"libsvm"``, ``"csv"``, ``"npy"``, ``"npz"`` or ``"idx"`` for the source at
+    ``path``.
 
     Binary formats are recognised by magic bytes (after decompression); text by its first
     data lines: ``index:value`` tokens mean LIBSVM, delimited fields mean CSV.
@@ -247,6 +258,8 @@ def detect_format(path) -> str:
     head, at_eof, f = _read_head(path)
     if head.startswith(_NPY_MAGIC):
         return "npy"
+    if is_idx_head(head):
+        return "idx"
     if head.startswith(_ZIP_MAGIC):
         if f.compression:
             raise IngestError(f"the .npz archive is {f.compression}-compressed",
@@ -336,6 +349,10 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
         from ._array_sources import iter_npy
 
         gen = iter_npy(path, chunk_bytes, label_column)
+    elif fmt == "idx":
+        from ._array_sources import iter_idx
+
+        gen = iter_idx(path, chunk_bytes)
     else:
         from ._array_sources import iter_npz
 

@@ -171,11 +171,14 @@ def dcd_subproblem(X, y, alpha: np.ndarray, w: np.ndarray, rows=None, *,
 
 def solve_dcd(X, y, *, loss: Loss | str = "hinge", C: float = 1.0, bias: float = 1.0,
               eps: float = 0.1, max_iter: int = 1000, shrinking: bool = True,
-              relative_eps: bool = False, rows=None, alpha0=None, seed=0) -> DCDResult:
+              relative_eps: bool = False, rows=None, alpha0=None, seed=0,
+              warn: bool = True) -> DCDResult:
     """Solve the L1/L2-loss SVM dual on in-memory rows from scratch (or from ``alpha0``).
 
     Equivalent to LIBLINEAR ``-s 3`` (hinge) / ``-s 1`` (sqhinge) with ``-B bias -e eps``.
-    A non-converged run (``max_iter`` passes) warns, naming ``max_iter``/``eps``.
+    A non-converged run (``max_iter`` passes) warns, naming ``max_iter``/``eps``, unless
+    ``warn`` is False (a deliberately short solve; a filter set by ``warnings.catch_warnings``
+    is not thread-safe, and one-vs-rest classes train in threads).
 
     >>> import numpy as np
     >>> X = np.array([[2.0], [-2.0]], dtype=np.float32)
@@ -196,7 +199,7 @@ def solve_dcd(X, y, *, loss: Loss | str = "hinge", C: float = 1.0, bias: float =
     stats = dcd_subproblem(X, yf, alpha, w, rows, loss=loss, C=C, bias=bias, eps=eps,
                            max_iter=max_iter, shrinking=shrinking, relative_eps=relative_eps,
                            rng=seed)
-    if not stats.converged:
+    if warn and not stats.converged:
         warnings.warn(f"Dual CD reached max_iter={max_iter} passes before the projected-"
                       f"gradient spread fell to eps={eps} (it is "
                       f"{stats.pg_max - stats.pg_min:.3g}). Raise max_iter or eps, or scale "

@@ -343,10 +343,8 @@ def _sample_start(store, rng, m0, holdout, *, loss, C, bias, eps):
     sample.sort()
     Xs, ys, _ = store.gather(sample, whole_blocks=False)
     ys = ys.astype(np.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # max_iter=INIT_ITERS is meant
-        res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, max_iter=INIT_ITERS,
-                         seed=int(rng.integers(1 << 31)))
+    res0 = solve_dcd(Xs, ys, loss=loss, C=C, bias=bias, eps=eps, max_iter=INIT_ITERS,
+                     seed=int(rng.integers(1 << 31)), warn=False)  # INIT_ITERS is meant
     sv = np.flatnonzero(res0.alpha > 0)
     return res0.w.copy(), sample[sv], Xs[sv], ys[sv], res0.alpha[sv]
 

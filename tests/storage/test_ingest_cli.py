@@ -275,3 +275,19 @@ def test_csv_label_column_by_header_name_and_ambiguity(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "amb.csv" in err and "'class' (column 0)" in err and "--label-column" in err
     assert not (tmp_path / "a").exists()
+
+
+def test_idx_source_ingests_and_trains(tmp_path, capsys):
+    import struct
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 400).astype(np.uint8)
+    imgs = (rng.integers(0, 60, (400, 5, 5)) + 60 * y[:, None, None]).astype(np.uint8)
+    for name, arr in (("a-images-idx3-ubyte", imgs), ("a-labels-idx1-ubyte", y)):
+        (tmp_path / name).write_bytes(struct.pack(">BBBB", 0, 0, 8, arr.ndim)
+                                      + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes())
+    assert ingest_main([str(tmp_path / "a-images-idx3-ubyte"), "-o", str(tmp_path / "s"),
+                        "--quiet"]) == 0
+    with open_store(tmp_path / "s") as st:
+        assert (st.n_samples, st.n_features, st.task) == (400, 25, "multiclass")
+        assert float(st.read_block(0)[0].max()) <= 1.0

@@ -620,3 +620,51 @@ def test_parse_throughput_vs_sklearn(tmp_path):
     print(f"\n{mb:.1f} MB: iter_chunks {mb / ours:.1f} MB/s, load_svmlight_file "
           f"{mb / theirs:.1f} MB/s, ratio {theirs / ours:.2f}x")
     assert theirs / ours >= 1.5
+
+
+def _write_idx(path, arr, code=0x08, gz=False):
+    import gzip as _gz
+    import struct
+
+    big = arr.astype(arr.dtype.newbyteorder(">"))
+    raw = (struct.pack(">BBBB", 0, 0, code, arr.ndim)
+           + struct.pack(f">{arr.ndim}I", *arr.shape) + big.tobytes())
+    with (_gz.open(path, "wb") if gz else open(path, "wb")) as f:
+        f.write(raw)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["raw", "gz"])
+def test_idx_images_with_their_labels(tmp_path, rng, gz):
+    """MNIST / Fashion-MNIST as downloaded: images flattened and scaled to [0, 1], labels from
+    the -labels-idx1- file beside them."""
+    imgs = rng.integers(0, 256, (37, 4, 3)).astype(np.uint8)
+    imgs[5] = 0  # an all-zero image
+    labels = rng.integers(0, 10, 37).astype(np.uint8)
+    ext = ".gz" if gz else ""
+    images = tmp_path / f"train-images-idx3-ubyte{ext}"
+    _write_idx(images, imgs, gz=gz)
+    _write_idx(tmp_path / f"train-labels-idx1-ubyte{ext}", labels, gz=gz)
+    assert detect_format(images) == "idx"
+    y, ip, ind, val, lo, hi, lines, chunks = collect(images, chunk_bytes=60)
+    assert len(chunks) > 1 and y.tolist() == labels.tolist()
+    dense = sp.csr_matrix((val, ind, ip), shape=(37, 12)).toarray()
+    np.testing.assert_array_equal(dense, (imgs.reshape(37, 12) / np.float32(255)))
+    with pytest.raises(IngestError, match="idx labels file"):
+        iter_chunks(tmp_path / f"train-labels-idx1-ubyte{ext}")
+    other = tmp_path / f"t10k-images-idx3-ubyte{ext}"
+    _write_idx(other, imgs, gz=gz)
+    with pytest.raises(IngestError, match="t10k-labels-idx1-ubyte"):
+        list(iter_chunks(other))
+    _write_idx(tmp_path / f"t10k-labels-idx1-ubyte{ext}", labels[:30], gz=gz)
+    with pytest.raises(IngestError, match="30"):
+        list(iter_chunks(other))
+
+
+def test_idx_truncated_images_are_refused(tmp_path, rng):
+    imgs = rng.integers(0, 256, (10, 2, 2)).astype(np.uint8)
+    images = tmp_path / "x-images-idx3-ubyte"
+    _write_idx(images, imgs)
+    _write_idx(tmp_path / "x-labels-idx1-ubyte", np.arange(10, dtype=np.uint8))
+    images.write_bytes(images.read_bytes()[:-5])
+    with pytest.raises(IngestError, match="truncated"):
+        list(iter_chunks(images))
