@@ -9,6 +9,7 @@ for bad input or usage, 1 for runtime failures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -205,7 +206,8 @@ def _ingest_parser() -> argparse.ArgumentParser:
         description="Ingest LIBSVM/CSV/npy sources into a block store (HDF5 blocks plus a "
                     "metric-forest index), streaming under the memory cap.")
     p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="input files (.gz/.bz2/.xz read transparently); several are concatenated")
+                   help="input files (.gz/.bz2/.xz read transparently; - reads standard "
+                        "input); several are concatenated")
     p.add_argument("-o", "--output", required=True, metavar="STORE", help="store directory to create")
     p.add_argument("--format", default="auto",
                    choices=["auto", "libsvm", "csv", "npy", "npz", "idx"],
@@ -251,6 +253,36 @@ def _ingest_parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def _stdin_spooled(sources, output):
+    """``sources`` with ``-`` replaced by a copy of standard input, written beside the output
+    (format detection and the CSV layout read the head of a source again, which a pipe
+    cannot give back) and removed afterwards; errors name ``<stdin>``, not the copy."""
+    if "-" not in sources:
+        yield list(sources)
+        return
+    import shutil
+    import tempfile
+
+    from ooc_learn.storage.errors import IngestError
+    from ooc_learn.storage.ingest import STDIN_SPOOL_PREFIX
+
+    parent = os.path.dirname(os.path.abspath(output))
+    fd, spool = tempfile.mkstemp(prefix=STDIN_SPOOL_PREFIX, dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        try:
+            yield [spool if s == "-" else s for s in sources]
+        except IngestError as exc:
+            exc.message = exc.message.replace(spool, "<stdin>")
+            exc.path = "<stdin>" if exc.path == spool else exc.path
+            raise
+    finally:
+        if os.path.exists(spool):
+            os.unlink(spool)
+
+
 def _label_column(text):
     if text is None:
         return None
@@ -263,15 +295,18 @@ def _label_column(text):
 def _ingest_body(args):
     from ooc_learn.api import ingest
 
+    if args.sources.count("-") > 1:
+        raise ParameterError("'-' (standard input) can be given once.", "Pass it once.")
     budget = _budget(args, parsers=_any_text(args.sources))
-    store = ingest(args.sources, args.output, format=args.format, layout=args.layout,
-                   task=args.task, n_blocks=args.blocks, block_rows=args.block_rows,
-                   n_features=args.n_features, positive_label=args.positive_label,
-                   label_column=_label_column(args.label_column), delimiter=args.delimiter,
-                   header=args.header, zero_based=args.zero_based,
-                   build_index=not args.no_index, width=args.width, leaf_size=args.leaf_size,
-                   seed=args.seed, memory=budget, overwrite=args.overwrite,
-                   progress=not args.quiet)
+    with _stdin_spooled(args.sources, args.output) as sources:
+        store = ingest(sources, args.output, format=args.format, layout=args.layout,
+                       task=args.task, n_blocks=args.blocks, block_rows=args.block_rows,
+                       n_features=args.n_features, positive_label=args.positive_label,
+                       label_column=_label_column(args.label_column),
+                       delimiter=args.delimiter, header=args.header,
+                       zero_based=args.zero_based, build_index=not args.no_index,
+                       width=args.width, leaf_size=args.leaf_size, seed=args.seed,
+                       memory=budget, overwrite=args.overwrite, progress=not args.quiet)
     st = store.ingest_stats
     out = {"store": str(store.path), "n_samples": store.n_samples,
            "n_features": store.n_features, "n_blocks": store.n_blocks, "layout": store.layout,

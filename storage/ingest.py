@@ -375,6 +375,11 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
                   _chunks_total=X.shape[0], **kwargs)
 
 
+# The copy of standard input that ``ooc-ingest -`` ingests starts with this; the store's
+# metadata records it as <stdin>
+STDIN_SPOOL_PREFIX = ".ooc-stdin-"
+
+
 # ---- the three passes --------------------------------------------------------------------
 def _proc_io():
     """``(read_bytes, write_bytes)`` of this process so far (``/proc/self/io``), or None."""
@@ -550,8 +555,12 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_colu
                 raise IngestError("The source contains no data rows.",
                                   "Check that the file is not empty and is in a supported "
                                   "format (LIBSVM, CSV, .npy/.npz).", path=name)
-            p.sources.append({"name": Path(name).name, "path": str(Path(name).resolve())
-                              if chunks is None else name, "rows": p.n - rows_before})
+            if Path(name).name.startswith(STDIN_SPOOL_PREFIX):  # ooc-ingest -
+                p.sources.append({"name": "<stdin>", "path": "<stdin>"})
+            else:
+                p.sources.append({"name": Path(name).name, "path": str(Path(name).resolve())
+                                  if chunks is None else name})
+            p.sources[-1]["rows"] = p.n - rows_before
             if h is not None:
                 h.finish()
                 p.sources[-1].update(sha256=h.digest, bytes=h.size)

@@ -291,3 +291,18 @@ def test_idx_source_ingests_and_trains(tmp_path, capsys):
     with open_store(tmp_path / "s") as st:
         assert (st.n_samples, st.n_features, st.task) == (400, 25, "multiclass")
         assert float(st.read_block(0)[0].max()) <= 1.0
+
+
+def test_ingest_reads_standard_input(tmp_path):
+    text = "".join(f"{1 if i % 3 else -1} 1:{i % 5} 3:{i % 7}\n" for i in range(200))
+    out = subprocess.run(INGEST + ["-", "-o", str(tmp_path / "s"), "--json",
+                                                "--quiet", "--no-index"],
+                         input=text.encode(), capture_output=True)
+    assert out.returncode == 0, out.stderr
+    with open_store(tmp_path / "s") as st:
+        assert st.n_samples == 200 and st.n_features == 3
+        assert st.metadata["sources"][0]["name"] == "<stdin>"
+    bad = subprocess.run(INGEST + ["-", "-o", str(tmp_path / "b"), "--quiet"],
+                         input=b"1 1:2\nfoo 3:1\n", capture_output=True)
+    assert bad.returncode == 2 and b"<stdin>, line 2" in bad.stderr
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".ooc-stdin-")]
