@@ -295,8 +295,8 @@ def test_idx_source_ingests_and_trains(tmp_path, capsys):
 
 def test_ingest_reads_standard_input(tmp_path):
     text = "".join(f"{1 if i % 3 else -1} 1:{i % 5} 3:{i % 7}\n" for i in range(200))
-    out = subprocess.run(INGEST + ["-", "-o", str(tmp_path / "s"), "--json",
-                                                "--quiet", "--no-index"],
+    out = subprocess.run(INGEST + ["-", "-o", str(tmp_path / "s"), "--json", "--quiet",
+                                   "--no-index"],
                          input=text.encode(), capture_output=True)
     assert out.returncode == 0, out.stderr
     with open_store(tmp_path / "s") as st:
