@@ -329,15 +329,51 @@ def ingest_main(argv=None) -> int:
 
 # ---- ooc-info -----------------------------------------------------------------------------
 def _info_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ooc-info", description="Print a store's metadata.")
-    p.add_argument("store", metavar="STORE")
+    p = argparse.ArgumentParser(
+        prog="ooc-info", description="Print what a store or a model file holds.",
+        epilog="examples:  ooc-info train.store   ooc-info model.npz --json")
+    p.add_argument("store", metavar="STORE|MODEL")
     _add_common(p)
     return p
 
 
+def _model_info(path) -> dict:
+    from ooc_learn.model import load_model, model_format
+
+    m = load_model(path)
+    meta, stats = m.meta, m.meta.get("stats", {})
+    task = "regression" if m.regression else ("multiclass" if m.multiclass else "binary")
+    info = {"model": str(path), "format": model_format(path), "task": task,
+            "n_features": int(m.n_features_in_), "classes": m.classes_.tolist(),
+            **{k: meta.get(k) for k in ("solver", "loss", "C", "s", "bias", "epsilon", "eps",
+                                        "store", "store_fingerprint")},
+            "train": {k: stats.get(k) for k in ("seconds", "rows_read", "outer_iterations",
+                                                "converged", "n_sv", "objective")},
+            "test": meta.get("test")}
+    lines = [f"model        {info['model']} ({info['format']})",
+             f"task         {task}, {info['n_features']} features"
+             + (f", classes {info['classes']}" if info["classes"] else ""),
+             f"trained      {info['solver']}/{info['loss']} C={info['C']}"
+             + ("" if info["s"] is None else f" truncate {info['s']}")
+             + f" bias {info['bias']} eps {info['eps']}",
+             f"on store     {info['store']} (fingerprint {info['store_fingerprint']})",
+             "training     " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in info["train"].items() if v is not None)]
+    test = info["test"]
+    if test:
+        lines.append("on record    " + ", ".join(
+            f"{k} {v:.2%}" if k == "accuracy" else f"{k} {v:.6g}" if isinstance(v, float)
+            else f"{k} {v}" for k, v in test.items()))
+    return {"json": info, "text": "\n".join(lines)}
+
+
 def _info_body(args):
+    from ooc_learn.model import is_model_file
+    from ooc_learn.storage.budget import format_size
     from ooc_learn.storage.store import open_store
 
+    if os.path.isfile(args.store) and is_model_file(args.store):
+        return _model_info(args.store)
     with open_store(args.store, memory=_budget(args)) as store:
         info = store.info()
     meta = info["metadata"]
@@ -350,7 +386,10 @@ def _info_body(args):
              f"blocks       {info['n_blocks']} ({info['block_rows']['min']}-"
              f"{info['block_rows']['max']} rows)",
              f"index        {'yes' if info['has_index'] else 'no'}",
-             f"data.h5      {info['data_bytes']} bytes"]
+             f"data.h5      {info['data_bytes']} bytes",
+             f"memory       a block {format_size(info['memory']['block_bytes'], up=True)}, "
+             f"every row {format_size(info['memory']['all_rows_bytes'], up=True)} (data "
+             f"alone: --memory also holds the process, ~150M)"]
     for s in meta.get("sources", []):
         lines.append(f"source       {s.get('name')}  {s.get('rows')} rows  "
                      f"{s.get('bytes')} bytes  sha256 {s.get('sha256')}")
@@ -663,6 +702,17 @@ def _train_and_test(args, budget, test):
                   memory=budget, spill_dir=args.spill_dir, on_outer=on_outer,
                   epsilon=args.epsilon, n_jobs=args.jobs)
     bar.close()
+    test_figures = {}
+    if test is not None:  # kept in the model file: ooc-info shows it on record
+        if model.regression:
+            from ooc_learn.model import regression_errors
+
+            err = regression_errors(model, test)
+            test_figures = {"rmse": err["rmse"], "r2": err["r2"], "mae": err["mae"]}
+        else:
+            test_figures = {"accuracy": model.score(test)}
+        test_figures.update(rows=test.n_samples, data=str(args.test))
+        model.meta["test"] = test_figures
     model.save(args.output)
     st = model.meta["stats"]
     solver, loss = model.meta.get("solver"), model.meta.get("loss")
@@ -678,12 +728,10 @@ def _train_and_test(args, budget, test):
         out["classes"] = model.classes_.tolist()
     if test is not None:
         if model.regression:
-            from ooc_learn.model import regression_errors
-
-            err = regression_errors(model, test)
-            out.update(test_rmse=err["rmse"], test_r2=err["r2"], test_mae=err["mae"])
+            out.update(test_rmse=test_figures["rmse"], test_r2=test_figures["r2"],
+                       test_mae=test_figures["mae"])
         else:
-            out["test_accuracy"] = model.score(test)
+            out["test_accuracy"] = test_figures["accuracy"]
         out["test_rows"] = test.n_samples
     out["peak_rss_bytes"] = peak_rss_bytes()
     obj = out["objective"]

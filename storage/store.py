@@ -585,6 +585,9 @@ class Store:
                                "max": int(self.block_sizes.max())},
                 "data_bytes": (self.path / DATA_FILE).stat().st_size,
                 "has_index": (self.path / INDEX_DIR).exists(),
+                # what a cap must leave for data: one block at a time, or every row in memory
+                "memory": {"block_bytes": self.estimated_bytes(int(self.block_sizes.max())),
+                           "all_rows_bytes": self.estimated_bytes(self.n_samples)},
                 "metadata": self.metadata}
 
     # -- reads ---------------------------------------------------------------------------

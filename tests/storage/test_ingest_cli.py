@@ -306,3 +306,31 @@ def test_ingest_reads_standard_input(tmp_path):
                          input=b"1 1:2\nfoo 3:1\n", capture_output=True)
     assert bad.returncode == 2 and b"<stdin>, line 2" in bad.stderr
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ooc-stdin-")]
+
+
+def test_info_of_a_store_and_of_a_model(tmp_path, capsys):
+    """ooc-info STORE says what a cap must hold; ooc-info MODEL what was trained, how, and
+    the test figures on record (kept in the model file by ooc-train --test)."""
+    from ooc_learn.cli import train_main
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X / X.max(axis=0)).astype(np.float32)
+    np.save(tmp_path / "d.npy", np.c_[y, X].astype(np.float32))
+    assert ingest_main([str(tmp_path / "d.npy"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert info_main([str(tmp_path / "s"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["memory"]["all_rows_bytes"] >= X.nbytes // 2
+    assert info["memory"]["block_bytes"] <= info["memory"]["all_rows_bytes"]
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.h5"), "--solver", "dcd",
+                       "--C", "2", "--test", str(tmp_path / "d.npy"), "--quiet",
+                       "--json"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert info_main([str(tmp_path / "m.h5"), "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)
+    assert model["format"] == "h5" and model["solver"] == "dcd" and model["C"] == 2.0
+    assert model["n_features"] == 30 and model["task"] == "binary"
+    assert model["test"]["accuracy"] == trained["test_accuracy"] and model["test"]["rows"] == 569
+    assert info_main([str(tmp_path / "m.h5")]) == 0
+    text = capsys.readouterr().out
+    assert "dcd/hinge C=2" in text and f"accuracy {100 * trained['test_accuracy']:.2f}%" in text
