@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Callable
 
 from ooc_learn._json import jsonable
@@ -504,6 +505,10 @@ def _train_parser() -> argparse.ArgumentParser:
                         "blocks, each warm-started from the last (-o / --test: then train "
                         "on all rows); with --cv-method tree or --learner, TreeCV of an "
                         "incremental learner ('loo' for leave-one-out)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="draw the run (needs the [plot] extra, matplotlib): with --cv, CV "
+                        "accuracy against C with each fold's score; else the objective, rows "
+                        "read and (with --test, ibcd / bm) test error against seconds")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="on a multiclass store (every solver) train or cross-validate up to "
                         "N classes at once in threads, as many as --memory holds; with --cv "
@@ -636,6 +641,14 @@ def _train_body(args):
         raise ParameterError("--C-search needs --cv K and an SVM solver (ibcd, dcd, bm) or a "
                              "regression store.", "Add --cv 5.")
     args.C = [1.0] if args.C is None else args.C
+    if args.plot is not None:
+        if incremental or args.solver == "pegasos":
+            raise ParameterError("--plot draws an SVM's cross-validation against C or a "
+                                 "training run (ibcd, dcd, bm, regression).",
+                                 "Drop --plot for TreeCV and PEGASOS.")
+        from ooc_learn.plots import check_plot_target
+
+        check_plot_target(args.plot)  # a bad name or a missing matplotlib: before the work
     if args.cv is None:
         for flag, given in (("--cv-method", args.cv_method is not None),
                             ("--learner", args.learner is not None),
@@ -675,16 +688,36 @@ def _train_and_test(args, budget, test):
     if args.cv is not None:
         cv = _cv_svm(args, budget)
         args.C = [cv["best_C"]]
+        if args.plot is not None:
+            from ooc_learn.plots import plot_cv
+
+            j = cv["json"]
+            plot_cv(j["grid"], j["metric"], j["best_C"], args.plot,
+                    f"{j['solver']} {j['k']}-fold CV of {os.path.basename(str(args.store))}")
         if args.output is None and args.test is None:
             return {"json": cv["json"], "text": cv["text"]}
     args.C = args.C[0]
     from tqdm.auto import tqdm
 
     bar = tqdm(desc="train", unit="outer", disable=args.quiet, leave=False)
+    log, t0 = [], time.perf_counter()
+    trace = args.plot is not None and cv is None
 
     def on_outer(entry):
         check_stop()  # a safe point for SIGINT / SIGTERM, one an outer iteration or epoch
         bar.update(1)
+        w = entry.pop("w", None)
+        if trace:
+            point = {k: entry[k] for k in ("objective", "objective_S", "rows_read", "class")
+                     if k in entry}
+            point["seconds"] = time.perf_counter() - t0
+            if w is not None and test is not None and "class" not in entry and \
+                    test.task == "binary":
+                from ooc_learn.model import LinearModel
+
+                point["test_error"] = 1.0 - LinearModel.from_weights(
+                    w, bias=args.bias).score(test)
+            log.append(point)
         if isinstance(entry, dict):
             bar.set_postfix({k: entry[k] for k in ("objective_S", "active_set", "rows_read")
                              if k in entry})
@@ -714,6 +747,11 @@ def _train_and_test(args, budget, test):
         test_figures.update(rows=test.n_samples, data=str(args.test))
         model.meta["test"] = test_figures
     model.save(args.output)
+    if trace:
+        from ooc_learn.plots import plot_training
+
+        plot_training(log, args.plot, f"{model.meta.get('solver')}/{model.meta.get('loss')} "
+                                      f"C={args.C:g} on {os.path.basename(str(args.store))}")
     st = model.meta["stats"]
     solver, loss = model.meta.get("solver"), model.meta.get("loss")
     out = {"model": str(args.output), "solver": solver, "loss": loss, "C": args.C,

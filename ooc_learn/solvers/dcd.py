@@ -545,7 +545,7 @@ def solve_bm_streamed(read_block: Callable[[int], tuple], block_offsets, n_featu
             spread = pgmax - pgmin
             if on_outer is not None:
                 on_outer(outer, {"objective": dual_objective(w, alpha, diag),
-                                 "pg_spread": spread, "rows_read": rows_read})
+                                 "pg_spread": spread, "rows_read": rows_read, "w": w})
             if spread <= eps:
                 break
         obj = dual_objective(w, alpha, diag)

@@ -545,7 +545,7 @@ def _outer_loop(rows_src, forest, S, in_S, checker, w, *, stats, loss, base_loss
         log.info("ibcd outer %d: objective(S) %.6g, |S| %d, rows read %d", outer, obj, S.m,
                  entry["rows_read"])
         if on_outer is not None:
-            on_outer(entry)
+            on_outer(dict(entry, w=w))  # the iterate too (read it now: it changes in place)
         if s is None:
             converged_outer = True
             break

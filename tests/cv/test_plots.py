@@ -1,0 +1,54 @@
+"""ooc-train --plot: a C search's and a training run's pictures, and the refusals before any
+work (a name matplotlib cannot write, matplotlib missing)."""
+
+import builtins
+import json
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+
+from ooc_learn.api import ingest_arrays
+from ooc_learn.cli import train_main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def store(tmp_path):
+    X, y = make_classification(n_samples=800, n_features=10, random_state=0)
+    ingest_arrays(X.astype(np.float32), y, tmp_path / "s", build_index=True).close()
+    return tmp_path / "s"
+
+
+def test_cv_and_training_plots(store, tmp_path, capsys):
+    cv = tmp_path / "cv.png"
+    assert train_main([str(store), "--cv", "3", "--C", "0.1,1,10", "--plot", str(cv),
+                       "--quiet", "--json"]) == 0
+    assert cv.read_bytes()[:8] == PNG and cv.stat().st_size > 5000
+    assert json.loads(capsys.readouterr().out)["best_C"] in (0.1, 1.0, 10.0)
+    run = tmp_path / "train.svg"
+    assert train_main([str(store), "-o", str(tmp_path / "m.npz"), "--truncate", "1",
+                       "--test", str(store), "--plot", str(run), "--quiet"]) == 0
+    svg = run.read_text()
+    assert "<svg" in svg and "test error" in svg and "rows read" in svg
+    assert not list(tmp_path.glob(".*ooc-tmp*"))  # written through a temporary sibling
+
+
+def test_plot_refusals_come_before_the_work(store, tmp_path, capsys, monkeypatch):
+    assert train_main([str(store), "-o", str(tmp_path / "m.npz"), "--plot",
+                       str(tmp_path / "p.txt"), "--quiet"]) == 2
+    assert "must end in .png" in capsys.readouterr().err
+    assert not (tmp_path / "m.npz").exists()
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert train_main([str(store), "-o", str(tmp_path / "m.npz"), "--plot",
+                       str(tmp_path / "p.png"), "--quiet"]) == 2
+    assert "ooc-learn[plot]" in capsys.readouterr().err
+    assert not (tmp_path / "m.npz").exists()
