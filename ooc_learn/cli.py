@@ -204,8 +204,14 @@ def _os_error(exc: OSError) -> tuple[str, str, int]:
 def _ingest_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ooc-ingest",
-        description="Ingest LIBSVM/CSV/npy sources into a block store (HDF5 blocks plus a "
-                    "metric-forest index), streaming under the memory cap.")
+        description="Ingest LIBSVM/CSV/npy/npz/idx sources into a block store (HDF5 blocks "
+                    "plus a metric-forest index), streaming under the memory cap.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  ooc-ingest a9a.svm -o a9a.store\n"
+               "  ooc-ingest train.csv -o train.store --label-column price --task regression\n"
+               "  ooc-ingest train-images-idx3-ubyte.gz -o fashion.store --memory 512M\n"
+               "  zcat big.svm.gz | ooc-ingest - -o big.store --json")
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="input files (.gz/.bz2/.xz read transparently; - reads standard "
                         "input); several are concatenated")
@@ -407,7 +413,8 @@ def _check_parser() -> argparse.ArgumentParser:
         prog="ooc-check",
         description="Verify a store: its header, every block against its digest, the row "
                     "pointers and column indices, and the index's files and records. Exit 0 "
-                    "when whole, 2 when damaged (one line for each fault).")
+                    "when whole, 2 when damaged (one line for each fault).",
+        epilog="example:  ooc-check a9a.store --json")
     p.add_argument("store", metavar="STORE")
     _add_common(p)
     return p
@@ -449,7 +456,14 @@ def _train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ooc-train",
         description="Train a linear SVM on a store (IBCD by default), or cross-validate with "
-                    "--cv.")
+                    "--cv.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  ooc-train a9a.store -o a9a.npz --test a9a.t\n"
+               "  ooc-train a9a.store -o a9a.npz --truncate 1 --sample-eps 0.05 --memory 256M\n"
+               "  ooc-train a9a.store --cv 5 --C 0.01,0.1,1,10 --plot cv.png\n"
+               "  ooc-train fashion.store -o f.npz --loss squared_hinge --jobs 2\n"
+               "  ooc-train a9a.store --cv 10 --cv-method tree --learner pegasos")
     p.add_argument("store", metavar="STORE")
     p.add_argument("-o", "--output", metavar="MODEL", default=None,
                    help="model file to write (.npz or .h5); required unless --cv")
@@ -936,7 +950,12 @@ def train_main(argv=None) -> int:
 # ---- ooc-predict --------------------------------------------------------------------------
 def _predict_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ooc-predict",
-                                description="Apply a trained model to a store or a source file.")
+                                description="Apply a trained model to a store or a source file.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="examples:\n"
+                                       "  ooc-predict a9a.npz a9a.t\n"
+                                       "  ooc-predict a9a.npz test.store -o - | head\n"
+                                       "  ooc-predict f.npz fashion-test.store --json")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("data", metavar="STORE_OR_FILE")
     p.add_argument("-o", "--output", metavar="PREDICTIONS", default=None,
@@ -1065,7 +1084,8 @@ def _index_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ooc-index",
         description="Build the metric-forest index of an existing store (rewrites every block "
-                    "in leaf order; the old store stays intact until the new one is complete).")
+                    "in leaf order; the old store stays intact until the new one is complete).",
+        epilog="example:  ooc-index a9a.store --width 10 --leaf-size 16")
     p.add_argument("store", metavar="STORE")
     p.add_argument("--width", type=int, default=None, metavar="K",
                    help="children per node (default 10)")
