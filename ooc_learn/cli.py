@@ -226,9 +226,10 @@ def _ingest_parser() -> argparse.ArgumentParser:
                    help="auto: two labels -> binary, up to 20 integer labels -> multiclass, "
                         "real-valued labels -> regression; more than 20 distinct integers "
                         "are refused until --task says which")
-    p.add_argument("--positive-label", type=float, default=None, metavar="LABEL",
-                   help="make the task binary: LABEL -> +1, every other label -> -1 "
-                        "(default for two-label sources: the larger label is +1)")
+    p.add_argument("--positive-label", type=_label_column, default=None, metavar="LABEL",
+                   help="make the task binary: LABEL (a number or a class name) -> +1, every "
+                        "other label -> -1 (default for two-label sources: the larger label "
+                        "or the later class name is +1)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--blocks", type=int, default=None, metavar="R", help="number of random blocks")
     g.add_argument("--block-rows", type=int, default=None, metavar="N", help="rows per block")
@@ -561,13 +562,25 @@ def _eval_spec(model=None, store=None) -> dict:
     if model is not None:
         task = ("regression" if model.regression else "multiclass" if model.multiclass
                 else "binary")
+        label_map = model.meta.get("label_map", {})
         return {"n_features": model.n_features_in_, "task": task,
-                "positive": model.meta.get("label_map", {}).get("positive"),
+                "positive": label_map.get("positive"), "label_map": label_map,
                 "zero_based": model.meta.get("zero_based"), "what": "The model"}
     return {"n_features": store.n_features, "task": store.task,
-            "positive": store.label_map.get("positive"),
+            "positive": store.label_map.get("positive"), "label_map": store.label_map,
             "zero_based": store.metadata.get("zero_based"),
             "what": f"The training store {store.path}"}
+
+
+def _names_kw(label_map: dict) -> dict:
+    """How evaluation data with class names get the training codes: the same names in the
+    same order, or (one class against the rest) that class as the positive label."""
+    names = (label_map or {}).get("names")
+    if not names:
+        return {}
+    if label_map.get("one_vs_rest"):
+        return {"positive_label": names[1], "label_names": None}
+    return {"positive_label": None, "label_names": list(names)}
 
 
 def _open_eval_data(path, spec, budget, stack):
@@ -592,10 +605,11 @@ def _open_eval_data(path, spec, budget, stack):
         # and line
         base = spec["zero_based"]
         task = spec["task"] if spec["task"] != "binary" else "binary" if pos is None else "auto"
+        kw = {"positive_label": pos, **_names_kw(spec.get("label_map"))}
         data = stack.enter_context(ingest(
             [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
-            n_features=spec["n_features"], positive_label=pos, task=task,
-            zero_based="auto" if base is None else bool(base)))
+            n_features=spec["n_features"], task=task,
+            zero_based="auto" if base is None else bool(base), **kw))
     if data.n_features != spec["n_features"]:
         raise ModelMismatchError(
             f"{spec['what']} has {spec['n_features']} features; {path} has "
@@ -1012,6 +1026,8 @@ def _predict_body(args):
     order = np.argsort(ids)
     ids, dec, ys, pred = ids[order], dec[order], ys[order], pred[order]
     labels = dec if model.regression else model.classes_[pred]
+    names = model.meta.get("label_map", {}).get("names")
+    shown = labels if not names else np.asarray(names, dtype=object)[labels.astype(np.intp)]
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size)}
     if model.regression:
         from ooc_learn.model import error_figures
@@ -1026,7 +1042,7 @@ def _predict_body(args):
         known = classes[truth] == ys
         confusion = np.zeros((classes.size, classes.size), np.int64)
         np.add.at(confusion, (truth[known], pred[known]), 1)
-        out["classes"] = model.classes_.tolist()
+        out["classes"] = list(names) if names else model.classes_.tolist()
         out["confusion_matrix"] = confusion.tolist()  # rows: true class, columns: predicted
         out["unknown_labels"] = int((~known).sum())
     else:
@@ -1037,7 +1053,7 @@ def _predict_body(args):
 
     def write(fh):
         fh.write(PREDICTIONS_HEADER)
-        for i, lab, dv in zip(ids, labels, dec):
+        for i, lab, dv in zip(ids, shown, dec):
             fh.write(f"{i},{lab},{dv:.9g}\n")
 
     if to_stdout:  # the CSV on stdout, the summary on stderr (unless --quiet)
@@ -1055,7 +1071,7 @@ def _predict_body(args):
         text = f"{ids.size} rows, accuracy {100 * accuracy:.2f}%"
     text += f", predictions in {args.output}" if args.output and not to_stdout else ""
     if model.multiclass:
-        text += "\n" + _confusion_text(model.classes_, out["confusion_matrix"])
+        text += "\n" + _confusion_text(out["classes"], out["confusion_matrix"])
     if to_stdout:
         return {"json": out, "text": None if args.quiet else text, "text_to_stderr": True}
     return {"json": out, "text": text}

@@ -202,7 +202,9 @@ class LinearSVC(ClassifierMixin, _LinearEstimator):
         """Fit on ``(X, y)`` arrays or a sparse matrix, or on a store (``y`` left out)."""
         if _is_store_like(X):
             model = self._fit_store(X, y)
-            self.classes_ = np.asarray(model.classes_)
+            names = model.meta.get("label_map", {}).get("names")
+            self.classes_ = (np.asarray(names)[np.asarray(model.classes_, np.intp)] if names
+                             else np.asarray(model.classes_))
         else:
             X, y = validate_data(self, X, y, accept_sparse="csr",
                                  dtype=[np.float64, np.float32])

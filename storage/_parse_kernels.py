@@ -423,11 +423,13 @@ def _field_end(buf, i, end, delim):
 
 
 @njit(cache=True, nogil=True)
-def parse_csv(buf, end, st, delim, n_fields, label_col, labels, indptr, indices, values,
-              line_numbers, slow_a, slow_b, slow_target):
+def parse_csv(buf, end, st, delim, n_fields, label_col, text_label, labels, indptr, indices,
+              values, line_numbers, slow_a, slow_b, slow_target):
     """Parse delimited numeric lines (``delim`` a byte, or -1 for runs of whitespace).
 
-    Field ``label_col`` is the label; the others are features numbered 0.. in order.
+    Field ``label_col`` is the label; the others are features numbered 0.. in order. With
+    ``text_label`` the label is a class name: its byte range goes to the slow tokens (target
+    ``-(row + 1)``) for the driver to map to a class code.
     Returns OK, SLOW_FULL or an ``E_*`` code, like :func:`parse_libsvm`.
     """
     pos = st[ST_POS]
@@ -459,7 +461,11 @@ def parse_csv(buf, end, st, delim, n_fields, label_col, labels, indptr, indices,
                 if delim < 0:
                     break
                 return _fail(st, E_MISSING, line, tok, tok, field + 1, 0)
-            kind, v, pos = scan_number(buf, pos, end, field != label_col)
+            if text_label and field == label_col:
+                pos = _field_end(buf, pos, end, delim)
+                kind, v = NUM_SLOW, 0.0
+            else:
+                kind, v, pos = scan_number(buf, pos, end, field != label_col)
             te = pos
             while pos < end and _is_space(buf[pos]) and buf[pos] != delim:
                 pos += 1

@@ -171,11 +171,21 @@ def _source_names(sources) -> str:
     return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
-def _decide_task(tracker: _LabelTracker, task: str, positive_label, where: str = "the sources"):
+def _decide_task(tracker: _LabelTracker, task: str, positive_label, where: str = "the sources",
+                 names=None):
     """Return (task, label_map, mapper) where mapper turns raw labels into stored ones.
-    ``where`` names the sources in a refusal."""
+    ``where`` names the sources in a refusal; ``names`` (a :class:`LabelNames`) the class
+    names of text labels, whose codes the raw labels are."""
+    if names is not None and len(names):
+        return _decide_named(names, task, positive_label, where)
     values = sorted(tracker.values)
     if positive_label is not None:
+        try:
+            positive_label = float(positive_label)
+        except (TypeError, ValueError):
+            raise IngestError(f"--positive-label {positive_label} is not a label of "
+                              f"{where}: its labels are numbers.",
+                              "Pass one of the numeric labels.") from None
         if tracker.overflow or positive_label not in tracker.values:
             raise IngestError(
                 f"--positive-label {positive_label:g} does not occur in the labels of the "
@@ -230,6 +240,40 @@ def _decide_task(tracker: _LabelTracker, task: str, positive_label, where: str =
     return "regression", {}, lambda lab: lab
 
 
+def _decide_named(names, task: str, positive_label, where: str):
+    """Text labels (class names): classes 0..k-1 in sorted name order (scikit-learn's
+    ``classes_`` order); two names are binary, the later one +1; ``positive_label`` (a name)
+    makes that class +1 against the rest. The label map keeps the names."""
+    ordered = sorted(names.codes)
+    remap = np.empty(len(ordered), np.float64)
+    for rank, name in enumerate(ordered):
+        remap[names.codes[name]] = rank
+    k = len(ordered)
+    if task == "regression":
+        raise IngestError(f"The labels of {where} are class names ({', '.join(ordered[:5])}"
+                          f"{' ...' if k > 5 else ''}), not numbers to predict.",
+                          "Use --task auto, binary or multiclass.")
+    if positive_label is not None:
+        pos = str(positive_label)
+        if pos not in names.codes:
+            raise IngestError(f"--positive-label {pos} is not one of the class names of "
+                              f"{where} ({', '.join(ordered[:10])}{' ...' if k > 10 else ''}).",
+                              "Pass one of the class names.")
+        rank = float(ordered.index(pos))
+        return ("binary", {"positive": 1.0, "negative": 0.0, "names": ["rest", pos],
+                           "one_vs_rest": True},
+                lambda lab: np.where(remap[lab.astype(np.int64)] == rank, 1.0, -1.0))
+    if task == "binary" or (task == "auto" and k <= 2):
+        if k > 2:
+            raise IngestError(f"--task binary needs at most two classes; {where} name {k}.",
+                              "Use --task multiclass or --positive-label NAME.")
+        return ("binary", {"positive": float(k - 1), "negative": 0.0 if k == 2 else None,
+                           "names": ordered},
+                lambda lab: np.where(remap[lab.astype(np.int64)] == k - 1, 1.0, -1.0))
+    return ("multiclass", {"classes": [float(c) for c in range(k)], "names": ordered},
+            lambda lab: remap[lab.astype(np.int64)])
+
+
 def _array_chunks(X, y, chunk_rows: int):
     """RawChunk-like chunks from in-memory arrays (for :func:`ingest_arrays`); ``bytes_read``
     counts rows, against ``_chunks_total`` = n."""
@@ -260,7 +304,7 @@ def _check_finite_labels(labels, path, chunk):
 
 def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: str = "auto",
            n_blocks: int | None = None, block_rows: int | None = None,
-           n_features: int | None = None, positive_label: float | None = None,
+           n_features: int | None = None, positive_label=None, label_names=None,
            label_column=None, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
            overwrite: bool = False, progress: bool = False, _chunks=None,
@@ -281,6 +325,11 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         20 values -> multiclass, real-valued labels -> regression; more than 20 distinct
         integers raise :class:`IngestError` (say "multiclass" or "regression").
         ``positive_label`` makes any source binary (that label vs the rest).
+        Text labels (a CSV column of class names; string ``y`` of :func:`ingest_arrays`)
+        are classes: codes 0..k-1 in sorted name order, the names kept in the label map.
+    label_names : list of str, optional
+        The class names the text labels must come from, in code order (the training store's
+        ``label_map["names"]``, so that test data get the same codes); another is refused.
     n_blocks, block_rows : int, optional
         How many random blocks, or how many rows per block (default: blocks of about
         min(64 MiB, cap / 8) in memory).
@@ -336,7 +385,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         stats = _ingest_into(tmp, sources, budget=budget, fmt=format, layout=layout,
                              task=task, n_blocks=n_blocks, block_rows=block_rows,
                              n_features=n_features, positive_label=positive_label,
-                             label_column=label_column, delimiter=delimiter, header=header,
+                             label_names=label_names, label_column=label_column, delimiter=delimiter, header=header,
                              zero_based=zero_based, block_orderer=block_orderer,
                              seed=seed, progress=progress, chunks=_chunks,
                              chunks_total=_chunks_total)
@@ -370,6 +419,10 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise ParameterError(f"X must be 2-D with one row per label; got X {X.shape}, "
                              f"y {y.shape}.")
+    if y.dtype.kind in "USO" and "label_names" not in kwargs:  # class names
+        names, y = np.unique(y.astype(str), return_inverse=True)
+        kwargs["label_names"] = [str(n) for n in names]
+        y = y.astype(np.float64)
     chunk_rows = max(1, (4 << 20) // max(1, 4 * X.shape[1]))
     return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
                   _chunks_total=X.shape[0], **kwargs)
@@ -488,13 +541,17 @@ def _deal_buckets(p: _Parsed, ch, total: int, *, n_blocks, block_rows, shape_kw)
     return int(min(r0, _MAX_BUCKETS, 1 << int(np.ceil(np.log2(max(2.0, n_est))))))
 
 
-def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_column, delimiter,
-                    header, zero_based, n_blocks, block_rows, shape_kw, buffer_bytes, rng,
-                    counter: _IOCount, progress) -> _Parsed:
+def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_names,
+                    label_column, delimiter, header, zero_based, n_blocks, block_rows,
+                    shape_kw, buffer_bytes, rng, counter: _IOCount, progress) -> _Parsed:
     """Pass 1: parse every source and deal its rows into buckets as they come."""
     from tqdm.auto import tqdm
 
+    from .parsers import LabelNames
+
     p = _Parsed()
+    # text labels' class names, shared by the sources; given (test data): fixed
+    p.names = LabelNames(label_names or (), fixed=label_names is not None)
     # the parser holds about 6x its text chunk (buffer, carry, output arrays)
     chunk_bytes = int(min(16 << 20, max(64 << 10, shape_kw["limit"] // 32)))
     if chunks is None:
@@ -508,7 +565,7 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_colu
                 p.formats.add(f)
                 yield str(s), iter_chunks(s, f, chunk_bytes=chunk_bytes,
                                           label_column=label_column, delimiter=delimiter,
-                                          header=header)
+                                          header=header, label_names=p.names)
         it = source_iter()
     else:
         total = int(chunks_total)
@@ -731,8 +788,8 @@ def _write_store(tmp: Path, p: _Parsed, shape: _Shape, buckets: list, *, task, l
 
 
 def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, block_rows,
-                 n_features, positive_label, label_column, delimiter, header, zero_based,
-                 block_orderer, seed, progress, chunks, chunks_total):
+                 n_features, positive_label, label_names, label_column, delimiter, header,
+                 zero_based, block_orderer, seed, progress, chunks, chunks_total):
     deal_ss, plan_ss = np.random.SeedSequence(seed).spawn(2)
     shape_kw = dict(layout=layout, n_features=n_features, zero_based=zero_based,
                     limit=budget.limit)
@@ -742,7 +799,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     with budget.reservation(buffer_bytes, "bucket write buffer"):
         # ---- pass 1: parse and deal into buckets ------------------------------------------
         p = _parse_and_deal(tmp, sources, chunks, chunks_total, fmt=fmt,
-                            label_column=label_column, delimiter=delimiter, header=header,
+                            label_names=label_names, label_column=label_column, delimiter=delimiter, header=header,
                             zero_based=zero_based, n_blocks=n_blocks, block_rows=block_rows,
                             shape_kw=shape_kw, buffer_bytes=buffer_bytes,
                             rng=np.random.default_rng(deal_ss), counter=counter,
@@ -750,7 +807,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         # ---- decide base, width, layout, task, blocks -------------------------------------
         shape = _Shape(p, n_blocks=n_blocks, block_rows=block_rows, check=True, **shape_kw)
         task_, label_map, mapper = _decide_task(p.tracker, task, positive_label,
-                                                _source_names(sources))
+                                                _source_names(sources), names=p.names)
         sizes = balanced_sizes(p.n, shape.n_blocks)  # the plan's, unless bucket b is block b
         block_need = _check_block_fits(budget, int(sizes.max()), shape.bytes_per_row)
         t1 = time.perf_counter()

@@ -40,7 +40,7 @@ import numpy as np
 from . import _parse_kernels as K
 from .errors import IngestError, ParameterError
 
-__all__ = ["RawChunk", "open_binary", "detect_format", "iter_chunks", "FORMATS"]
+__all__ = ["RawChunk", "LabelNames", "open_binary", "detect_format", "iter_chunks", "FORMATS"]
 
 FORMATS = ("auto", "libsvm", "csv", "npy", "npz", "idx")
 INDEX_SENTINEL = int(K.INDEX_SENTINEL)
@@ -198,6 +198,37 @@ def _readinto_full(f, view: memoryview) -> int:
 # format detection
 
 
+class LabelNames:
+    """Class names of text labels (a CSV label column such as ``setosa``), each given a code
+    0, 1, ... as it is first met; the parser stores the code as the row's label. ``fixed``:
+    the names are given (the training store's, for test data) and another name is refused."""
+
+    def __init__(self, names=(), *, fixed: bool = False):
+        self.codes: dict[str, int] = {str(n): i for i, n in enumerate(names)}
+        self.fixed = fixed
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.codes, key=self.codes.__getitem__)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def code(self, name: str) -> int | None:
+        c = self.codes.get(name)
+        if c is None and not self.fixed:
+            c = self.codes[name] = len(self.codes)
+        return c
+
+
+def _label_text(raw: bytes) -> str:
+    """A label token as a class name: spaces, a CR and one pair of quotes taken off."""
+    text = raw.decode("utf-8", "replace").strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1]
+    return text
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -314,7 +345,8 @@ def _check_params(fmt, chunk_bytes, label_column, delimiter, header, npz_keys) -
 
 def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_column=None,
                 delimiter: str | None = None, header: bool | None = None,
-                npz_keys=("X", "y")) -> Iterator[RawChunk]:
+                npz_keys=("X", "y"), label_names: LabelNames | None = None
+                ) -> Iterator[RawChunk]:
     """Stream the rows of one source as :class:`RawChunk` s of about ``chunk_bytes`` of input.
 
     Parameters
@@ -324,10 +356,13 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
     chunk_bytes : decompressed text (or array bytes) parsed per chunk.
     label_column : CSV/npy label column, an int (negative counts from the end) or a header name;
         ``None`` (default): the CSV header's column named label, y, target or class (any case;
-        several such names are refused as ambiguous), else the first column.
+        several such names are refused as ambiguous), else the one column of text (class
+        names) in the first lines, else the first column.
     delimiter : CSV delimiter; ``None`` detects ``,`` ``\\t`` ``;`` or whitespace.
     header : CSV header line; ``None`` detects it (first row has a non-numeric field).
     npz_keys : member names of the dense matrix and the labels in an ``.npz``.
+    label_names : where a CSV's text labels (class names) get their codes; shared by the
+        sources of one ingest. Without it a text label column is refused.
 
     Parameters are checked, and the format detected, when this is called; rows are read lazily.
     An :class:`IngestError` is raised for bad input, also for a source with no data rows.
@@ -344,7 +379,11 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
         gen = _iter_libsvm(path, chunk_bytes, detected)
     elif fmt == "csv":
         layout = _csv_layout(path, label_column, delimiter, header)
-        gen = _iter_csv(path, chunk_bytes, layout, detected)
+        if layout.text_label and label_names is None:
+            raise IngestError("the label column holds text (class names), not numbers",
+                              "Ingest with ooc-ingest / ooc_learn.ingest, which map class "
+                              "names to classes.", path=os.fspath(path))
+        gen = _iter_csv(path, chunk_bytes, layout, detected, label_names)
     elif fmt == "npy":
         from ._array_sources import iter_npy
 
@@ -418,6 +457,7 @@ class _TextParser:
         self.st[K.ST_LINE] = 1
         self._slow(_SLOW_CAP)
         self.delim = None
+        self.names: LabelNames | None = None  # text labels: class names to codes
 
     def _slow(self, cap: int) -> None:
         self.slow_a = np.empty(cap, np.int64)
@@ -468,6 +508,17 @@ class _TextParser:
         zero = False
         for k in range(int(self.st[K.ST_NSLOW])):
             a, b, t = int(self.slow_a[k]), int(self.slow_b[k]), int(self.slow_t[k])
+            if t < 0 and self.names is not None:  # a class name
+                name = _label_text(buf[a:b])
+                code = self.names.code(name) if name else None
+                if code is None:
+                    raise self._at(a, f"the label {name!r} is not a class of the training data"
+                                   if name else "the label is empty", "Use the class names "
+                                   "of the training data (the store's label map: ooc-info)."
+                                   if name else "Give every row a class name.",
+                                   line=lines[-t - 1])
+                labels[-t - 1] = code
+                continue
             v = float(buf[a:b])
             if t < 0:
                 if not np.isfinite(v):
@@ -642,6 +693,7 @@ class _CSVLayout:
     header_line: int        # 1-based line of the header, 0 when there is none
     n_fields: int
     label_col: int
+    text_label: bool = False  # the label column holds class names
 
 
 def _csv_layout(path, label_column, delimiter, header) -> _CSVLayout:
@@ -658,8 +710,13 @@ def _csv_layout(path, label_column, delimiter, header) -> _CSVLayout:
         delimiter = None
     first_no, first = lines[0]
     fields = [x.strip() for x in _split(first, delimiter)]
+    rows = [[x.strip() for x in _split(t, delimiter)] for _, t in lines[1:]]
     if header is None:
-        header = not all(_is_number(x) for x in fields)
+        # a header's names are text where the data below are numbers (a column of class
+        # names is text in every line, the first too)
+        header = not all(_is_number(x) for x in fields) and (
+            not rows or any(not _is_number(a) and _is_number(b)
+                            for a, b in zip(fields, rows[0])))
     names = None
     if header:
         if delimiter is not None:
@@ -667,8 +724,18 @@ def _csv_layout(path, label_column, delimiter, header) -> _CSVLayout:
         else:
             names = fields
     n_fields = len(names) if names else len(fields)
-    return _CSVLayout(delimiter, first_no if header else 0, n_fields,
-                      _label_index(path, label_column, names, n_fields))
+    data = rows if header else [fields] + rows
+    full = [r for r in data if len(r) == n_fields]
+    text_cols = [j for j in range(n_fields)
+                 if any(r[j] and not _is_number(r[j]) for r in full)]
+    if label_column is None and len(text_cols) == 1 and not (
+            names and any(x.strip().lower() in LABEL_NAMES for x in names)):
+        label_column = text_cols[0]  # the one column of class names is the label
+    label_col = _label_index(path, label_column, names, n_fields)
+    # a full-width row whose label field is not a number (rows of another width are the
+    # kernel's to name, with their line)
+    text_label = label_col in text_cols
+    return _CSVLayout(delimiter, first_no if header else 0, n_fields, label_col, text_label)
 
 
 def _sniff_delimiter(lines: list[str]) -> str | None:
@@ -714,11 +781,14 @@ def _label_index(path, label_column, names, n_fields: int) -> int:
     return col % n_fields
 
 
-def _iter_csv(path, chunk_bytes: int, layout: _CSVLayout, detected: bool) -> Iterator[RawChunk]:
+def _iter_csv(path, chunk_bytes: int, layout: _CSVLayout, detected: bool,
+              label_names: LabelNames | None = None) -> Iterator[RawChunk]:
     d = layout.delimiter
     parser = _TextParser(path, "csv", detected, K.parse_csv,
-                         (-1 if d is None else ord(d), layout.n_fields, layout.label_col))
+                         (-1 if d is None else ord(d), layout.n_fields, layout.label_col,
+                          layout.text_label))
     parser.delim = d
+    parser.names = label_names if layout.text_label else None
     n_feat = layout.n_fields - 1
 
     def capacity(arr, buf, a, b):

@@ -162,3 +162,14 @@ def test_sparse_rls_copies_predict_and_refuse_cv():
     np.testing.assert_allclose(reg.loo_predict(), solver.loo_predict(), rtol=1e-10)
     best = reg.select_lambda([0.001, 0.1, 10.0])
     assert reg.lam == best.best_lambda
+
+
+def test_fit_on_a_store_of_class_names_gives_the_names(tmp_path):
+    X, y = load_digits(return_X_y=True)
+    keep = y < 3
+    words = np.array(["zero", "one", "two"])[y[keep]]
+    ingest_arrays((X[keep] / 16.0).astype(np.float32), words, tmp_path / "w",
+                  build_index=True).close()
+    clf = LinearSVC().fit(str(tmp_path / "w"))
+    assert clf.classes_.tolist() == ["one", "two", "zero"]
+    assert clf.score(X[keep] / 16.0, words) > 0.95

@@ -334,3 +334,54 @@ def test_info_of_a_store_and_of_a_model(tmp_path, capsys):
     assert info_main([str(tmp_path / "m.h5")]) == 0
     text = capsys.readouterr().out
     assert "dcd/hinge C=2" in text and f"accuracy {100 * trained['test_accuracy']:.2f}%" in text
+
+
+def test_class_names_from_ingest_to_predict(tmp_path, capsys):
+    """A CSV whose labels are class names: classes in sorted name order, the names in the
+    store and the model; --test and ooc-predict read test files with the same codes and
+    print the names; a name the training data lack is refused with its line."""
+    from ooc_learn.cli import predict_main, train_main
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    names = np.array(["virginica", "setosa", "versicolor"])[np.argmax(X, axis=1)]
+    rows = "".join(",".join(f"{v:.3f}" for v in r) + f",{n}\n" for r, n in zip(X, names))
+    (tmp_path / "train.csv").write_text("a,b,c,species\n" + rows)
+    assert ingest_main([str(tmp_path / "train.csv"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    with open_store(tmp_path / "s") as st:
+        assert st.task == "multiclass"
+        assert st.label_map["names"] == ["setosa", "versicolor", "virginica"]
+        order = {"setosa": 0, "versicolor": 1, "virginica": 2}
+        got = dict(zip(st.row_ids().tolist(), st.labels().tolist()))
+        assert [got[i] for i in range(300)] == [order[n] for n in names]
+    capsys.readouterr()
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--test",
+                       str(tmp_path / "train.csv"), "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test_accuracy"] > 0.9
+    assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "train.csv"), "-o",
+                         str(tmp_path / "p.csv"), "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["classes"] == ["setosa", "versicolor", "virginica"] and out["accuracy"] > 0.9
+    pred = (tmp_path / "p.csv").read_text().splitlines()[1:]
+    assert {line.split(",")[1] for line in pred} <= set(order)
+    (tmp_path / "odd.csv").write_text("a,b,c,species\n1,2,3,setosa\n1,2,3,iris\n")
+    assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "odd.csv"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "line 3" in err and "'iris' is not a class" in err
+    # two names: binary, the later name +1; --positive-label takes a name
+    assert ingest_main([str(tmp_path / "train.csv"), "-o", str(tmp_path / "p"), "--quiet",
+                        "--positive-label", "setosa"]) == 0
+    with open_store(tmp_path / "p") as st:
+        assert st.task == "binary" and st.label_map["names"] == ["rest", "setosa"]
+        assert (st.labels() == 1).sum() == (names == "setosa").sum()
+
+
+def test_ingest_arrays_takes_string_labels(tmp_path):
+    from ooc_learn.api import ingest_arrays
+
+    X = np.arange(12, dtype=np.float32).reshape(6, 2)
+    y = np.array(["b", "a", "c", "a", "b", "c"])
+    with ingest_arrays(X, y, tmp_path / "s") as st:
+        assert st.task == "multiclass" and st.label_map["names"] == ["a", "b", "c"]
+        got = dict(zip(st.row_ids().tolist(), st.labels().tolist()))
+        assert [got[i] for i in range(6)] == [1, 0, 2, 0, 1, 2]

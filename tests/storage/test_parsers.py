@@ -668,3 +668,27 @@ def test_idx_truncated_images_are_refused(tmp_path, rng):
     images.write_bytes(images.read_bytes()[:-5])
     with pytest.raises(IngestError, match="truncated"):
         list(iter_chunks(images))
+
+
+def test_csv_class_names_as_labels(tmp_path):
+    """A label column of class names: codes as the names are first met (the ingest orders
+    them), quotes and spaces taken off; without a LabelNames the column is refused; fixed
+    names (test data) refuse another name, naming its line."""
+    from ooc_learn.storage.parsers import LabelNames
+
+    src = tmp_path / "iris.csv"
+    src.write_text('1.5,0.2,"setosa"\n4.7,1.4, versicolor\n1.4,0.2,setosa\r\n6.0,2.5,virginica\n')
+    names = LabelNames()
+    y, ip, ind, val, *_ = collect(src, label_names=names, chunk_bytes=30)
+    assert names.names == ["setosa", "versicolor", "virginica"] and y.tolist() == [0, 1, 0, 2]
+    assert val[:2].tolist() == [1.5, np.float32(0.2)]  # the first line is data, no header
+    with pytest.raises(IngestError, match="holds text"):
+        iter_chunks(src)
+    fixed = LabelNames(["setosa", "virginica"], fixed=True)
+    with pytest.raises(IngestError, match="'versicolor' is not a class") as exc:
+        collect(src, label_names=fixed)
+    assert exc.value.line == 2
+    headed = tmp_path / "h.csv"
+    headed.write_text("a,species,b\n1,x,2\n3,y,4\n")  # the one text column is the label
+    y, ip, ind, val, *_ = collect(headed, label_names=LabelNames())
+    assert y.tolist() == [0, 1] and val.tolist() == [1, 2, 3, 4]
