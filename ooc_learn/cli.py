@@ -785,7 +785,7 @@ def _train_and_test(args, budget, test):
     out = {"model": str(args.output), "solver": solver, "loss": loss, "C": args.C,
            "truncate": s, "seconds": round(st["seconds"], 4), "objective": st.get("objective"),
            "n_sv": st.get("n_sv"), "outer_iterations": st.get("outer_iterations"),
-           "converged": st.get("converged"),
+           "converged": st.get("converged"), "stop_reason": st.get("stop_reason"),
            "rows_read": st.get("rows_read"), "bytes_read": st.get("bytes_read"),
            "peak_rss_bytes": None}
     if model.regression:

@@ -243,7 +243,8 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
                 folds[a:z] = -1
             G, b = fold_grams(st, folds, 1, bias=bias)
             w = solve_normal_equations(G[0], b[0], C)
-        stats = {"w": w, "warm": None, "outer_iterations": 1, "converged": True}
+        stats = {"w": w, "warm": None, "outer_iterations": 1, "converged": True,
+                 "stop_reason": "solved (the normal equations)"}
     else:
         res = solve_svr_store(st, loss=loss, C=C, epsilon=epsilon, bias=bias, eps=eps,
                               max_iter=100 * max_outer, seed=seed, holdout=holdout, warm=warm,
@@ -252,6 +253,8 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
                               (lambda i, info: on_outer(dict(info, outer=i))))
         stats = {"w": res.w, "warm": (res.beta, res.w), "outer_iterations": res.stats.epochs,
                  "converged": res.stats.converged, "violation": res.stats.violation,
+                 "stop_reason": ("the violation fell to eps of its start"
+                                 if res.stats.converged else "the epoch limit (max_iter)"),
                  "reference": res.stats.reference,
                  "n_sv": int(np.count_nonzero(res.beta))}
     stats.update(seconds=time.perf_counter() - t0, rows_read=st.rows_read - rows0,
@@ -313,11 +316,22 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
              "objective": None, "n_sv": sum(x.get("n_sv") or 0 for x in per_class),
              "outer_iterations": max(x.get("outer_iterations") or 0 for x in per_class),
              "converged": all(x.get("converged", True) for x in per_class),
+             "stop_reason": _one_reason([x.get("stop_reason") for x in per_class]),
              "jobs": jobs, "per_class": per_class}
     meta = {k: v for k, v in models[0].meta.items() if k not in ("stats", "label_map")}
     meta.update(multiclass="one-vs-rest", label_map=st.label_map, stats=stats,
                 store=str(st.path), store_fingerprint=st.fingerprint())
     return LinearModel.one_vs_rest(models, np.asarray(classes), **meta)
+
+
+def _one_reason(reasons: list) -> str | None:
+    """The classes' stop reasons as one: the reason they share, or each class's."""
+    known = [r for r in reasons if r]
+    if not known:
+        return None
+    if len(set(known)) == 1:
+        return known[0]
+    return "; ".join(f"class {k}: {r}" for k, r in enumerate(reasons) if r)
 
 
 # float64 vectors of d + 1 entries alive at once, per solver: IBCD holds w, the outer iterate,
@@ -396,13 +410,17 @@ def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solv
     res = solve_pegasos_streamed(st.read_block, st.block_offsets, st.n_features, loss=loss,
                                  C=C, bias=bias, epochs=epochs, seed=seed)
     return {"w": np.asarray(res.w, dtype=np.float64), "outer_iterations": epochs,
-            "objective": None, "n_sv": None}
+            "objective": None, "n_sv": None, "stop_reason": f"{epochs} epochs (PEGASOS)"}
 
 
 def _dcd_stats(res, loss, C) -> dict:
     st = res.stats
     # the dual value (-f(alpha)): a lower bound of the primal, equal to it at the optimum
     dual = -float(getattr(st, "objective", float("nan")))
-    return {"w": res.w, "warm": (res.alpha, res.w), "outer_iterations": int(getattr(st, "epochs", 0)),
+    converged = bool(getattr(st, "converged", True))
+    return {"w": res.w, "warm": (res.alpha, res.w),
+            "outer_iterations": int(getattr(st, "epochs", 0)),
             "objective": dual, "dual_objective": dual,
-            "n_sv": int(np.count_nonzero(res.alpha)), "converged": bool(getattr(st, "converged", True))}
+            "n_sv": int(np.count_nonzero(res.alpha)), "converged": converged,
+            "stop_reason": ("the projected-gradient spread fell to eps" if converged
+                            else "the epoch limit (max_iter)")}

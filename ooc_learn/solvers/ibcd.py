@@ -559,7 +559,20 @@ def _outer_loop(rows_src, forest, S, in_S, checker, w, *, stats, loss, base_loss
             break
     alpha = S.state()[2]
     nz = alpha > 0
+    if not converged_outer:
+        why = f"max_outer ({outer} outer iterations) before the outlier set settled"
+    elif s is not None:
+        why = "the outlier set settled (truncated-loss relaxation)" + (
+            "; each inner loop stopped by the sampled rule, no final check"
+            if sample_eps > 0 else "")
+    else:
+        why = ("the sampled rule (fresh rows / rows examined < sample_eps; no final check)"
+               if sample_eps > 0 else
+               "certified: no row outside the active set violates the optimality conditions")
+    if not stats.get("S_converged", True):
+        why += "; the active set's dual CD stopped at its pass limit"
     stats.update(outer_iterations=outer, converged=converged_outer, active_set=S.m,
+                 stop_reason=why,
                  n_sv=int(nz.sum()), rows_read=store.rows_read - rows_read0,
                  bytes_read=store.bytes_read - bytes_read0,
                  objective=_primal_on_S(S, w, base_loss, C, bias),

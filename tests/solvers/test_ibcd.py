@@ -435,6 +435,14 @@ def test_relaxation_stops_when_the_outlier_set_settles(tmp_path):
     assert all(e["came_back"] <= e["added"] for e in log)
     assert log[-1]["came_back"] == log[-1]["removed"] == 0 < log[-1]["added"]
     assert exact.stats["converged"]
+    assert res.stats["stop_reason"].startswith("the outlier set settled")
+    assert "sampled rule" in res.stats["stop_reason"]
+    assert "sampled rule" not in exact.stats["stop_reason"]
+    with ingest_arrays(X, y, tmp_path / "c", n_blocks=4, build_index=True) as store:
+        convex = solve_ibcd(store, **dict(GAP_KW, s=None), max_outer=1)
+        capped = solve_ibcd(store, **GAP_KW, max_outer=1)
+    assert convex.stats["stop_reason"].startswith("certified")
+    assert not capped.stats["converged"] and capped.stats["stop_reason"].startswith("max_outer")
     assert (gap_objective(X, y, res.w)
             == pytest.approx(gap_objective(X, y, exact.w), rel=0.01))
 
