@@ -43,9 +43,8 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                        check=True)
         py = venv / "bin" / "python"
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "-e", str(clone)], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(clone)],
+                       check=True, stdout=subprocess.DEVNULL)
         bin_ = venv / "bin"
         env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
         env.pop("PYTHONPATH", None)
