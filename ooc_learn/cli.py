@@ -520,6 +520,13 @@ def _train_parser() -> argparse.ArgumentParser:
                         "blocks, each warm-started from the last (-o / --test: then train "
                         "on all rows); with --cv-method tree or --learner, TreeCV of an "
                         "incremental learner ('loo' for leave-one-out)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run the CV folds and the one-vs-rest classes as tasks on a local Dask "
+                        "cluster of N worker processes (needs the [dask] extra)")
+    g.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="... on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786); "
+                        "the store's path must be visible to its workers")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw the run (needs the [plot] extra, matplotlib): with --cv, CV "
                         "accuracy against C with each fold's score; else the objective, rows "
@@ -698,6 +705,7 @@ def _train_body(args):
     budget = _budget(args, solvers=True, parsers=_any_text([args.test]))
     stack = contextlib.ExitStack()
     with stack:
+        args.client_ = _dask_client(args, stack)
         test = None
         if args.test is not None:  # opened (a text file ingested) and checked before the work
             from ooc_learn.storage.store import open_store
@@ -706,6 +714,22 @@ def _train_body(args):
                 spec = _eval_spec(store=st)
             test = _open_eval_data(args.test, spec, budget, stack)
         return _train_and_test(args, budget, test)
+
+
+def _dask_client(args, stack):
+    """The Dask client of --workers / --scheduler (closed with ``stack``), or None."""
+    if args.workers is None and args.scheduler is None:
+        return None
+    if args.workers is not None and args.workers < 1:
+        raise ParameterError(f"--workers must be >= 1. Got {args.workers}.",
+                             "Pass the number of worker processes, e.g. --workers 2.")
+    from ooc_learn.distributed import make_client
+
+    client, cluster = make_client(args.scheduler, args.workers)
+    stack.callback(client.close)
+    if cluster is not None:
+        stack.callback(cluster.close)
+    return client
 
 
 def _train_and_test(args, budget, test):
@@ -761,7 +785,8 @@ def _train_and_test(args, budget, test):
                   block_size=args.block_size, block_solver=args.block_solver,
                   epochs=args.epochs, sample_eps=args.sample_eps, seed=args.seed,
                   memory=budget, spill_dir=args.spill_dir, on_outer=on_outer,
-                  epsilon=args.epsilon, n_jobs=args.jobs)
+                  epsilon=args.epsilon, n_jobs=args.jobs,
+                  client=getattr(args, "client_", None))
     bar.close()
     test_figures = {}
     if test is not None:  # kept in the model file: ooc-info shows it on record
@@ -861,7 +886,8 @@ def _cv_svm(args, budget) -> dict:
         results = linear_c_search(args.store, k, **common)
     else:
         results = linear_cv_grid(args.store, k, args.C, caller="ooc-train --cv",
-                              n_jobs=args.jobs, **common)
+                                 n_jobs=args.jobs, client=getattr(args, "client_", None),
+                                 **common)
     bar.close()
     metric = results[0].metric
     rmse = metric == "rmse"

@@ -53,7 +53,8 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
           s: float | None = None, bias: float = 1.0, eps: float = 0.1, max_outer: int = 10,
           block_size: int = 1000, block_solver: str = "dual", epochs: int = 1,
           init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0, memory=None,
-          spill_dir=None, on_outer=None, epsilon: float = 0.0, n_jobs: int = 1) -> LinearModel:
+          spill_dir=None, on_outer=None, epsilon: float = 0.0, n_jobs: int = 1,
+          client=None) -> LinearModel:
     """Train a linear model on a store; returns a :class:`LinearModel`.
 
     A binary store trains a linear SVM, a multiclass store one SVM per class against the
@@ -80,6 +81,10 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
         kernels release the GIL and the classes share the index's one LMDB environment),
         as many as the free budget holds two of each one's state for. Fashion-MNIST, 10
         classes, IBCD: 17.5 s in 2 threads against 30.6 s one class at a time.
+    client : dask.distributed.Client, optional
+        Multiclass: train the classes as tasks on this Dask cluster (the store's path must be
+        visible to the workers; each task reads it as its class against the rest, under a
+        cap from its worker's memory limit); the model equals the local one's.
     C : float
         The SVM cost (LIBLINEAR's -c).
     s : float or None
@@ -139,7 +144,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
                 st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
                 max_outer=max_outer, block_size=block_size, block_solver=block_solver,
                 epochs=epochs, init_sample=init_sample, sample_eps=sample_eps, seed=seed,
-                spill_dir=spill_dir, on_outer=on_outer, n_jobs=n_jobs)
+                spill_dir=spill_dir, on_outer=on_outer, n_jobs=n_jobs, client=client)
         if st.task != "binary":
             raise ParameterError(f"train fits binary, multiclass and regression stores; "
                                  f"{st.path} holds a {st.task} task.",
@@ -271,7 +276,7 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
         label_map=st.label_map, zero_based=st.metadata.get("zero_based"), stats=stats)
 
 
-def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
+def _train_one_vs_rest(st, on_outer=None, n_jobs=1, client=None, **params) -> LinearModel:
     """One binary model per class of a multiclass store (the class against the rest), each
     on the same store file read as that binary task (``open_store(..., positive=c)``) under
     the one budget, one after the other or (``n_jobs``) several at once in threads;
@@ -297,7 +302,12 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, **params) -> LinearModel:
     jobs = concurrent_jobs(st.budget, n_jobs, len(todo), solver_state_bytes(
         st, params.get("solver") or "ibcd", params.get("block_solver") or "dual",
         params.get("init_sample") or 10000))
-    if jobs == 1:
+    if client is not None:  # each class a task on the Dask cluster
+        from ooc_learn.distributed import n_workers, train_classes
+
+        jobs = n_workers(client)
+        done = train_classes(client, st, todo, params)
+    elif jobs == 1:
         done = [one(c) for c in todo]
     else:
         from concurrent.futures import ThreadPoolExecutor

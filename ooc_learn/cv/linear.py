@@ -42,7 +42,7 @@ def linear_cv(store, k, *, solver: str | None = None, loss: str | None = None, C
            block_size: int = 1000, block_solver: str = "dual", init_sample: int = 10000,
            sample_eps: float = 0.0, seed: int = 0, memory=None, spill_dir=None,
            warm_start: bool = True, on_fold=None, epsilon: float = 0.0,
-           n_jobs: int = 1) -> CVResult:
+           n_jobs: int = 1, client=None) -> CVResult:
     """K-fold CV accuracy of a linear SVM on a binary store (see the module docstring).
 
     Parameters
@@ -62,6 +62,11 @@ def linear_cv(store, k, *, solver: str | None = None, loss: str | None = None, C
         from scratch, warm along a list of C); IBCD and least squares run one at a time.
     on_fold : callable, optional
         ``on_fold(info)`` after each fold, ``info`` the fold's entry of ``stats["folds"]``.
+    client : dask.distributed.Client, optional
+        Run the folds (a multiclass store: the classes) as tasks on this Dask cluster: each
+        opens the store by its path (which the workers must see) and reads only what its
+        fold needs, under a cap from its worker's memory limit. Folds then start from
+        scratch at the first C, as with ``n_jobs``; the results equal that local run's.
 
     Returns
     -------
@@ -80,7 +85,8 @@ def linear_cv(store, k, *, solver: str | None = None, loss: str | None = None, C
                        max_outer=max_outer, block_size=block_size, block_solver=block_solver,
                        init_sample=init_sample, sample_eps=sample_eps, seed=seed,
                        memory=memory, spill_dir=spill_dir, warm_start=warm_start,
-                       on_fold=on_fold, epsilon=epsilon, n_jobs=n_jobs, caller="linear_cv")[0]
+                       on_fold=on_fold, epsilon=epsilon, n_jobs=n_jobs, client=client,
+                       caller="linear_cv")[0]
 
 
 def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None = None,
@@ -88,7 +94,7 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
                 max_outer: int = 10, block_size: int = 1000, block_solver: str = "dual",
                 init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0,
                 memory=None, spill_dir=None, warm_start: bool = True, on_fold=None,
-                epsilon: float = 0.0, n_jobs: int = 1,
+                epsilon: float = 0.0, n_jobs: int = 1, client=None,
                 caller: str = "linear_cv_grid") -> list[CVResult]:
     """:func:`linear_cv` at each C of ``Cs``, one :class:`CVResult` each, in ascending C.
 
@@ -140,9 +146,9 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
                          epsilon=epsilon, caller=caller)
         if st.task == "multiclass":
             return _cross_validate_ovr(st, k, task=task, warm_start=warm_start,
-                                       on_fold=on_fold, n_jobs=n_jobs)
+                                       on_fold=on_fold, n_jobs=n_jobs, client=client)
         return _cross_validate(st, k, task=task, warm_start=warm_start, on_fold=on_fold,
-                               n_jobs=n_jobs)
+                               n_jobs=n_jobs, client=client)
     finally:
         if opened:
             st.close()
@@ -164,6 +170,12 @@ class _FoldTask:
         from ooc_learn.training import (_check, _model_state_bytes, _run, regression_solver,
                                         train_regression)
 
+        # what rebuilds this task on another view or in a Dask worker (plain values only)
+        self.params = dict(solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+                           max_outer=max_outer, block_size=block_size,
+                           block_solver=block_solver, init_sample=init_sample,
+                           sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
+                           epsilon=epsilon, caller=caller)
         self.st, self.Cs, self.bias, self.seed = st, list(Cs), bias, seed
         self.block_solver, self.init_sample = block_solver, init_sample
         self.regression = st.task == "regression"
@@ -290,26 +302,65 @@ def _fold(folds, contiguous: bool, i: int):
     return int(idx[0]), int(idx[-1]) + 1, mask
 
 
-def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1) -> list[CVResult]:
+def _fold_path(task, folds, contiguous: bool, i: int, head, *, warm_start: bool, decision,
+               fold_scores, logs, references: dict, on_fold=None):
+    """Fold i at every C of ``task`` (ascending): its scores, log entries and its rows'
+    decision values go into ``fold_scores[:, i]``, ``logs[j][i]`` and ``decision``. ``head``:
+    fold i-1 at C_1 (None: from scratch). Returns fold i at C_1, the next fold's head."""
+    from ooc_learn.solvers.dcd import drop_rows
+
+    st, dual, regression = task.st, task.dual, task.regression
+    n, d = st.n_samples, st.n_features
+    if dual and warm_start and head is not None:
+        a, z, holdout = _fold(folds, contiguous, i)
+        drop_rows(st.read_range, a, z, head[0], head[1], task.bias, signed=regression,
+                  mask=None if contiguous else holdout, block_offsets=st.block_offsets)
+    if dual and warm_start and head is None:
+        head = (np.zeros(n), np.zeros(d + 1))
+    warm = head if warm_start else None
+    for j, C in enumerate(task.Cs):
+        if dual and warm_start and j == 1:
+            # the C path goes on from a copy: head stays fold i at C_1 for fold i+1
+            warm = (head[0].copy(), head[1].copy())
+        stats, fold_scores[j, i], logs[j][i] = task.solve(
+            folds, contiguous, i, C, warm, decision[j], references.get(C))
+        if regression and C not in references and "reference" in stats:
+            references[C] = stats["reference"]
+        if warm_start and not dual:
+            warm = stats["warm"]
+            if j == 0:
+                head = warm
+        if on_fold is not None:
+            on_fold(logs[j][i])
+    return head if warm_start else None
+
+
+def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
+                    client=None) -> list[CVResult]:
     """One CVResult per C of ``task.Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
     starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
     fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
     Regression (SVR's dual: beta signed, no labels in w): each C's folds stop relative to
     the first violation of that C's first solve. ``n_jobs`` > 1 (the dual CD solvers): folds
     run in that many threads (the kernels release the GIL), each from scratch at C_1 and
-    warm along C, one state per running fold."""
-    from ooc_learn.solvers.dcd import drop_rows
-
+    warm along C, one state per running fold. ``client`` (a ``dask.distributed.Client``):
+    each fold is a task on the cluster, from scratch at C_1 and warm along C as with
+    ``n_jobs``, every solver (IBCD too: a worker is its own process)."""
     t0 = time.perf_counter()
-    n, d = st.n_samples, st.n_features
+    n = st.n_samples
     rows0, bytes0 = st.rows_read, st.bytes_read
-    dual, regression, Cs = task.dual, task.regression, task.Cs
+    dual, Cs = task.dual, task.Cs
     jobs = max(1, min(int(n_jobs), k)) if dual else 1
+    if client is not None:
+        from ooc_learn.distributed import n_workers
+
+        jobs = max(1, min(n_workers(client), k))
     m = len(Cs)
     # per row and C: its decision value (float64); per row: its fold (int32); the dual
     # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
     # per running fold
-    per_row = 5 * n + 8 * m * n + ((16 if jobs == 1 else 8 * jobs) * n if dual else 0)
+    per_row = 5 * n + 8 * m * n + ((16 if jobs == 1 else 8 * jobs) * n
+                                   if dual and client is None else 0)
     with st.budget.reservation(per_row + 3 * jobs * task.state_bytes, "cross-validation "
                                "state (each row's fold and decision values, the warm "
                                "starts)"):
@@ -320,33 +371,16 @@ def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1) -> list[CVRes
         logs = [[None] * k for _ in range(m)]
 
         def one_fold(i, head):
-            """Fold i at every C; ``head``: fold i-1 at C_1 (None: from scratch). Returns
-            fold i at C_1, the next fold's head."""
-            if dual and warm_start and head is not None:
-                a, z, holdout = _fold(folds, contiguous, i)
-                drop_rows(st.read_range, a, z, head[0], head[1], task.bias,
-                          signed=regression, mask=None if contiguous else holdout,
-                          block_offsets=st.block_offsets)
-            if dual and warm_start and head is None:
-                head = (np.zeros(n), np.zeros(d + 1))
-            warm = head if warm_start else None
-            for j, C in enumerate(Cs):
-                if dual and warm_start and j == 1:
-                    # the C path goes on from a copy: head stays fold i at C_1 for fold i+1
-                    warm = (head[0].copy(), head[1].copy())
-                stats, fold_scores[j, i], logs[j][i] = task.solve(
-                    folds, contiguous, i, C, warm, decision[j], references.get(C))
-                if regression and C not in references and "reference" in stats:
-                    references[C] = stats["reference"]
-                if warm_start and not dual:
-                    warm = stats["warm"]
-                    if j == 0:
-                        head = warm
-                if on_fold is not None:
-                    on_fold(logs[j][i])
-            return head if warm_start else None
+            return _fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
+                              decision=decision, fold_scores=fold_scores, logs=logs,
+                              references=references, on_fold=on_fold)
 
-        if jobs == 1:
+        if client is not None:  # each fold a task on the cluster, from scratch at C_1
+            from ooc_learn.distributed import cv_folds
+
+            cv_folds(client, st, task, k, warm_start, folds, decision, fold_scores, logs,
+                     on_fold)
+        elif jobs == 1:
             head = None
             for i in range(k):
                 head = one_fold(i, head)
@@ -420,14 +454,16 @@ def _cross_validate_exact(st, k, *, Cs, bias, on_fold, seed=0) -> list[CVResult]
     return out
 
 
-def _cross_validate_ovr(st, k, *, task, n_jobs=1, **params) -> list[CVResult]:
+def _cross_validate_ovr(st, k, *, task, n_jobs=1, client=None, **params) -> list[CVResult]:
     """One-vs-rest CV of a multiclass store: each class against the rest on the same folds
     (the store read as that binary task), a row's prediction the class whose model, trained
     without the row's fold, gives it the largest value. Only the running best value and class
     per row and C are kept across classes. ``n_jobs`` > 1: up to that many classes at once in
     threads (each with its folds in turn; every solver: IBCD's forests share the index's
     LMDB environment), as many as the free budget holds two of each one's state for; the
-    classes are merged in class order, so the result is the same as one at a time."""
+    classes are merged in class order, so the result is the same as one at a time.
+    ``client``: each class is a task on the Dask cluster (its folds one after another in
+    the worker, as one class at a time here), merged in class order likewise."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -460,6 +496,10 @@ def _cross_validate_ovr(st, k, *, task, n_jobs=1, **params) -> list[CVResult]:
         each = (5 * n + 16 * m * n + (16 * n if task.dual else 0) + 3 * task.state_bytes
                 + solver_state_bytes(st, task.solver, task.block_solver, task.init_sample))
         jobs = concurrent_jobs(st.budget, n_jobs, classes.size, each)
+        if client is not None:
+            from ooc_learn.distributed import n_workers
+
+            jobs = n_workers(client)
         folds = None
 
         def merge(ci, results, read):
@@ -474,16 +514,23 @@ def _cross_validate_ovr(st, k, *, task, n_jobs=1, **params) -> list[CVResult]:
                                      "rows_read": r.stats["rows_read"]})
             folds = results[0].folds
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            running = deque()  # at most `jobs` classes alive, merged in class order
-            for ci, c in enumerate(classes):
-                running.append((ci, pool.submit(one, c)))
-                if len(running) >= jobs:
+        if client is not None:
+            from ooc_learn.distributed import cv_classes
+
+            for ci, (results, read) in enumerate(cv_classes(client, st, task, k, classes,
+                                                            params["warm_start"])):
+                merge(ci, results, read)
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                running = deque()  # at most `jobs` classes alive, merged in class order
+                for ci, c in enumerate(classes):
+                    running.append((ci, pool.submit(one, c)))
+                    if len(running) >= jobs:
+                        ci0, fut = running.popleft()
+                        merge(ci0, *fut.result())
+                while running:
                     ci0, fut = running.popleft()
                     merge(ci0, *fut.result())
-            while running:
-                ci0, fut = running.popleft()
-                merge(ci0, *fut.result())
         y = np.asarray(st.labels(), dtype=np.float64)
         sizes = np.bincount(folds)
         out = []

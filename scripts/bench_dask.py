@@ -1,0 +1,143 @@
+"""Model selection on Dask against one process, side by side (issue 27's targets).
+
+    python scripts/bench_dask.py [--work DIR] [--workers 2] [--solver ibcd]
+
+1. 5-fold CV x 4 C values of Fashion-MNIST class 6 (shirt) vs the rest: one process
+   (``linear_cv_grid``, folds warm-started one after another) against the folds as tasks on
+   a local cluster of ``--workers`` worker processes (``client=``), and the CLI's
+   ``ooc-train --cv 5 --workers N`` (cluster start included) against ``ooc-train --cv 5``;
+   fold scores compared.
+2. The ten one-vs-rest classes of Fashion-MNIST: one class at a time against the classes as
+   tasks on the cluster (API, and the CLI with --workers N); models compared.
+
+API timings are the best of ``--repeat`` runs on a cluster started beforehand (a user with a
+cluster running); CLI timings are one run each, the cluster's start inside. Data come from
+``../shared/data/fashion-mnist`` (or ``OOC_DATA``); stores are built once under ``--work``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _cli(args) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return time.perf_counter() - t0, json.loads(out)
+
+
+def _ooc(main: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; from ooc_learn.cli import {main}; "
+                                  f"sys.exit({main}())"]
+
+
+def _best(fn, repeat: int):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ooc_bench_dask"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--solver", default="ibcd")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--Cs", default="0.01,0.1,1,10")
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from _bench_data import fashion_mnist
+
+    from ooc_learn.cv.linear import linear_cv_grid
+    from ooc_learn.distributed import make_client
+    from ooc_learn.training import train
+
+    npy = a.work / "fashion.npy"
+    if not npy.exists():
+        X, y = fashion_mnist("train")
+        np.save(npy, np.c_[y.astype(np.float32), (X / 255.0).astype(np.float32)])
+    shirt, ten = a.work / "shirt.store", a.work / "fashion10.store"
+    for store, extra in ((shirt, ["--positive-label", "6"]), (ten, ["--task", "multiclass"])):
+        if not store.exists():
+            subprocess.run(_ooc("ingest_main") + [str(npy), "-o", str(store), "--quiet"]
+                           + extra, check=True)
+    Cs = [float(c) for c in a.Cs.split(",")]
+    rows, ratios = [], []
+
+    client, cluster = make_client(workers=a.workers)
+    try:
+        client.run(lambda: __import__("ooc_learn.training"))  # workers import once
+        # ---- 1. 5-fold CV x 4 C, class 6 vs rest
+        kw = dict(solver=a.solver, loss="sqhinge")
+        t_one, one = _best(lambda: linear_cv_grid(shirt, 5, Cs, **kw), a.repeat)
+        t_dask, dsk = _best(lambda: linear_cv_grid(shirt, 5, Cs, client=client, **kw),
+                            a.repeat)
+        for r1, r2 in zip(one, dsk):
+            diff = float(np.abs(r1.fold_scores - r2.fold_scores).max())
+            rows.append((f"shirt C={r1.stats['C']:g}", "fold scores, one process vs dask",
+                         f"{100 * r1.estimate:.2f} / {100 * r2.estimate:.2f} %",
+                         f"max |diff| {100 * diff:.2f} pts"))
+        rows.append(("shirt 5-fold x 4 C", "one process (API)", f"{t_one:.2f} s", ""))
+        rows.append(("shirt 5-fold x 4 C", f"dask {a.workers} workers (API)",
+                     f"{t_dask:.2f} s", ""))
+        ratios.append((f"CV 5 x 4 C: one process / dask {a.workers} workers (API)",
+                       t_one / t_dask))
+        # the same folds from scratch on one process in threads (dcd) give equal scores
+        # ---- 2. ten one-vs-rest classes
+        t_seq, m_seq = _best(lambda: train(ten, loss="sqhinge", solver=a.solver), a.repeat)
+        t_ovr, m_ovr = _best(lambda: train(ten, loss="sqhinge", solver=a.solver,
+                                           client=client), a.repeat)
+        same = bool(np.array_equal(m_seq.coef_, m_ovr.coef_))
+        rows.append(("fashion 10 classes", "one class at a time (API)", f"{t_seq:.2f} s", ""))
+        rows.append(("fashion 10 classes", f"dask {a.workers} workers (API)", f"{t_ovr:.2f} s",
+                     f"same model: {same}"))
+        ratios.append((f"10 classes: sequential / dask {a.workers} workers (API)",
+                       t_seq / t_ovr))
+    finally:
+        client.close()
+        cluster.close()
+    # ---- the CLI, cluster start included
+    base = _ooc("train_main")
+    cv = [str(shirt), "--cv", "5", "--C", a.Cs, "--solver", a.solver, "--loss", "sqhinge",
+          "--json", "--quiet"]
+    t1, j1 = _cli(base + cv)
+    t2, j2 = _cli(base + cv + ["--workers", str(a.workers)])
+    rows.append(("shirt 5-fold x 4 C", "ooc-train --cv 5", f"{t1:.2f} s",
+                 f"best C {j1['best_C']:g}"))
+    rows.append(("shirt 5-fold x 4 C", f"ooc-train --cv 5 --workers {a.workers}",
+                 f"{t2:.2f} s", f"best C {j2['best_C']:g}"))
+    ratios.append((f"CV 5 x 4 C: ooc-train / --workers {a.workers} (CLI, start included)",
+                   t1 / t2))
+    tr = [str(ten), "-o", str(a.work / "m.npz"), "--solver", a.solver, "--loss", "sqhinge",
+          "--json", "--quiet"]
+    t3, _ = _cli(base + tr)
+    t4, _ = _cli(base + tr + ["--workers", str(a.workers)])
+    rows.append(("fashion 10 classes", "ooc-train", f"{t3:.2f} s", ""))
+    rows.append(("fashion 10 classes", f"ooc-train --workers {a.workers}", f"{t4:.2f} s", ""))
+    ratios.append((f"10 classes: ooc-train / --workers {a.workers} (CLI, start included)",
+                   t3 / t4))
+    print(f"{'data':<20} {'run':<40} {'result':>22} {'':<20}")
+    for r in rows:
+        print(f"{r[0]:<20} {r[1]:<40} {r[2]:>22} {r[3]:<20}")
+    print(f"(API: best of {a.repeat}; CLI: one run each)")
+    for name, v in ratios:
+        print(f"  {name:<66} {v:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Model selection on a Dask cluster (LocalCluster, 2 worker processes): the folds and the
+one-vs-rest classes as tasks give the local run's answers; a task whose worker is killed is
+run again with the same result; the CLI's --workers."""
+
+import builtins
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits, make_classification
+
+distributed = pytest.importorskip("dask.distributed")
+
+from ooc_learn.api import ingest_arrays  # noqa: E402
+from ooc_learn.cli import train_main  # noqa: E402
+from ooc_learn.cv.linear import linear_cv_grid  # noqa: E402
+from ooc_learn.training import train  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    from ooc_learn.distributed import make_client
+
+    c, cluster = make_client(workers=2)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dask")
+    X, y = make_classification(n_samples=3000, n_features=20, n_informative=8, flip_y=0.05,
+                               random_state=0)
+    ingest_arrays(X.astype(np.float32), y, tmp / "bin", n_blocks=6, build_index=True).close()
+    D, t = load_digits(return_X_y=True)
+    keep = t < 4
+    ingest_arrays((D[keep] / 16).astype(np.float32), t[keep].astype(float), tmp / "mc",
+                  n_blocks=4, task="multiclass", build_index=True).close()
+    return tmp
+
+
+def test_cv_folds_on_the_cluster_equal_the_local_run(client, stores):
+    Cs = [0.1, 1.0]
+    remote = linear_cv_grid(stores / "bin", 5, Cs, solver="dcd", client=client)
+    local = linear_cv_grid(stores / "bin", 5, Cs, solver="dcd", n_jobs=2)
+    for r, l in zip(remote, local):
+        np.testing.assert_array_equal(r.fold_scores, l.fold_scores)
+        np.testing.assert_array_equal(r.predictions, l.predictions)
+        assert r.estimate == l.estimate and r.stats["jobs"] == 2
+    # IBCD folds from scratch on the workers: the warm-started local run's answer within
+    # the solver's tolerance
+    ibcd = linear_cv_grid(stores / "bin", 5, [1.0], client=client)[0]
+    warm = linear_cv_grid(stores / "bin", 5, [1.0])[0]
+    assert np.abs(ibcd.fold_scores - warm.fold_scores).max() <= 0.01
+
+
+def test_one_vs_rest_on_the_cluster_equals_the_local_run(client, stores):
+    remote = train(stores / "mc", C=0.5, client=client)
+    local = train(stores / "mc", C=0.5)
+    np.testing.assert_array_equal(remote.coef_, local.coef_)
+    np.testing.assert_array_equal(remote.intercept_, local.intercept_)
+    assert remote.meta["stats"]["jobs"] == 2
+    cv_remote = linear_cv_grid(stores / "mc", 3, [0.5], client=client)[0]
+    cv_local = linear_cv_grid(stores / "mc", 3, [0.5])[0]
+    np.testing.assert_array_equal(cv_remote.predictions, cv_local.predictions)
+    assert cv_remote.estimate == cv_local.estimate
+
+
+def test_a_killed_workers_task_runs_again_with_the_same_result(client, stores):
+    want = linear_cv_grid(stores / "bin", 4, [1.0], solver="dcd", n_jobs=2)[0]
+    pids = list(client.run(os.getpid).values())
+    got = {}
+    run = threading.Thread(target=lambda: got.update(
+        r=linear_cv_grid(stores / "bin", 4, [1.0], solver="dcd", client=client)[0]))
+    run.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(client.processing().values()):
+        time.sleep(0.01)
+    os.kill(pids[0], signal.SIGKILL)  # the nanny starts a new worker; its task runs again
+    run.join(120)
+    assert not run.is_alive()
+    np.testing.assert_array_equal(got["r"].fold_scores, want.fold_scores)
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_the_cli_runs_folds_on_local_workers(stores, capsys):
+    assert train_main([str(stores / "bin"), "--cv", "3", "--C", "0.1,1", "--solver", "dcd",
+                       "--workers", "2", "--json", "--quiet"]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert train_main([str(stores / "bin"), "--cv", "3", "--C", "0.1,1", "--solver", "dcd",
+                       "--jobs", "2", "--json", "--quiet"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert [g["fold_scores"] for g in remote["grid"]] == [g["fold_scores"] for g in local["grid"]]
+    assert remote["best_C"] == local["best_C"]
+
+
+def test_no_dask_is_a_clear_refusal(stores, capsys, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_dask(name, *args, **kwargs):
+        if name == "dask" or name.startswith("dask."):
+            raise ImportError("no dask here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    assert train_main([str(stores / "bin"), "--cv", "3", "--workers", "2", "--quiet"]) == 2
+    assert "ooc-learn[dask]" in capsys.readouterr().err
