@@ -68,7 +68,7 @@ def _validate(caller, kernel, C, gamma, degree, coef0, k, folds, seeding, tol, X
 def svm_cv(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree: int = 3,
            coef0: float = 0.0, k: int = 10, folds=None, seeding: str | None = "sir",
            tol: float = 1e-3, seed=0, memory=None, shrinking: bool = True,
-           cache_bytes: int | None = None) -> CVResult:
+           cache_bytes: int | None = None, progress: bool = False) -> CVResult:
     """k-fold CV accuracy of a C-SVM, each round alpha-seeded from the previous one.
 
     Parameters
@@ -81,6 +81,7 @@ def svm_cv(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree: i
     tol : eps of the eps-KKT stopping rule of SMO
     seed : seed or Generator for the folds and SIR's random picks
     memory : memory cap (the kernel cache reserves from it)
+    progress : a tqdm bar on stderr over the folds
 
     Returns
     -------
@@ -113,7 +114,7 @@ def svm_cv(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree: i
                                  "Use fewer folds or stratified folds.")
         gamma = resolve_gamma(gamma, Xp)
         with KernelMatrix(Xp, kernel, gamma, degree, coef0, budget, cache_bytes) as km:
-            res = _run_rounds(km, ypm, folds, k, C, tol, seeding, rng, shrinking)
+            res = _run_rounds(km, ypm, folds, k, C, tol, seeding, rng, shrinking, progress)
         res.stats.update({"kernel": kernel, "C": C, "gamma": gamma, "k": k,
                           "seeding": seeding or "none", "classes": classes.tolist()})
         return res
@@ -122,7 +123,10 @@ def svm_cv(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree: i
             sbudget.release(sbytes)
 
 
-def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
+def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking,
+                progress: bool = False) -> CVResult:
+    from tqdm.auto import tqdm
+
     n = km.n
     alpha, G = np.zeros(n), np.zeros(n)
     pred = np.zeros(n)
@@ -135,7 +139,7 @@ def _run_rounds(km, y, folds, k, C, tol, seeding, rng, shrinking) -> CVResult:
     rho = 0.0
     info: dict = {}
     t_all = time.perf_counter()
-    for h in range(k):
+    for h in tqdm(range(k), desc="svm_cv", unit="fold", disable=not progress, leave=False):
         test = fold_rows[h]
         train = np.flatnonzero(folds != h)
         t0 = time.perf_counter()

@@ -73,7 +73,7 @@ def _r2_bound(km: KernelMatrix, kernel, gamma, degree, coef0) -> float:
 def loo_error(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree: int = 3,
               coef0: float = 0.0, method: str = "stopping", tol: float = 1e-3,
               seeding: str = "avg", memory=None, efficiency_m: int = 10,
-              cache_bytes: int | None = None) -> LOOResult:
+              cache_bytes: int | None = None, progress: bool = False) -> LOOResult:
     """Exact LOO error of a C-SVM by Franc et al.'s Algorithm 1 with Algorithm 3 or plain SMO.
 
     Parameters
@@ -84,6 +84,7 @@ def loo_error(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree
     tol : eps of the eps-KKT rule
     seeding : "avg" (DeCoste & Wagstaff) or "top" (Lee et al.) start for each removed row
     efficiency_m : M of the efficiency test (0 disables it)
+    progress : a tqdm bar on stderr over the rows the checks leave open
 
     Examples
     --------
@@ -105,7 +106,7 @@ def loo_error(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree
         gamma = resolve_gamma(gamma, Xp)
         with KernelMatrix(Xp, kernel, gamma, degree, coef0, budget, cache_bytes) as km:
             r2 = _r2_bound(km, kernel, gamma, degree, coef0)
-            res = _loo(km, ypm, C, tol, method, seeding, efficiency_m, r2)
+            res = _loo(km, ypm, C, tol, method, seeding, efficiency_m, r2, progress)
         res.predictions = np.where(res.predictions > 0, classes[1], classes[0])
         res.stats.update({"kernel": kernel, "C": C, "gamma": gamma, "seeding": seeding})
         return res
@@ -143,7 +144,9 @@ def _seed_row(km, y, alpha_full, G_full, C, r, seeding):
     return train, a, G
 
 
-def _loo(km, y, C, tol, method, seeding, efficiency_m, r2) -> LOOResult:
+def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LOOResult:
+    from tqdm.auto import tqdm
+
     n = km.n
     t0 = time.perf_counter()
     alpha, G = np.zeros(n), -np.ones(n)
@@ -158,7 +161,8 @@ def _loo(km, y, C, tol, method, seeding, efficiency_m, r2) -> LOOResult:
     iters = 0
     scratch, beta, gp = np.empty(n), np.empty(n), np.empty(n)
     max_iter = default_max_iter(n)
-    for r in todo:
+    # rows the checks of Table 1 leave open, each solved again (a bar on stderr: progress)
+    for r in tqdm(todo, desc="loo_error", unit="row", disable=not progress, leave=False):
         train, a, Gr = _seed_row(km, y, alpha, G, C, int(r), seeding)
         colr = km.column(r)
         if use_stopping:

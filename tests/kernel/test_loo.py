@@ -131,3 +131,18 @@ def test_bad_inputs(cancer_small):
     Xn[0, 0] = np.nan
     with pytest.raises(UsageError, match="NaN or infinity"):
         loo_error(Xn, y)
+
+def test_progress_bars_go_to_stderr_and_change_nothing(capsys):
+    from sklearn.datasets import load_breast_cancer
+
+    from ooc_learn.kernel.cv import svm_cv
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = X[:200] / X.max(0)
+    y = y[:200]
+    quiet = loo_error(X, y, kernel="rbf", C=10.0, gamma=0.5)
+    shown = loo_error(X, y, kernel="rbf", C=10.0, gamma=0.5, progress=True)
+    assert shown.error == quiet.error and "loo_error" in capsys.readouterr().err
+    a = svm_cv(X, y, C=10.0, gamma=0.5, k=5)
+    b = svm_cv(X, y, C=10.0, gamma=0.5, k=5, progress=True)
+    assert a.estimate == b.estimate and "svm_cv" in capsys.readouterr().err
