@@ -2,7 +2,6 @@
 one-vs-rest classes as tasks give the local run's answers; a task whose worker is killed is
 run again with the same result; the CLI's --workers."""
 
-import builtins
 import json
 import os
 import signal
@@ -99,14 +98,7 @@ def test_the_cli_runs_folds_on_local_workers(stores, capsys):
     assert remote["best_C"] == local["best_C"]
 
 
-def test_no_dask_is_a_clear_refusal(stores, capsys, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_dask(name, *args, **kwargs):
-        if name == "dask" or name.startswith("dask."):
-            raise ImportError("no dask here")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_dask)
+def test_no_dask_is_a_clear_refusal(stores, capsys, without_module):
+    without_module("dask")
     assert train_main([str(stores / "bin"), "--cv", "3", "--workers", "2", "--quiet"]) == 2
     assert "ooc-learn[dask]" in capsys.readouterr().err

@@ -1,7 +1,6 @@
 """ooc-train --plot: a C search's and a training run's pictures, and the refusals before any
 work (a name matplotlib cannot write, matplotlib missing)."""
 
-import builtins
 import json
 
 import numpy as np
@@ -35,19 +34,12 @@ def test_cv_and_training_plots(store, tmp_path, capsys):
     assert not list(tmp_path.glob(".*ooc-tmp*"))  # written through a temporary sibling
 
 
-def test_plot_refusals_come_before_the_work(store, tmp_path, capsys, monkeypatch):
+def test_plot_refusals_come_before_the_work(store, tmp_path, capsys, without_module):
     assert train_main([str(store), "-o", str(tmp_path / "m.npz"), "--plot",
                        str(tmp_path / "p.txt"), "--quiet"]) == 2
     assert "must end in .png" in capsys.readouterr().err
     assert not (tmp_path / "m.npz").exists()
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError("no matplotlib here")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    without_module("matplotlib")
     assert train_main([str(store), "-o", str(tmp_path / "m.npz"), "--plot",
                        str(tmp_path / "p.png"), "--quiet"]) == 2
     assert "ooc-learn[plot]" in capsys.readouterr().err
