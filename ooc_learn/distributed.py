@@ -7,15 +7,16 @@ shared file system), reads only what its fold or class needs, and returns small 
 fold's scores, log and its rows' decision values; a class's model). The driver merges them as
 the local code does, so a run on the cluster gives the local run's answer:
 
-- CV folds: each from scratch at the first C and warm along C, as ``n_jobs`` > 1 runs them
-  locally (identical fold scores for the same folds and seeds); IBCD folds too, since each
-  worker is its own process;
+- CV folds: cut into one run of consecutive folds per worker thread, each fold of a run
+  warm-started from the one before (the first from scratch) and warm along C, as
+  ``n_jobs`` = that many runs them locally in threads (identical fold scores for the same
+  folds and seeds); IBCD folds too, since each worker is its own process;
 - one-vs-rest classes (training and CV): merged in class order, as one class at a time.
 
-Each task works under a memory cap from its worker: the worker's memory limit (Dask's
-``memory_limit``) shared by its threads, of which the task claims ``TASK_SHARE`` (Dask
-spills, pauses and restarts workers from 60-95 % of the limit, and the worker process
-itself takes its part); a worker without a limit uses the default cap. A task whose worker
+The tasks of a worker work under one memory cap: ``TASK_SHARE`` of the worker's memory limit
+(Dask's ``memory_limit``; Dask spills, pauses and restarts workers from 60-95 % of the limit,
+and the worker process itself takes its part), shared by its threads and, across tasks, by
+the store's block cache; a worker without a limit uses the default cap. A task whose worker
 dies is run again on another (``RETRIES``), with the same answer since tasks only read.
 
 Dask is the optional extra ``[dask]`` (``pip install -e ".[dask]"``), imported only when a
@@ -76,22 +77,54 @@ def n_workers(client) -> int:
     return max(1, sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()))
 
 
+_WORKER_BUDGET: dict = {}  # pid -> this worker process's budget
+
+
 def task_budget():
-    """The memory budget of a task on this worker: ``TASK_SHARE`` of the worker's memory
-    limit per thread (the default cap where the worker has none)."""
+    """The memory budget of the tasks on this worker: ``TASK_SHARE`` of the worker's memory
+    limit (the default cap where the worker has none), one per worker process and shared by
+    its tasks, so that they share its store's block cache too (a class task reads the
+    blocks the previous class on this worker left cached: one-vs-rest on 2 workers read
+    each block about twice, not ten times)."""
+    import os
+
     from ooc_learn.storage.budget import MemoryBudget
 
+    budget = _WORKER_BUDGET.get(os.getpid())
+    if budget is not None:
+        return budget
     try:
         from dask.distributed import get_worker
 
-        worker = get_worker()
-        limit = worker.memory_manager.memory_limit
-        threads = max(1, worker.state.nthreads)
+        limit = get_worker().memory_manager.memory_limit
     except (ImportError, ValueError, AttributeError):
-        limit, threads = None, 1
-    if not limit:
-        return MemoryBudget(None)
-    return MemoryBudget(max(32 << 20, int(TASK_SHARE * limit / threads)))
+        limit = None
+    budget = MemoryBudget(max(32 << 20, int(TASK_SHARE * limit)) if limit else None)
+    _WORKER_BUDGET.clear()
+    _WORKER_BUDGET[os.getpid()] = budget
+    return budget
+
+
+_KEPT: dict = {}  # (pid, store path) -> a Store kept open on this worker
+KEEP_STORES = 4
+
+
+def _keep_open(path):
+    """Keep the store at ``path`` open on this worker between tasks (the last
+    ``KEEP_STORES``), so that its block cache, shared by the views under the worker's
+    budget, outlives each task: the next class or fold reads the blocks the last one left.
+    The cache gives them back under pressure like any other."""
+    import os
+
+    from ooc_learn.storage.store import open_store
+
+    key = (os.getpid(), os.path.realpath(path))
+    st = _KEPT.pop(key, None)
+    if st is None or st._closed:
+        st = open_store(path, memory=task_budget())
+    _KEPT[key] = st  # the most recent last
+    while len(_KEPT) > KEEP_STORES:
+        _KEPT.pop(next(iter(_KEPT))).close()
 
 
 def _gather(client, fn, args_list):
@@ -106,40 +139,47 @@ def _gather(client, fn, args_list):
 
 
 # ---------------------------------------------------------------- cross-validation folds
-def _fold_task(path, positive, k, i, Cs, params, warm_start):
-    """On a worker: fold i at every C, from scratch at the first C."""
+def _chain_task(path, positive, k, ids, Cs, params, warm_start):
+    """On a worker: folds ``ids`` in turn at every C (each from the one before, the first
+    from scratch), as a thread of the local run does them."""
     from ooc_learn.cv.linear import _FoldTask, _fold_path, fold_plan
     from ooc_learn.storage.store import open_store
 
+    _keep_open(path)
     with open_store(path, memory=task_budget(), positive=positive) as st:
         task = _FoldTask(st, Cs, **params)
         folds, contiguous = fold_plan(st.block_offsets, k, task.seed)
         m, n = len(Cs), st.n_samples
-        rows = np.flatnonzero(folds == i)
-        with st.budget.reservation(8 * m * n + 5 * n, "a fold's decision values"):
+        with st.budget.reservation(8 * m * n + 21 * n, "a run of folds' decision values "
+                                   "and warm starts"):
             decision = np.empty((m, n))
             scores = np.empty((m, k))
             logs = [[None] * k for _ in range(m)]
-            _fold_path(task, folds, contiguous, i, None, warm_start=warm_start,
-                       decision=decision, fold_scores=scores, logs=logs, references={})
-            return {"scores": scores[:, i].copy(), "logs": [logs[j][i] for j in range(m)],
-                    "decision": decision[:, rows].copy()}
+            head = None
+            for i in ids:
+                head = _fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
+                                  decision=decision, fold_scores=scores, logs=logs,
+                                  references={})
+            return [{"fold": i, "scores": scores[:, i].copy(),
+                     "logs": [logs[j][i] for j in range(m)],
+                     "decision": decision[:, np.flatnonzero(folds == i)].copy()} for i in ids]
 
 
-def cv_folds(client, st, task, k: int, warm_start: bool, folds, decision, fold_scores, logs,
-             on_fold=None) -> None:
-    """The folds of ``task`` on ``st`` as tasks; their results written into the arrays as
-    the local :func:`~ooc_learn.cv.linear._fold_path` writes them."""
-    args = [(str(st.path), st.positive, k, i, task.Cs, task.params, warm_start)
-            for i in range(k)]
-    for i, out in enumerate(_gather(client, _fold_task, args)):
-        rows = np.flatnonzero(folds == i)
-        fold_scores[:, i] = out["scores"]
-        decision[:, rows] = out["decision"]
-        for j, entry in enumerate(out["logs"]):
-            logs[j][i] = entry
-            if on_fold is not None:
-                on_fold(entry)
+def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision, fold_scores,
+             logs, on_fold=None) -> None:
+    """The runs of folds ``chains`` (:func:`~ooc_learn.cv.linear.fold_chains`) as tasks;
+    their results written into the arrays as the local run's threads write them."""
+    args = [(str(st.path), st.positive, k, ids, task.Cs, task.params, warm_start)
+            for ids in chains]
+    for outs in _gather(client, _chain_task, args):
+        for out in outs:
+            i = out["fold"]
+            fold_scores[:, i] = out["scores"]
+            decision[:, np.flatnonzero(folds == i)] = out["decision"]
+            for j, entry in enumerate(out["logs"]):
+                logs[j][i] = entry
+                if on_fold is not None:
+                    on_fold(entry)
 
 
 # ---------------------------------------------------------------- one-vs-rest classes
@@ -148,6 +188,7 @@ def _class_cv_task(path, c, k, Cs, params, warm_start):
     from ooc_learn.cv.linear import _cross_validate, _FoldTask
     from ooc_learn.storage.store import open_store
 
+    _keep_open(path)
     with open_store(path, memory=task_budget(), positive=c) as view:
         results = _cross_validate(view, k, task=_FoldTask(view, Cs, **params),
                                   warm_start=warm_start, on_fold=None)
@@ -165,6 +206,7 @@ def _train_class_task(path, c, params):
     from ooc_learn.storage.store import open_store
     from ooc_learn.training import train
 
+    _keep_open(path)
     with open_store(path, memory=task_budget(), positive=c) as view:
         m = train(view, **params)
     return m, dict(m.meta["stats"], **{"class": c})

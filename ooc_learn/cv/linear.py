@@ -341,11 +341,12 @@ def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
     starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
     fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
     Regression (SVR's dual: beta signed, no labels in w): each C's folds stop relative to
-    the first violation of that C's first solve. ``n_jobs`` > 1 (the dual CD solvers): folds
-    run in that many threads (the kernels release the GIL), each from scratch at C_1 and
-    warm along C, one state per running fold. ``client`` (a ``dask.distributed.Client``):
-    each fold is a task on the cluster, from scratch at C_1 and warm along C as with
-    ``n_jobs``, every solver (IBCD too: a worker is its own process)."""
+    the first violation of that C's first solve. ``n_jobs`` > 1 (the dual CD solvers): the
+    folds are cut into that many runs of consecutive folds (:func:`fold_chains`), run in
+    threads (the kernels release the GIL); within a run each fold starts from the one before,
+    the first from scratch; one state per run. ``client`` (a ``dask.distributed.Client``):
+    the same runs, one per worker thread, each a task on the cluster, every solver (IBCD too:
+    a worker is its own process); the same answer as ``n_jobs`` = that many."""
     t0 = time.perf_counter()
     n = st.n_samples
     rows0, bytes0 = st.rows_read, st.bytes_read
@@ -359,8 +360,7 @@ def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
     # per row and C: its decision value (float64); per row: its fold (int32); the dual
     # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
     # per running fold
-    per_row = 5 * n + 8 * m * n + ((16 if jobs == 1 else 8 * jobs) * n
-                                   if dual and client is None else 0)
+    per_row = 5 * n + 8 * m * n + (16 * jobs * n if dual and client is None else 0)
     with st.budget.reservation(per_row + 3 * jobs * task.state_bytes, "cross-validation "
                                "state (each row's fold and decision values, the warm "
                                "starts)"):
@@ -370,25 +370,29 @@ def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
         fold_scores = np.empty((m, k))
         logs = [[None] * k for _ in range(m)]
 
-        def one_fold(i, head):
-            return _fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
-                              decision=decision, fold_scores=fold_scores, logs=logs,
-                              references=references, on_fold=on_fold)
+        def chain(ids):
+            """Folds ``ids`` in turn, each warm-started from the one before (the first from
+            scratch)."""
+            head = None
+            for i in ids:
+                head = _fold_path(task, folds, contiguous, int(i), head,
+                                  warm_start=warm_start, decision=decision,
+                                  fold_scores=fold_scores, logs=logs, references=references,
+                                  on_fold=on_fold)
 
-        if client is not None:  # each fold a task on the cluster, from scratch at C_1
+        chains = fold_chains(k, jobs)
+        if client is not None:  # each chain of folds a task on the cluster
             from ooc_learn.distributed import cv_folds
 
-            cv_folds(client, st, task, k, warm_start, folds, decision, fold_scores, logs,
-                     on_fold)
+            cv_folds(client, st, task, k, warm_start, chains, folds, decision, fold_scores,
+                     logs, on_fold)
         elif jobs == 1:
-            head = None
-            for i in range(k):
-                head = one_fold(i, head)
+            chain(chains[0])
         else:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                for f in [pool.submit(one_fold, i, None) for i in range(k)]:
+                for f in [pool.submit(chain, ids) for ids in chains]:
                     f.result()
         sizes = np.bincount(folds, minlength=k)
         method = f"{task.solver}-warm" if warm_start else task.solver
@@ -399,6 +403,13 @@ def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
                                 bytes_read=st.bytes_read - bytes0,
                                 seconds=time.perf_counter() - t0)
     return out
+
+
+def fold_chains(k: int, jobs: int) -> list[list[int]]:
+    """The folds 0..k-1 cut into ``jobs`` runs of consecutive folds (sizes differing by at
+    most one), run side by side; within a run each fold starts from the one before, as all
+    of them do one after another (``jobs`` = 1). 5 folds, 2 runs: [0, 1, 2], [3, 4]."""
+    return [list(map(int, ids)) for ids in np.array_split(np.arange(k), max(1, min(jobs, k)))]
 
 
 def _cross_validate_exact(st, k, *, Cs, bias, on_fold, seed=0) -> list[CVResult]:
