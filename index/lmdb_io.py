@@ -594,13 +594,16 @@ class SharedReader:
             self._env = open_env(self.path)
 
     def release(self) -> None:
+        # closed under the lock: another thread's acquire between the deregistration and
+        # the close would open the same environment again, which LMDB refuses ("already
+        # open in this process")
         with self._open_lock:
             self._users -= 1
             if self._users > 0:
                 return
             if self._key is not None and self._open.get(self._key) is self:
                 del self._open[self._key]
-        self._env.close()
+            self._env.close()
 
     @classmethod
     def is_open(cls, path) -> bool:
