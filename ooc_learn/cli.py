@@ -469,8 +469,10 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="MODEL", default=None,
                    help="model file to write (.npz or .h5); required unless --cv")
     p.add_argument("--solver", default=None,
-                   choices=["ibcd", "dcd", "bm", "pegasos", "exact"],
-                   help="classification: ibcd (default), dcd, bm, pegasos; regression: exact "
+                   choices=["ibcd", "dcd", "bm", "pegasos", "exact", "cocoa"],
+                   help="classification: ibcd (default), dcd, bm, pegasos, cocoa (CoCoA+ over "
+                        "the blocks on a Dask cluster: with --workers / --scheduler; --eps is "
+                        "then the relative duality gap); regression: exact "
                         "(least squares by the normal equations; the default where they fit "
                         "--memory) or dcd (dual CD SVR)")
     p.add_argument("--loss", default=None,

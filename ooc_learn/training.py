@@ -13,7 +13,7 @@ from ooc_learn.storage.store import Store, open_store
 
 __all__ = ["train", "train_regression", "SOLVERS", "open_data"]
 
-SOLVERS = ("ibcd", "dcd", "bm", "pegasos")
+SOLVERS = ("ibcd", "dcd", "bm", "pegasos", "cocoa")
 
 
 def _check(solver, loss, C, s, bias, eps, max_outer, block_size):
@@ -139,6 +139,17 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
             raise ParameterError("epsilon (--epsilon) is the insensitive zone of regression; "
                                  f"the store {st.path} holds a {st.task} task.",
                                  "Drop --epsilon.")
+        if solver == "cocoa":
+            if client is None or st.task != "binary":
+                raise ParameterError("--solver cocoa trains one binary model over the store's "
+                                     "blocks spread on a Dask cluster.",
+                                     "Add --workers N or --scheduler ADDRESS (client=), on a "
+                                     "binary store.")
+            from ooc_learn.solvers.cocoa import train_cocoa
+
+            return train_cocoa(st, client, C=C, loss=loss, bias=bias, eps=eps,
+                               max_rounds=100 * max_outer, epochs=epochs, seed=seed,
+                               on_round=on_outer)
         if st.task == "multiclass":
             return _train_one_vs_rest(
                 st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,

@@ -102,3 +102,58 @@ def test_no_dask_is_a_clear_refusal(stores, capsys, without_module):
     without_module("dask")
     assert train_main([str(stores / "bin"), "--cv", "3", "--workers", "2", "--quiet"]) == 2
     assert "ooc-learn[dask]" in capsys.readouterr().err
+
+
+def _primal(store_path, model, C, loss):
+    from ooc_learn.storage.store import open_store
+
+    with open_store(store_path) as st:
+        X, y, _ = st.read_range(0, st.n_samples)
+    w = np.append(model.coef_, model.intercept_ / model.meta.get("bias", 1.0))
+    z = np.asarray(X @ model.coef_ + model.intercept_).ravel() * np.asarray(y)
+    m = np.maximum(0.0, 1.0 - z)
+    return 0.5 * float(w @ w) + C * float(m.sum() if loss == "hinge" else (m ** 2).sum())
+
+
+@pytest.fixture(scope="module")
+def sparse_store(tmp_path_factory):
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    X = sp.random(2000, 3000, density=0.01, random_state=1, format="csr", dtype=np.float32)
+    X.data[:] = 1.0
+    y = np.where(X @ rng.normal(size=3000) + 0.3 * rng.normal(size=2000) > 0, 1, -1)
+    path = tmp_path_factory.mktemp("cocoa") / "sp"
+    ingest_arrays(X, y, path, n_blocks=6).close()
+    return path
+
+
+@pytest.mark.parametrize("shards,loss", [(1, "hinge"), (2, "sqhinge"), (4, "sqhinge")])
+def test_cocoa_reaches_the_single_machine_optimum(client, sparse_store, shards, loss):
+    """CoCoA+ over 1, 2 and 4 shards of the blocks: the dual rises every round, the run stops
+    on the relative duality gap, and its primal objective is within 1e-3 of the single
+    machine's optimum (dual CD to 1e-6); a round ships one w each way per shard."""
+    from ooc_learn.solvers.cocoa import train_cocoa
+
+    ref = train(sparse_store, solver="dcd", loss=loss, eps=1e-6, max_outer=100)
+    p_ref = _primal(sparse_store, ref, 1.0, loss)
+    m = train_cocoa(sparse_store, client, shards=shards, loss=loss, eps=1e-3, epochs=5,
+                    max_rounds=400)
+    st = m.meta["stats"]
+    assert st["converged"] and st["shards"] == shards
+    assert np.all(np.diff(st["duals"]) >= -1e-9 * abs(st["duals"][-1]))
+    p = _primal(sparse_store, m, 1.0, loss)
+    assert p == pytest.approx(st["objective"], rel=1e-9)  # the reported objective is P(w)
+    assert abs(p - p_ref) <= 1e-3 * p_ref
+    assert st["bytes_per_round"] == 2 * shards * 8 * (3000 + 1)
+
+
+def test_cocoa_from_the_cli(sparse_store, tmp_path, capsys):
+    assert train_main([str(sparse_store), "-o", str(tmp_path / "c.npz"), "--solver", "cocoa",
+                       "--loss", "sqhinge", "--eps", "0.001", "--epochs", "5", "--workers",
+                       "2", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["solver"] == "cocoa" and out["converged"]
+    assert train_main([str(sparse_store), "-o", str(tmp_path / "d.npz"), "--solver",
+                       "cocoa", "--quiet"]) == 2
+    assert "--workers" in capsys.readouterr().err

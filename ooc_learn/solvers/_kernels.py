@@ -435,3 +435,51 @@ def pegasos_pass(Xd, indptr, indices, data, sparse, bias, y, index, v, scale, t,
             scale = 1.0
         t += 1
     return scale, t, n_updates
+
+
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
+def cocoa_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, alpha, w_loc, dw,
+                sigma, upper, diag, state):
+    """One pass of CoCoA+'s local dual CD (Ma et al. 2015, adding, sigma' = sigma) over the
+    rows ``index`` in a fresh random order: coordinate i of the local sub-problem has the
+    gradient ``y_i x_i^T w_loc - 1 + diag alpha_i`` and the curvature
+    ``sigma (|x_i|^2 + bias^2) + diag``, where ``w_loc = w + sigma dw`` is the round's w seen
+    with this worker's own change; ``alpha``, ``w_loc`` and ``dw`` (the change of
+    ``w = sum_i alpha_i y_i [x_i, bias]``) are updated in place. Returns the updates made."""
+    shuffle_prefix(index, index.shape[0], state)
+    b2 = bias * bias
+    d = w_loc.shape[0] - 1
+    n_updates = 0
+    for s in range(index.shape[0]):
+        i = index[s]
+        yi = 1.0 if y[i] > 0 else -1.0
+        acc = bias * w_loc[d]
+        if sparse:
+            for p in range(indptr[i], indptr[i + 1]):
+                acc += data[p] * w_loc[indices[p]]
+        else:
+            for j in range(d):
+                acc += Xd[i, j] * w_loc[j]
+        G = yi * acc - 1.0 + diag * alpha[i]
+        qd = sigma * (sqn[i] + b2) + diag
+        a_old = alpha[i]
+        if qd > 0.0:
+            a_new = min(max(a_old - G / qd, 0.0), upper)
+        else:
+            a_new = upper if G < 0.0 else 0.0
+        if a_new == a_old:
+            continue
+        alpha[i] = a_new
+        c = (a_new - a_old) * yi
+        dw[d] += c * bias
+        w_loc[d] += sigma * c * bias
+        if sparse:
+            for p in range(indptr[i], indptr[i + 1]):
+                dw[indices[p]] += c * data[p]
+                w_loc[indices[p]] += sigma * c * data[p]
+        else:
+            for j in range(d):
+                dw[j] += c * Xd[i, j]
+                w_loc[j] += sigma * c * Xd[i, j]
+        n_updates += 1
+    return n_updates
