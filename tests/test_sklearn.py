@@ -48,7 +48,7 @@ def test_linear_svc_matches_liblinear_binary_and_one_vs_rest():
     yb = np.where(y == 1, "one", "other")
     # tight stops on both sides: LIBLINEAR's order comes from C's rand(), whose state the
     # other tests' LIBLINEAR runs move (at -e 1e-4 its answer moved by 0.05 with it)
-    clf = LinearSVC(C=0.5, tol=1e-6, max_outer=1000).fit(X, yb)
+    clf = LinearSVC(C=0.5, tol=1e-6, max_outer=1000, solver="dcd").fit(X, yb)
     assert clf.classes_.tolist() == ["one", "other"] and clf.coef_.shape == (1, 64)
     # LIBLINEAR's first label is the first it meets; compare the decision of "other" vs "one"
     ref, labels = _ll_decision(X, np.where(yb == "other", 1.0, -1.0), "-s 3 -c 0.5 -B 1 -e 1e-6")
