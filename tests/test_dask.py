@@ -157,3 +157,24 @@ def test_cocoa_from_the_cli(sparse_store, tmp_path, capsys):
     assert train_main([str(sparse_store), "-o", str(tmp_path / "d.npz"), "--solver",
                        "cocoa", "--quiet"]) == 2
     assert "--workers" in capsys.readouterr().err
+
+
+def test_cocoa_survives_a_shard_that_loses_its_alphas(client, sparse_store):
+    """A worker that loses a shard's alphas (restarted): the shard's part of w is taken out,
+    it starts again from zero, and the run still ends at the optimum."""
+    from ooc_learn.solvers import cocoa
+
+    ref = train(sparse_store, solver="dcd", loss="sqhinge", eps=1e-6, max_outer=100)
+    seen = []
+
+    def forget(info):
+        seen.append(info["round"])
+        if len(seen) == 3:
+            client.run(lambda: cocoa._STATE.clear())
+
+    m = cocoa.train_cocoa(sparse_store, client, shards=2, loss="sqhinge", eps=1e-3, epochs=5,
+                          max_rounds=400, on_round=forget)
+    st = m.meta["stats"]
+    assert st["converged"] and st["shards_lost"] == 2
+    p_ref = _primal(sparse_store, ref, 1.0, "sqhinge")
+    assert abs(_primal(sparse_store, m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
