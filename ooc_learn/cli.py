@@ -977,8 +977,11 @@ def _cv_incremental_body(args):
             learner = LeastSquaresSGD()
         else:
             learner = ExactLeastSquares(ridge=1e-6 if args.lam is None else args.lam)
-        run = tree_cv if method == "tree" else kfold_cv
-        res = run(store, learner, k, seed=args.seed, memory=budget)
+        if method == "tree":
+            res = tree_cv(store, learner, k, seed=args.seed, memory=budget,
+                          progress=not args.quiet)
+        else:
+            res = kfold_cv(store, learner, k, seed=args.seed, memory=budget)
     out = res.to_dict()
     out.update(store=str(args.store), learner=learner_name, cv_method=method,
                peak_rss_bytes=peak_rss_bytes())

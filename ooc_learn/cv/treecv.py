@@ -66,6 +66,7 @@ class CVRun:
 
     def __init__(self, data, learner, k, *, metric, randomized, seed, memory, shuffle,
                  caller, block_rows=None):
+        self.bar = None  # tree_cv(progress=True): a tqdm bar over the folds scored
         for name in ("init", "update", "predict", "losses"):
             if not callable(getattr(learner, name, None)):
                 raise ParameterError(
@@ -177,6 +178,8 @@ class CVRun:
             self.fold_loss[i] += float(self.learner.losses(y, pred, self.metric).sum())
             self.folds[ids] = i
             self._record(ids, pred)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def y64(self):
         if self._y64 is None:
@@ -215,6 +218,8 @@ class CVRun:
         row_ids = ids[a - off:b - off]
         self.folds[row_ids] = np.repeat(np.arange(s, e + 1), np.diff(rel))
         self._record(row_ids, out)
+        if self.bar is not None:
+            self.bar.update(e - s + 1)
 
     def in_one_block(self, s, e) -> bool:
         a, b = self.bounds[s], self.bounds[e + 1] - 1
@@ -301,6 +306,7 @@ def _worker_subtree(s, e, model, seed):
     try:
         run = CVRun.__new__(CVRun)
         run.__dict__.update(dict(
+            bar=None,
             metric=ctx["metric"], rng=np.random.default_rng(seed), source=source, k=ctx["k"],
             budget=store.budget if store is not None else MemoryBudget(ctx["limit"]),
             learner=ctx["learner"], randomized=ctx["randomized"], bounds=ctx["bounds"],
@@ -375,8 +381,8 @@ def _tree_parallel(run: CVRun, data, n_jobs: int) -> None:
 
 
 def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, memory=None,
-            n_jobs: int = 1, *, shuffle: bool = False, _block_rows: int | None = None
-            ) -> CVResult:
+            n_jobs: int = 1, *, shuffle: bool = False, progress: bool = False,
+            _block_rows: int | None = None) -> CVResult:
     """k-fold (or leave-one-out) CV estimate of an incremental learner by TreeCV.
 
     Parameters
@@ -403,6 +409,9 @@ def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, mem
         Permute array rows (by ``seed``) before cutting folds. Stores are already shuffled
         (rows into blocks at ingest; inside an indexed block that holds several folds, its
         leaf-ordered rows are taken in a fixed random order).
+    progress : bool
+        A tqdm bar on stderr over the folds scored (with ``n_jobs`` > 1, the folds of the
+        part of the tree this process walks).
 
     Returns
     -------
@@ -425,6 +434,10 @@ def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, mem
                              f"{n_jobs!r} instead.", "Use n_jobs=1 to run in this process.")
     run = CVRun(data, learner, k, metric=metric, randomized=randomized, seed=seed,
                 memory=memory, shuffle=shuffle, caller="tree_cv", block_rows=_block_rows)
+    if progress:
+        from tqdm.auto import tqdm
+
+        run.bar = tqdm(total=run.k, desc="tree_cv", unit="fold", leave=False)
     try:
         if n_jobs > 1:
             _tree_parallel(run, data, int(n_jobs))
@@ -433,6 +446,8 @@ def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, mem
             _tree(run, 0, run.k - 1, model)
             run.drop(model)
     finally:
+        if run.bar is not None:
+            run.bar.close()
         run.close()
     result = run.result("tree-randomized" if run.randomized else "tree")
     result.stats["seconds"] = time.perf_counter() - t0

@@ -249,3 +249,16 @@ def test_parallel_branches_equal_sequential(rng):
     np.testing.assert_array_equal(par.fold_scores, seq.fold_scores)
     np.testing.assert_array_equal(par.folds, seq.folds)
     assert par.stats["updates"] == seq.stats["updates"]
+
+
+def test_tree_cv_progress_bar_goes_to_stderr_and_changes_nothing(capsys):
+    import numpy as np
+
+    from ooc_learn.cv.treecv import tree_cv
+    from ooc_learn.learners import ExactLeastSquares
+
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    y = X @ [1.0, 2.0, 3.0]
+    quiet = tree_cv((X, y), ExactLeastSquares(1e-8), k=10)
+    shown = tree_cv((X, y), ExactLeastSquares(1e-8), k=10, progress=True)
+    assert shown.estimate == quiet.estimate and "tree_cv" in capsys.readouterr().err
