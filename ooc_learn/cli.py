@@ -529,6 +529,9 @@ def _train_parser() -> argparse.ArgumentParser:
     g.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="... on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786); "
                         "the store's path must be visible to its workers")
+    p.add_argument("--shards", type=int, default=None, metavar="K",
+                   help="--solver cocoa: cut the store's blocks into K shards (default: one "
+                        "per worker thread; more shards than workers is fine)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw the run (needs the [plot] extra, matplotlib): with --cv, CV "
                         "accuracy against C with each fold's score; else the objective, rows "
@@ -788,7 +791,7 @@ def _train_and_test(args, budget, test):
                   epochs=args.epochs, sample_eps=args.sample_eps, seed=args.seed,
                   memory=budget, spill_dir=args.spill_dir, on_outer=on_outer,
                   epsilon=args.epsilon, n_jobs=args.jobs,
-                  client=getattr(args, "client_", None))
+                  client=getattr(args, "client_", None), shards=args.shards)
     bar.close()
     test_figures = {}
     if test is not None:  # kept in the model file: ooc-info shows it on record

@@ -54,7 +54,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
           block_size: int = 1000, block_solver: str = "dual", epochs: int = 1,
           init_sample: int = 10000, sample_eps: float = 0.0, seed: int = 0, memory=None,
           spill_dir=None, on_outer=None, epsilon: float = 0.0, n_jobs: int = 1,
-          client=None) -> LinearModel:
+          client=None, shards: int | None = None) -> LinearModel:
     """Train a linear model on a store; returns a :class:`LinearModel`.
 
     A binary store trains a linear SVM, a multiclass store one SVM per class against the
@@ -84,7 +84,10 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     client : dask.distributed.Client, optional
         Multiclass: train the classes as tasks on this Dask cluster (the store's path must be
         visible to the workers; each task reads it as its class against the rest, under a
-        cap from its worker's memory limit); the model equals the local one's.
+        cap from its worker's memory limit); the model equals the local one's. With
+        ``solver="cocoa"`` (a binary store): one model by CoCoA+ over the cluster.
+    shards : int, optional
+        CoCoA+: the shards of consecutive blocks (default: the cluster's worker threads).
     C : float
         The SVM cost (LIBLINEAR's -c).
     s : float or None
@@ -123,6 +126,13 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     >>> model = ooc_learn.train("train.store", solver="ibcd", C=1.0)   # doctest: +SKIP
     >>> model.score("test.store")                                      # doctest: +SKIP
     """
+    if shards is not None and solver != "cocoa":
+        raise ParameterError("--shards cuts the store for --solver cocoa.",
+                             "Add --solver cocoa (with --workers or --scheduler), or drop "
+                             "--shards.")
+    if shards is not None and not (isinstance(shards, int) and shards >= 1):
+        raise ParameterError(f"--shards must be an int >= 1. Got {shards!r}.",
+                             "Pass e.g. --shards 4.")
     if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
         raise ParameterError(f"The 'sample_eps' parameter of train must be in [0, 1). Got "
                              f"{sample_eps!r} instead.", "0 disables the sampled rule; try 0.01.")
@@ -147,7 +157,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
                                      "binary store.")
             from ooc_learn.solvers.cocoa import train_cocoa
 
-            return train_cocoa(st, client, C=C, loss=loss, bias=bias, eps=eps,
+            return train_cocoa(st, client, shards=shards, C=C, loss=loss, bias=bias, eps=eps,
                                max_rounds=100 * max_outer, epochs=epochs, seed=seed,
                                on_round=on_outer)
         if st.task == "multiclass":

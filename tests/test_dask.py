@@ -151,9 +151,15 @@ def test_cocoa_reaches_the_single_machine_optimum(client, sparse_store, shards, 
 def test_cocoa_from_the_cli(sparse_store, tmp_path, capsys):
     assert train_main([str(sparse_store), "-o", str(tmp_path / "c.npz"), "--solver", "cocoa",
                        "--loss", "sqhinge", "--eps", "0.001", "--epochs", "5", "--workers",
-                       "2", "--json", "--quiet"]) == 0
+                       "2", "--shards", "4", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["solver"] == "cocoa" and out["converged"]
+    from ooc_learn.model import load_model
+
+    assert load_model(tmp_path / "c.npz").meta["stats"]["shards"] == 4
+    assert train_main([str(sparse_store), "-o", str(tmp_path / "e.npz"), "--shards", "2",
+                       "--quiet"]) == 2
+    assert "--solver cocoa" in capsys.readouterr().err
     assert train_main([str(sparse_store), "-o", str(tmp_path / "d.npz"), "--solver",
                        "cocoa", "--quiet"]) == 2
     assert "--workers" in capsys.readouterr().err
