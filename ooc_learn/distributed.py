@@ -127,6 +127,38 @@ def _keep_open(path):
         _KEPT.pop(next(iter(_KEPT))).close()
 
 
+def _data_file_exists(path: str) -> bool:
+    import os
+
+    from ooc_learn.storage.format import DATA_FILE
+
+    return os.path.isfile(os.path.join(path, DATA_FILE))
+
+
+def check_store_visible(client, path) -> None:
+    """Refuse, before any task, a store that some worker cannot see at ``path`` (tasks open
+    the store by its path: one machine, or a file system the workers share)."""
+    path = str(path)
+    seen = client.run(_data_file_exists, path)
+    blind = sorted(addr for addr, ok in seen.items() if not ok)
+    if blind:
+        raise ParameterError(
+            f"The store {path} is not visible to {len(blind)} of the cluster's "
+            f"{len(seen)} workers ({', '.join(blind[:3])}{' ...' if len(blind) > 3 else ''}).",
+            "Put the store on a file system every worker mounts at the same path, or run "
+            "with --workers N (a local cluster).")
+
+
+def _shipped(client, path) -> str:
+    """The store's path as the tasks get it: absolute (a worker's working folder is its
+    own), and checked to be visible to every worker."""
+    import os
+
+    path = os.path.abspath(str(path))
+    check_store_visible(client, path)
+    return path
+
+
 def _gather(client, fn, args_list):
     """Run ``fn(*args)`` for each of ``args_list`` as tasks; yield the results in order."""
     futures = [client.submit(fn, *args, pure=False, retries=RETRIES) for args in args_list]
@@ -169,8 +201,8 @@ def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision
              logs, on_fold=None) -> None:
     """The runs of folds ``chains`` (:func:`~ooc_learn.cv.linear.fold_chains`) as tasks;
     their results written into the arrays as the local run's threads write them."""
-    args = [(str(st.path), st.positive, k, ids, task.Cs, task.params, warm_start)
-            for ids in chains]
+    path = _shipped(client, st.path)
+    args = [(path, st.positive, k, ids, task.Cs, task.params, warm_start) for ids in chains]
     for outs in _gather(client, _chain_task, args):
         for out in outs:
             i = out["fold"]
@@ -197,7 +229,8 @@ def _class_cv_task(path, c, k, Cs, params, warm_start):
 
 def cv_classes(client, st, task, k: int, classes, warm_start: bool):
     """Yield ``(results, rows_read)`` of each class's CV, in class order."""
-    args = [(str(st.path), float(c), k, task.Cs, task.params, warm_start) for c in classes]
+    path = _shipped(client, st.path)
+    args = [(path, float(c), k, task.Cs, task.params, warm_start) for c in classes]
     yield from _gather(client, _class_cv_task, args)
 
 
@@ -214,6 +247,6 @@ def _train_class_task(path, c, params):
 
 def train_classes(client, st, classes, params: dict) -> list:
     """``[(model, stats)]`` of each class against the rest, in class order."""
+    path = _shipped(client, st.path)
     plain = {k: v for k, v in params.items() if k not in ("on_outer", "n_jobs", "memory")}
-    return list(_gather(client, _train_class_task,
-                        [(str(st.path), c, plain) for c in classes]))
+    return list(_gather(client, _train_class_task, [(path, c, plain) for c in classes]))

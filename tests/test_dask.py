@@ -184,3 +184,12 @@ def test_cocoa_survives_a_shard_that_loses_its_alphas(client, sparse_store):
     assert st["converged"] and st["shards_lost"] == 2
     p_ref = _primal(sparse_store, ref, 1.0, "sqhinge")
     assert abs(_primal(sparse_store, m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
+
+
+def test_a_store_the_workers_cannot_see_is_refused_before_any_task(client, stores, tmp_path):
+    from ooc_learn.distributed import check_store_visible
+    from ooc_learn.storage.errors import ParameterError
+
+    check_store_visible(client, stores / "bin")  # seen by both
+    with pytest.raises(ParameterError, match="not visible to 2 of the cluster's 2 workers"):
+        check_store_visible(client, tmp_path / "nowhere.store")

@@ -110,7 +110,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
         ``meta["stats"]``: rounds, the duality gap of each round, converged, bytes shipped
         per round, seconds.
     """
-    from ooc_learn.distributed import n_workers
+    from ooc_learn.distributed import _shipped, n_workers
     from ooc_learn.model import LinearModel
     from ooc_learn.training import open_data
 
@@ -129,6 +129,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
     finally:
         if opened:
             st.close()
+    path = _shipped(client, path)
     k = max(1, min(int(shards or n_workers(client)), nb))
     parts = [p.tolist() for p in np.array_split(np.arange(nb), k)]
     addrs = sorted(client.scheduler_info()["workers"])
