@@ -30,8 +30,8 @@ import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
 
-__all__ = ["make_client", "n_workers", "task_budget", "cv_folds", "cv_classes",
-           "train_classes"]
+__all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
+           "check_store_visible", "cv_folds", "cv_classes", "train_classes"]
 
 # a task's share of its worker's memory limit per thread (see the module docstring)
 TASK_SHARE = 0.5
@@ -109,7 +109,7 @@ _KEPT: dict = {}  # (pid, store path) -> a Store kept open on this worker
 KEEP_STORES = 4
 
 
-def _keep_open(path):
+def keep_open(path):
     """Keep the store at ``path`` open on this worker between tasks (the last
     ``KEEP_STORES``), so that its block cache, shared by the views under the worker's
     budget, outlives each task: the next class or fold reads the blocks the last one left.
@@ -149,7 +149,7 @@ def check_store_visible(client, path) -> None:
             "with --workers N (a local cluster).")
 
 
-def _shipped(client, path) -> str:
+def shipped_path(client, path) -> str:
     """The store's path as the tasks get it: absolute (a worker's working folder is its
     own), and checked to be visible to every worker."""
     import os
@@ -174,12 +174,12 @@ def _gather(client, fn, args_list):
 def _chain_task(path, positive, k, ids, Cs, params, warm_start):
     """On a worker: folds ``ids`` in turn at every C (each from the one before, the first
     from scratch), as a thread of the local run does them."""
-    from ooc_learn.cv.linear import _FoldTask, _fold_path, fold_plan
+    from ooc_learn.cv.linear import FoldTask, fold_path, fold_plan
     from ooc_learn.storage.store import open_store
 
-    _keep_open(path)
+    keep_open(path)
     with open_store(path, memory=task_budget(), positive=positive) as st:
-        task = _FoldTask(st, Cs, **params)
+        task = FoldTask(st, Cs, **params)
         folds, contiguous = fold_plan(st.block_offsets, k, task.seed)
         m, n = len(Cs), st.n_samples
         with st.budget.reservation(8 * m * n + 21 * n, "a run of folds' decision values "
@@ -189,7 +189,7 @@ def _chain_task(path, positive, k, ids, Cs, params, warm_start):
             logs = [[None] * k for _ in range(m)]
             head = None
             for i in ids:
-                head = _fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
+                head = fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
                                   decision=decision, fold_scores=scores, logs=logs,
                                   references={})
             return [{"fold": i, "scores": scores[:, i].copy(),
@@ -201,7 +201,7 @@ def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision
              logs, on_fold=None) -> None:
     """The runs of folds ``chains`` (:func:`~ooc_learn.cv.linear.fold_chains`) as tasks;
     their results written into the arrays as the local run's threads write them."""
-    path = _shipped(client, st.path)
+    path = shipped_path(client, st.path)
     args = [(path, st.positive, k, ids, task.Cs, task.params, warm_start) for ids in chains]
     for outs in _gather(client, _chain_task, args):
         for out in outs:
@@ -217,19 +217,19 @@ def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision
 # ---------------------------------------------------------------- one-vs-rest classes
 def _class_cv_task(path, c, k, Cs, params, warm_start):
     """On a worker: the CV of class c against the rest, its folds one after another."""
-    from ooc_learn.cv.linear import _cross_validate, _FoldTask
+    from ooc_learn.cv.linear import cross_validate, FoldTask
     from ooc_learn.storage.store import open_store
 
-    _keep_open(path)
+    keep_open(path)
     with open_store(path, memory=task_budget(), positive=c) as view:
-        results = _cross_validate(view, k, task=_FoldTask(view, Cs, **params),
+        results = cross_validate(view, k, task=FoldTask(view, Cs, **params),
                                   warm_start=warm_start, on_fold=None)
         return results, view.rows_read
 
 
 def cv_classes(client, st, task, k: int, classes, warm_start: bool):
     """Yield ``(results, rows_read)`` of each class's CV, in class order."""
-    path = _shipped(client, st.path)
+    path = shipped_path(client, st.path)
     args = [(path, float(c), k, task.Cs, task.params, warm_start) for c in classes]
     yield from _gather(client, _class_cv_task, args)
 
@@ -239,7 +239,7 @@ def _train_class_task(path, c, params):
     from ooc_learn.storage.store import open_store
     from ooc_learn.training import train
 
-    _keep_open(path)
+    keep_open(path)
     with open_store(path, memory=task_budget(), positive=c) as view:
         m = train(view, **params)
     return m, dict(m.meta["stats"], **{"class": c})
@@ -247,6 +247,6 @@ def _train_class_task(path, c, params):
 
 def train_classes(client, st, classes, params: dict) -> list:
     """``[(model, stats)]`` of each class against the rest, in class order."""
-    path = _shipped(client, st.path)
+    path = shipped_path(client, st.path)
     plain = {k: v for k, v in params.items() if k not in ("on_outer", "n_jobs", "memory")}
     return list(_gather(client, _train_class_task, [(path, c, plain) for c in classes]))

@@ -32,7 +32,8 @@ from ooc_learn.storage.errors import ParameterError
 from .folds import check_k, store_fold_bounds
 from .result import CVResult
 
-__all__ = ["linear_cv", "linear_cv_grid", "linear_c_search", "fold_plan", "LINEAR_CV_SOLVERS"]
+__all__ = ["linear_cv", "linear_cv_grid", "linear_c_search", "fold_plan", "fold_chains",
+           "fold_path", "cross_validate", "FoldTask", "LINEAR_CV_SOLVERS"]
 
 LINEAR_CV_SOLVERS = ("ibcd", "dcd", "bm")
 
@@ -139,7 +140,7 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
             for C in Cs:  # the checks of train_regression, before any work
                 _check_cost(C, caller)
             return _cross_validate_exact(st, k, Cs=Cs, bias=bias, on_fold=on_fold, seed=seed)
-        task = _FoldTask(st, Cs, solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+        task = FoldTask(st, Cs, solver=solver, loss=loss, s=s, bias=bias, eps=eps,
                          max_outer=max_outer, block_size=block_size,
                          block_solver=block_solver, init_sample=init_sample,
                          sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
@@ -147,7 +148,7 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
         if st.task == "multiclass":
             return _cross_validate_ovr(st, k, task=task, warm_start=warm_start,
                                        on_fold=on_fold, n_jobs=n_jobs, client=client)
-        return _cross_validate(st, k, task=task, warm_start=warm_start, on_fold=on_fold,
+        return cross_validate(st, k, task=task, warm_start=warm_start, on_fold=on_fold,
                                n_jobs=n_jobs, client=client)
     finally:
         if opened:
@@ -160,7 +161,7 @@ def _check_cost(C, caller: str) -> None:
                              "C is the cost; try 1.")
 
 
-class _FoldTask:
+class FoldTask:
     """What every fold of a CV run solves and how it is scored: the solver and its
     parameters (checked before any work), resolved from the store's task; :meth:`solve`
     trains fold i at C from a warm start and scores it."""
@@ -221,7 +222,7 @@ class _FoldTask:
 
     def on(self, st):
         """The same task on another view of the store (one class against the rest)."""
-        other = object.__new__(_FoldTask)
+        other = object.__new__(FoldTask)
         other.__dict__.update(self.__dict__, st=st)
         return other
 
@@ -302,7 +303,7 @@ def _fold(folds, contiguous: bool, i: int):
     return int(idx[0]), int(idx[-1]) + 1, mask
 
 
-def _fold_path(task, folds, contiguous: bool, i: int, head, *, warm_start: bool, decision,
+def fold_path(task, folds, contiguous: bool, i: int, head, *, warm_start: bool, decision,
                fold_scores, logs, references: dict, on_fold=None):
     """Fold i at every C of ``task`` (ascending): its scores, log entries and its rows'
     decision values go into ``fold_scores[:, i]``, ``logs[j][i]`` and ``decision``. ``head``:
@@ -335,7 +336,7 @@ def _fold_path(task, folds, contiguous: bool, i: int, head, *, warm_start: bool,
     return head if warm_start else None
 
 
-def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
+def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
                     client=None) -> list[CVResult]:
     """One CVResult per C of ``task.Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
     starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
@@ -375,7 +376,7 @@ def _cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
             scratch)."""
             head = None
             for i in ids:
-                head = _fold_path(task, folds, contiguous, int(i), head,
+                head = fold_path(task, folds, contiguous, int(i), head,
                                   warm_start=warm_start, decision=decision,
                                   fold_scores=fold_scores, logs=logs, references=references,
                                   on_fold=on_fold)
@@ -498,7 +499,7 @@ def _cross_validate_ovr(st, k, *, task, n_jobs=1, client=None, **params) -> list
 
         def one(c):
             with open_store(st.path, memory=st.budget, positive=c) as view:
-                results = _cross_validate(view, k, task=task.on(view),
+                results = cross_validate(view, k, task=task.on(view),
                                           n_jobs=1 if jobs > 1 else n_jobs, **params)
                 return results, view.rows_read
 
@@ -633,7 +634,7 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                     break
                 C *= factor
             return out
-        task = _FoldTask(st, [C_min], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
+        task = FoldTask(st, [C_min], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
                          max_outer=max_outer, block_size=block_size,
                          block_solver=block_solver, init_sample=init_sample,
                          sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,

@@ -42,12 +42,12 @@ _STATE: dict = {}  # (run, shard) -> that shard's alphas, on the worker that hol
 def _shard_round(run: str, path: str, shard: int, blocks, w, fresh: bool, sigma: float,
                  C: float, loss: str, bias: float, epochs: int, seed: int):
     """On a worker: one CoCoA+ round of shard ``shard`` (see the module docstring)."""
-    from ooc_learn.distributed import _keep_open, task_budget
+    from ooc_learn.distributed import keep_open, task_budget
     from ooc_learn.solvers import _kernels as K
     from ooc_learn.solvers._common import kernel_args
     from ooc_learn.storage.store import open_store
 
-    _keep_open(path)
+    keep_open(path)
     with open_store(path, memory=task_budget()) as st:
         off = np.asarray(st.block_offsets, dtype=np.int64)
         sizes = [int(off[b + 1] - off[b]) for b in blocks]
@@ -110,7 +110,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
         ``meta["stats"]``: rounds, the duality gap of each round, converged, bytes shipped
         per round, seconds.
     """
-    from ooc_learn.distributed import _shipped, n_workers
+    from ooc_learn.distributed import shipped_path, n_workers
     from ooc_learn.model import LinearModel
     from ooc_learn.training import open_data
 
@@ -129,7 +129,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
     finally:
         if opened:
             st.close()
-    path = _shipped(client, path)
+    path = shipped_path(client, path)
     k = max(1, min(int(shards or n_workers(client)), nb))
     parts = [p.tolist() for p in np.array_split(np.arange(nb), k)]
     addrs = sorted(client.scheduler_info()["workers"])
