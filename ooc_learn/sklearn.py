@@ -57,17 +57,17 @@ def _is_store_like(X) -> bool:
     return isinstance(X, (str, Path)) and is_store(X)
 
 
-def _open(X, memory):
-    """``(store, opened_here)``."""
-    from ooc_learn.training import open_data
+class _SparseInput(BaseEstimator):
+    """Every estimator here takes scipy sparse X (scikit-learn's input tag)."""
 
-    return open_data(X, memory)
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
 
 
-class _LinearEstimator(BaseEstimator):
+class _LinearEstimator(_SparseInput):
     """What the classifier and the regressor share: the two ways in, the fitted attributes."""
-
-    _task = "binary"
 
     def _bias(self) -> float:
         if self.fit_intercept:
@@ -83,7 +83,9 @@ class _LinearEstimator(BaseEstimator):
         if y is not None:
             raise ValueError("fit(store) takes the labels from the store; leave y out "
                              "(fit(store), not fit(store, y)).")
-        store, opened = _open(X, self.memory)
+        from ooc_learn.training import open_data
+
+        store, opened = open_data(X, self.memory)
         try:
             model = self._train(store)
             self.n_features_in_ = store.n_features
@@ -240,12 +242,6 @@ class LinearSVC(ClassifierMixin, _LinearEstimator):
             return self.classes_[(scores > 0).astype(np.intp)]
         return self.classes_[np.argmax(scores, axis=1)]
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        return tags
-
-
 class LinearSVR(RegressorMixin, _LinearEstimator):
     """Linear support vector regression, trained out of core (LIBLINEAR's ``-s 13`` /
     ``-s 11``; least squares by the normal equations where the loss is squared and
@@ -270,8 +266,6 @@ class LinearSVR(RegressorMixin, _LinearEstimator):
     intercept_ : ndarray of shape (1,)
     n_features_in_, n_iter_, model_ : as :class:`LinearSVC`
     """
-
-    _task = "regression"
 
     def __init__(self, *, epsilon=0.0, C=1.0, loss="epsilon_insensitive", solver=None,
                  fit_intercept=True, intercept_scaling=1.0, tol=0.1, max_outer=10,
@@ -321,13 +315,8 @@ class LinearSVR(RegressorMixin, _LinearEstimator):
                           dtype=[np.float64, np.float32])
         return np.asarray(X @ self.coef_, dtype=np.float64).ravel() + self.intercept_[0]
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        return tags
 
-
-class SparseRLS(RegressorMixin, BaseEstimator):
+class SparseRLS(RegressorMixin, _SparseInput):
     """Sparse regularised least squares (subset of regressors) with exact fast hold-out,
     k-fold and leave-one-out CV (Pahikkala et al. 2012), as a scikit-learn regressor.
 
@@ -484,6 +473,5 @@ class SparseRLS(RegressorMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
         tags.target_tags.multi_output = True
         return tags
