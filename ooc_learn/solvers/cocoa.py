@@ -36,7 +36,9 @@ from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["train_cocoa"]
 
-_STATE: dict = {}  # (run, shard) -> that shard's alphas, on the worker that holds it
+# (run, shard) -> that shard's alphas and its rows' squared norms (read once, not each pass),
+# on the worker that holds it
+_STATE: dict = {}
 
 
 def _shard_round(run: str, path: str, shard: int, blocks, w, fresh: bool, sigma: float,
@@ -51,11 +53,14 @@ def _shard_round(run: str, path: str, shard: int, blocks, w, fresh: bool, sigma:
     with open_store(path, memory=task_budget()) as st:
         off = np.asarray(st.block_offsets, dtype=np.int64)
         sizes = [int(off[b + 1] - off[b]) for b in blocks]
-        alpha = _STATE.get((run, shard))
-        if alpha is None:
+        held = _STATE.get((run, shard))
+        if held is None:
             if not fresh:
                 return {"lost": True}
-            alpha = _STATE[(run, shard)] = np.zeros(sum(sizes))
+            held = _STATE[(run, shard)] = (np.zeros(sum(sizes)), [
+                np.asarray(st.sqnorms(int(off[b]), int(off[b + 1])), dtype=np.float64)
+                for b in blocks])
+        alpha, sqnorms = held
         sum_a, sum_a2 = float(alpha.sum()), float(alpha @ alpha)  # the dual's, at the start
         upper, diag = (C, 0.0) if loss == "hinge" else (math.inf, 1.0 / (2.0 * C))
         w = np.asarray(w, dtype=np.float64)
@@ -74,9 +79,8 @@ def _shard_round(run: str, path: str, shard: int, blocks, w, fresh: bool, sigma:
                     K.rows_dot(*args, float(bias), rows, w, z)
                     margin = np.maximum(0.0, 1.0 - yf * z)
                     loss_sum += float(margin.sum() if loss == "hinge" else (margin ** 2).sum())
-                sqn = np.asarray(st.sqnorms(int(off[b]), int(off[b + 1])), dtype=np.float64)
                 a = alpha[starts[k]:starts[k + 1]]
-                updates += K.cocoa_epoch(*args, float(bias), yf, sqn, rows, a, w_loc, dw,
+                updates += K.cocoa_epoch(*args, float(bias), yf, sqnorms[k], rows, a, w_loc, dw,
                                          float(sigma), upper, diag, state)
         return {"dw": dw, "loss": loss_sum, "sum_alpha": sum_a, "sum_alpha2": sum_a2,
                 "updates": int(updates)}
