@@ -263,25 +263,25 @@ def _ingest_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def _stdin_spooled(sources, output):
-    """``sources`` with ``-`` replaced by a copy of standard input, written beside the output
-    (format detection and the CSV layout read the head of a source again, which a pipe
-    cannot give back) and removed afterwards; errors name ``<stdin>``, not the copy."""
+    """``(sources, names)``: ``-`` replaced by a copy of standard input, written beside the
+    output (format detection and the CSV layout read the head of a source again, which a
+    pipe cannot give back) and removed afterwards, and ``names`` mapping the copy to
+    ``<stdin>`` for the store's metadata; errors name ``<stdin>`` too."""
     if "-" not in sources:
-        yield list(sources)
+        yield list(sources), {}
         return
     import shutil
     import tempfile
 
     from ooc_learn.storage.errors import IngestError
-    from ooc_learn.storage.ingest import STDIN_SPOOL_PREFIX
 
     parent = os.path.dirname(os.path.abspath(output))
-    fd, spool = tempfile.mkstemp(prefix=STDIN_SPOOL_PREFIX, dir=parent)
+    fd, spool = tempfile.mkstemp(prefix=".ooc-stdin-", dir=parent)
     try:
         with os.fdopen(fd, "wb") as f:
             shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
         try:
-            yield [spool if s == "-" else s for s in sources]
+            yield [spool if s == "-" else s for s in sources], {spool: "<stdin>"}
         except IngestError as exc:
             exc.message = exc.message.replace(spool, "<stdin>")
             exc.path = "<stdin>" if exc.path == spool else exc.path
@@ -306,7 +306,7 @@ def _ingest_body(args):
     if args.sources.count("-") > 1:
         raise ParameterError("'-' (standard input) can be given once.", "Pass it once.")
     budget = _budget(args, parsers=_any_text(args.sources))
-    with _stdin_spooled(args.sources, args.output) as sources:
+    with _stdin_spooled(args.sources, args.output) as (sources, names):
         store = ingest(sources, args.output, format=args.format, layout=args.layout,
                        task=args.task, n_blocks=args.blocks, block_rows=args.block_rows,
                        n_features=args.n_features, positive_label=args.positive_label,
@@ -314,7 +314,8 @@ def _ingest_body(args):
                        delimiter=args.delimiter, header=args.header,
                        zero_based=args.zero_based, build_index=not args.no_index,
                        width=args.width, leaf_size=args.leaf_size, seed=args.seed,
-                       memory=budget, overwrite=args.overwrite, progress=not args.quiet)
+                       memory=budget, overwrite=args.overwrite, progress=not args.quiet,
+                       source_names=names)
     st = store.ingest_stats
     out = {"store": str(store.path), "n_samples": store.n_samples,
            "n_features": store.n_features, "n_blocks": store.n_blocks, "layout": store.layout,

@@ -305,6 +305,7 @@ def _check_finite_labels(labels, path, chunk):
 def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: str = "auto",
            n_blocks: int | None = None, block_rows: int | None = None,
            n_features: int | None = None, positive_label=None, label_names=None,
+           source_names: dict | None = None,
            label_column=None, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
            overwrite: bool = False, progress: bool = False, _chunks=None,
@@ -330,6 +331,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     label_names : list of str, optional
         The class names the text labels must come from, in code order (the training store's
         ``label_map["names"]``, so that test data get the same codes); another is refused.
+    source_names : dict, optional
+        How the store's metadata names a source path (a copy of standard input: "<stdin>").
     n_blocks, block_rows : int, optional
         How many random blocks, or how many rows per block (default: blocks of about
         min(64 MiB, cap / 8) in memory).
@@ -385,7 +388,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         stats = _ingest_into(tmp, sources, budget=budget, fmt=format, layout=layout,
                              task=task, n_blocks=n_blocks, block_rows=block_rows,
                              n_features=n_features, positive_label=positive_label,
-                             label_names=label_names, label_column=label_column, delimiter=delimiter, header=header,
+                             label_names=label_names, source_names=source_names or {},
+                             label_column=label_column, delimiter=delimiter, header=header,
                              zero_based=zero_based, block_orderer=block_orderer,
                              seed=seed, progress=progress, chunks=_chunks,
                              chunks_total=_chunks_total)
@@ -426,11 +430,6 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     chunk_rows = max(1, (4 << 20) // max(1, 4 * X.shape[1]))
     return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
                   _chunks_total=X.shape[0], **kwargs)
-
-
-# The copy of standard input that ``ooc-ingest -`` ingests starts with this; the store's
-# metadata records it as <stdin>
-STDIN_SPOOL_PREFIX = ".ooc-stdin-"
 
 
 # ---- the three passes --------------------------------------------------------------------
@@ -542,7 +541,7 @@ def _deal_buckets(p: _Parsed, ch, total: int, *, n_blocks, block_rows, shape_kw)
 
 
 def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_names,
-                    label_column, delimiter, header, zero_based, n_blocks, block_rows,
+                    source_names, label_column, delimiter, header, zero_based, n_blocks, block_rows,
                     shape_kw, buffer_bytes, rng, counter: _IOCount, progress) -> _Parsed:
     """Pass 1: parse every source and deal its rows into buckets as they come."""
     from tqdm.auto import tqdm
@@ -612,8 +611,9 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_name
                 raise IngestError("The source contains no data rows.",
                                   "Check that the file is not empty and is in a supported "
                                   "format (LIBSVM, CSV, .npy/.npz).", path=name)
-            if Path(name).name.startswith(STDIN_SPOOL_PREFIX):  # ooc-ingest -
-                p.sources.append({"name": "<stdin>", "path": "<stdin>"})
+            shown = source_names.get(str(name))
+            if shown is not None:  # ooc-ingest -: the copy of standard input is <stdin>
+                p.sources.append({"name": shown, "path": shown})
             else:
                 p.sources.append({"name": Path(name).name, "path": str(Path(name).resolve())
                                   if chunks is None else name})
@@ -788,7 +788,8 @@ def _write_store(tmp: Path, p: _Parsed, shape: _Shape, buckets: list, *, task, l
 
 
 def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, block_rows,
-                 n_features, positive_label, label_names, label_column, delimiter, header,
+                 n_features, positive_label, label_names, source_names, label_column,
+                 delimiter, header,
                  zero_based, block_orderer, seed, progress, chunks, chunks_total):
     deal_ss, plan_ss = np.random.SeedSequence(seed).spawn(2)
     shape_kw = dict(layout=layout, n_features=n_features, zero_based=zero_based,
@@ -799,7 +800,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     with budget.reservation(buffer_bytes, "bucket write buffer"):
         # ---- pass 1: parse and deal into buckets ------------------------------------------
         p = _parse_and_deal(tmp, sources, chunks, chunks_total, fmt=fmt,
-                            label_names=label_names, label_column=label_column, delimiter=delimiter, header=header,
+                            label_names=label_names, source_names=source_names,
+                            label_column=label_column, delimiter=delimiter, header=header,
                             zero_based=zero_based, n_blocks=n_blocks, block_rows=block_rows,
                             shape_kw=shape_kw, buffer_bytes=buffer_bytes,
                             rng=np.random.default_rng(deal_ss), counter=counter,
