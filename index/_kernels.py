@@ -115,8 +115,9 @@ def _assign(X, indptr, indices, data, is_csr, sqnorm, order, s, e, piv, k, group
         # the k pivot rows side by side: each row is then one pass over contiguous memory
         d = X.shape[1]
         P = np.empty((k, d), np.float32)
-        for j in range(k):
-            P[j, :] = X[piv[j], :]
+        for j in range(k):  # element by element: a slice copy compiles numba's broadcasting
+            for c in range(d):
+                P[j, c] = X[piv[j], c]
     if scatter:
         for j in range(k):
             for t in range(indptr[piv[j]], indptr[piv[j] + 1]):

@@ -244,7 +244,9 @@ def _token_end(buf, i, end):
     return i
 
 
-@njit(cache=True, nogil=True)
+# One signature, given up front: called with constant codes, a lazily typed ``_fail`` would be
+# compiled once for every combination of literal arguments
+@njit("int64(int64[::1], int64, int64, int64, int64, int64, int64)", cache=True, nogil=True)
 def _fail(st, code, line, a, b, col, extra):
     st[ST_ERR_LINE] = line
     st[ST_ERR_A] = a
@@ -255,9 +257,44 @@ def _fail(st, code, line, a, b, col, extra):
 
 
 @njit(cache=True, nogil=True)
+def _argsort(keys):
+    """A permutation that sorts ``keys`` (heapsort: O(n log n), not stable).
+
+    Written out because ``np.argsort`` compiles numba's merge sort, a second or more of the
+    parser's first run; equal keys are a duplicate feature, which the caller refuses anyway.
+    """
+    n = keys.shape[0]
+    order = np.arange(n)
+    # the first n // 2 steps build the heap (sift each inner node down); each later step moves
+    # the heap's top to the end of the shrinking heap and sifts the new root down
+    half = n // 2
+    for step in range(half + n - 1):
+        if step < half:
+            root = half - 1 - step
+            size = n
+        else:
+            size = n - 1 - (step - half)
+            order[0], order[size] = order[size], order[0]
+            root = 0
+        top = order[root]
+        while True:
+            child = 2 * root + 1
+            if child >= size:
+                break
+            if child + 1 < size and keys[order[child + 1]] > keys[order[child]]:
+                child += 1
+            if keys[order[child]] <= keys[top]:
+                break
+            order[root] = order[child]
+            root = child
+        order[root] = top
+    return order
+
+
+@njit(cache=True, nogil=True)
 def _sort_row(indices, values, a, b, slow_target, s0, s1):
     """Sort entries ``[a, b)`` by index, remap slow slots ``[s0, s1)``; return a duplicate or -1."""
-    order = np.argsort(indices[a:b], kind="mergesort")
+    order = _argsort(indices[a:b])
     idx = indices[a:b].copy()
     val = values[a:b].copy()
     inv = np.empty(b - a, dtype=np.int64)
