@@ -781,19 +781,19 @@ def _crc32(buf, a, z, table):
     return c ^ np.uint64(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _u32(buf, p):
     return (np.uint64(buf[p]) | (np.uint64(buf[p + 1]) << _U8)
             | (np.uint64(buf[p + 2]) << _U16) | (np.uint64(buf[p + 3]) << _U24))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _i32(buf, p):
     u = np.int64(_u32(buf, p))
     return u - 4294967296 if u >= 2147483648 else u
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _i64(buf, p):
     return np.int64(_u32(buf, p) | (_u32(buf, p + 4) << _U32))
 

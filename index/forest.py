@@ -33,6 +33,7 @@ from typing import Callable
 import lmdb
 import numpy as np
 
+from ooc_learn._jit import await_kernel
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError, ParameterError
@@ -1118,6 +1119,7 @@ class Forest:
                 break
             if fast:
                 cnt[0] = count
+                await_kernel("bbf_run")  # a first run's helper may be compiling it
                 fr.size, code, pri = bbf_run(
                     fr.pri, fr.ent, fr.size, fen, shrink_on, take, now, excl, shrunk, fr.seen,
                     limit, max_ex, out, state, prec_from, min_prec, res.base, res.node_slot,

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+from ooc_learn._jit import await_kernel
 from ooc_learn.storage.errors import ParameterError
 
 from ._kernels import build_tree_kernel
@@ -163,6 +164,7 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
     # CSR rows scatter the pivots into a (d, K) workspace unless it would exceed 32 MiB
     work = (np.zeros((d, width), np.float32) if is_csr and d * width <= _SCATTER_MAX
             else np.zeros((0, 0), np.float32))
+    await_kernel("build_tree_kernel")  # a first run's helper may be compiling it
     (order, start, stop, first_child, n_children, pivot_orig, depth, radius,
      radius_aug) = build_tree_kernel(
         Xd, indptr, indices, data, is_csr, sqnorm, int(width), int(leaf_size), int(seed), work)

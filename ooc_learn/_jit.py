@@ -47,6 +47,128 @@ def kernels_cached(kernels) -> bool:
     return True
 
 
+def _array(dtype: str, ndim: int = 1):
+    from numba.core import types
+
+    return types.Array(getattr(types, "boolean" if dtype == "bool" else dtype), ndim, "C")
+
+
+def _signature(kernel: str) -> tuple:
+    """The argument types the commands call ``kernel`` with (the same for dense and CSR stores).
+
+    A helper process compiles these ahead; ``tests/test_jit.py`` checks them against what a
+    real ingest and train compile, so a change of a kernel's arguments fails there, not here.
+    """
+    from numba.core import types as t
+
+    A1, A2 = _array, (lambda dtype: _array(dtype, 2))
+    if kernel == "build_tree_kernel":
+        return (A2("float32"), A1("int64"), A1("int32"), A1("float32"), t.boolean,
+                A1("float32"), t.int64, t.int64, t.int64, A2("float32"))
+    if kernel == "bbf_run":
+        return (A1("float64"), A2("int64"), t.int64, A1("int32"), t.boolean, t.boolean,
+                t.boolean, A1("uint8"), A1("uint8"), A1("int64"), t.int64, t.int64,
+                A1("int64"), A1("int64"), t.int64, t.float64, A1("int64"), A1("int32"),
+                A1("int64"), A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("bool"),
+                A1("int64"), A1("float32"), A1("float32"), A1("int32"), A1("int64"),
+                A1("int32"), A1("int64"), A1("int32"),
+                t.ListType(A2("float32")), t.ListType(A1("int64")), t.ListType(A1("int32")),
+                t.ListType(A1("float32")), t.ListType(A1("float32")),
+                t.boolean, A1("float64"), t.float64, A1("float64"), t.float64, t.boolean,
+                t.float64, t.float64, t.boolean, t.float64, t.float64, t.float64, t.float64,
+                t.int64, t.int64, A1("int64"), A1("int64"))
+    raise KeyError(kernel)
+
+
+# What a command's helper process compiles while the command compiles the rest: one large
+# kernel each, about half of the command's first-run compilation (ingest: the parser here,
+# the index's tree builder there; train: dual CD, the node decoder and the row lists here,
+# the index search there)
+AHEAD = {
+    "build_tree_kernel": "ooc_learn.index._kernels",
+    "bbf_run": "ooc_learn.index._kernels",
+}
+_PENDING: dict = {}  # kernel name -> the helper process compiling it
+
+
+def _dispatcher(kernel: str):
+    import importlib
+
+    return getattr(importlib.import_module(AHEAD[kernel]), kernel)
+
+
+def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
+    """Start one helper process that compiles ``kernels`` into numba's cache, where that is
+    worth it: one of them is not in the cache, a second CPU is free for it, the run has no
+    memory cap of the user's (the helper's ~200 MB would be outside it) and
+    ``OOC_COMPILE_AHEAD`` is not ``0``. Returns the kernels it compiles.
+
+    Only a first run starts one. The command waits for it (:func:`await_kernel`) just before
+    its first call of such a kernel, which then loads from the cache; a helper still running
+    when the command ends is stopped then (nothing outlives the command).
+    """
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("OOC_COMPILE_AHEAD", "1") == "0" or memory_given:
+        return []
+    try:
+        if len(os.sched_getaffinity(0)) < 2:
+            return []
+    except AttributeError:  # not Linux
+        if (os.cpu_count() or 1) < 2:
+            return []
+    todo = [k for k in kernels if k not in _PENDING
+            and not kernels_cached(((AHEAD[k], k),))]
+    if not todo:
+        return []
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "ooc_learn._jit", *todo],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return []
+    if not _PENDING:
+        import atexit
+
+        atexit.register(_stop_helpers)
+    for k in todo:
+        _PENDING[k] = proc
+    return todo
+
+
+def await_kernel(kernel: str, timeout: float = 300.0) -> None:
+    """Wait for the helper compiling ``kernel``, if one is (a dictionary lookup otherwise).
+
+    If the helper failed or is too slow, the kernel simply compiles here on its first call.
+    """
+    proc = _PENDING.pop(kernel, None)
+    if proc is None:
+        return
+    import subprocess
+
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _stop_helpers() -> None:
+    for proc in set(_PENDING.values()):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _PENDING.clear()
+
+
+def _compile(kernels) -> None:
+    """The helper's work: compile each kernel for the commands' signature (cached)."""
+    for kernel in kernels:
+        _dispatcher(kernel).compile(_signature(kernel))
+
+
 def announce_first_run(prog: str) -> bool:
     """Print "compiling kernels (first run only)" on stderr when ``prog``'s main kernels are
     not in numba's cache; return whether it did."""
@@ -58,3 +180,9 @@ def announce_first_run(prog: str) -> bool:
     print(f"{prog}: compiling kernels (first run only: later runs load them from numba's "
           f"cache)...", file=sys.stderr, flush=True)
     return True
+
+
+if __name__ == "__main__":  # the helper process of compile_ahead
+    import sys
+
+    _compile(sys.argv[1:])

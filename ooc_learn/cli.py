@@ -65,6 +65,19 @@ def _any_text(paths) -> bool:
                for p in paths)
 
 
+def _ahead_kernels(prog: str, args) -> list[str]:
+    """The large kernel of ``prog``'s run that a helper process can compile in parallel on a
+    first run (see ``_jit.compile_ahead``): the tree builder of an indexed ingest, the index
+    search of IBCD."""
+    if prog == "ooc-ingest" and not getattr(args, "no_index", False):
+        return ["build_tree_kernel"]
+    if prog == "ooc-train" and getattr(args, "solver", None) in (None, "ibcd") \
+            and getattr(args, "workers", None) is None \
+            and getattr(args, "scheduler", None) is None:
+        return ["bbf_run"]
+    return []
+
+
 def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv=None) -> int:
     """Parse ``argv``, run ``body(args)`` and turn failures into messages and exit codes."""
     if "--json" in (sys.argv[1:] if argv is None else argv):
@@ -73,10 +86,13 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     from ooc_learn.storage.resources import limit_allocator_retention
 
     limit_allocator_retention()
-    if not getattr(args, "quiet", False):
-        from ooc_learn._jit import announce_first_run
+    from ooc_learn._jit import announce_first_run, compile_ahead
 
+    if not getattr(args, "quiet", False):
         announce_first_run(prog)
+    compile_ahead(_ahead_kernels(prog, args),
+                  memory_given=getattr(args, "memory", None) is not None
+                  or bool(os.environ.get("OOC_MEMORY")))
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
     stop = _StopSignals()

@@ -68,3 +68,76 @@ def test_a_cold_cache_is_told_and_a_warm_one_is_not(tmp_path, monkeypatch, capsy
     assert "compiling kernels (first run only" in capsys.readouterr().err
     index_main([str(tmp_path / "missing.store"), "--quiet"])
     assert "compiling" not in capsys.readouterr().err
+
+
+# ---- compiling ahead in a helper process (README command 1's first run) -------------------
+def test_the_helpers_signatures_are_the_ones_the_commands_use(tmp_path):
+    """The helper compiles each kernel for a fixed signature: a stale one would compile code
+    nobody calls (and the command would compile its own, slower than no helper)."""
+    import ooc_learn._jit as jit
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(600, 8)).astype(np.float32)
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    for sparse in (False, True):
+        rows = __import__("scipy.sparse").sparse.csr_matrix(X) if sparse else X
+        store = ooc_learn.ingest_arrays(rows, y, tmp_path / f"s{sparse}", n_blocks=2,
+                                        build_index=True)
+        ooc_learn.train(store, solver="ibcd", init_sample=100)
+        store.close()
+    for kernel in jit.AHEAD:
+        dispatcher = jit._dispatcher(kernel)
+        assert jit._signature(kernel) in dispatcher.signatures, (
+            f"{kernel} is called with {dispatcher.signatures}; update _jit._signature")
+
+
+def test_a_helper_fills_the_cache_for_the_next_call(tmp_path):
+    import os
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    check = ("from ooc_learn._jit import kernels_cached, AHEAD; "
+             "print(kernels_cached([(AHEAD['build_tree_kernel'], 'build_tree_kernel')]))")
+    before = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    subprocess.run([sys.executable, "-m", "ooc_learn._jit", "build_tree_kernel"], env=env,
+                   check=True, timeout=300)
+    after = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert (before, after) == ("False", "True")
+
+
+def test_no_helper_under_a_memory_cap_switched_off_or_for_other_solvers(monkeypatch):
+    import argparse
+
+    import ooc_learn._jit as jit
+    from ooc_learn.cli import _ahead_kernels
+
+    monkeypatch.setattr(jit, "kernels_cached", lambda kernels: False)
+    assert jit.compile_ahead(["bbf_run"], memory_given=True) == []
+    monkeypatch.setenv("OOC_COMPILE_AHEAD", "0")
+    assert jit.compile_ahead(["bbf_run"], memory_given=False) == []
+    assert not jit._PENDING
+    ns = argparse.Namespace
+    assert _ahead_kernels("ooc-train", ns(solver=None, workers=None, scheduler=None)) \
+        == ["bbf_run"]
+    assert _ahead_kernels("ooc-train", ns(solver="dcd", workers=None, scheduler=None)) == []
+    assert _ahead_kernels("ooc-ingest", ns(no_index=True)) == []
+    assert _ahead_kernels("ooc-ingest", ns(no_index=False)) == ["build_tree_kernel"]
+
+
+def test_a_helper_still_running_when_the_command_ends_is_stopped(monkeypatch, tmp_path):
+    """Nothing outlives the command: a run that never needed the helper's kernel (an input
+    error, say) stops it at exit."""
+    import ooc_learn._jit as jit
+
+    monkeypatch.setattr(jit, "kernels_cached", lambda kernels: False)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))  # the helper's, not ours
+    if len(__import__("os").sched_getaffinity(0)) < 2:
+        import pytest
+
+        pytest.skip("one CPU: no helper is started")
+    assert jit.compile_ahead(["bbf_run"], memory_given=False) == ["bbf_run"]
+    proc = jit._PENDING["bbf_run"]
+    assert proc.poll() is None
+    jit._stop_helpers()
+    assert proc.poll() is not None and not jit._PENDING
