@@ -88,6 +88,7 @@ AHEAD = {
     "build_tree_kernel": "ooc_learn.index._kernels",
     "bbf_run": "ooc_learn.index._kernels",
 }
+HELPER_ROOM = 1 << 30  # memory free for a helper (it peaks at ~250 MiB) or none is started
 _PENDING: dict = {}  # kernel name -> the helper process compiling it
 
 
@@ -100,7 +101,8 @@ def _dispatcher(kernel: str):
 def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
     """Start one helper process that compiles ``kernels`` into numba's cache, where that is
     worth it: one of them is not in the cache, a second CPU is free for it, the run has no
-    memory cap of the user's (the helper's ~200 MB would be outside it) and
+    memory cap of the user's (the helper's ~250 MiB would be outside it), 1 GiB is free (in
+    the machine and in this process's memory cgroup) and
     ``OOC_COMPILE_AHEAD`` is not ``0``. Returns the kernels it compiles.
 
     Only a first run starts one. The command waits for it (:func:`await_kernel`) just before
@@ -112,6 +114,11 @@ def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
     import sys
 
     if os.environ.get("OOC_COMPILE_AHEAD", "1") == "0" or memory_given:
+        return []
+    from ooc_learn.storage.resources import memory_headroom_bytes
+
+    room = memory_headroom_bytes()
+    if room is not None and room < HELPER_ROOM:
         return []
     try:
         if len(os.sched_getaffinity(0)) < 2:

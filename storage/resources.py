@@ -289,6 +289,30 @@ with open(result, "w") as f:
 """
 
 
+def memory_headroom_bytes() -> int | None:
+    """Memory another process could take now: ``MemAvailable``, and no more than this
+    process's memory cgroup has left under its limit; ``None`` where neither can be read."""
+    room = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                room = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError):
+        pass
+    try:
+        version, cg = _own_memory_cgroup()
+        names = (("memory.limit_in_bytes", "memory.usage_in_bytes") if version == "v1"
+                 else ("memory.max", "memory.current"))
+        limit = (cg / names[0]).read_text().strip()
+        if limit != "max" and int(limit) < 2**60:
+            left = int(limit) - int((cg / names[1]).read_text().strip())
+            room = left if room is None else min(room, left)
+    except (CgroupUnavailableError, OSError, ValueError):
+        pass
+    return room
+
+
 def _own_memory_cgroup() -> tuple[str, "Path"]:
     """``("v1" | "v2", directory)`` of this process's memory cgroup; raises
     :class:`CgroupUnavailableError` when there is none to use."""

@@ -114,6 +114,11 @@ def test_no_helper_under_a_memory_cap_switched_off_or_for_other_solvers(monkeypa
 
     monkeypatch.setattr(jit, "kernels_cached", lambda kernels: False)
     assert jit.compile_ahead(["bbf_run"], memory_given=True) == []
+    import ooc_learn.storage.resources as resources
+
+    with monkeypatch.context() as m:  # too little free memory (the machine, or the cgroup)
+        m.setattr(resources, "memory_headroom_bytes", lambda: jit.HELPER_ROOM - 1)
+        assert jit.compile_ahead(["bbf_run"], memory_given=False) == []
     monkeypatch.setenv("OOC_COMPILE_AHEAD", "0")
     assert jit.compile_ahead(["bbf_run"], memory_given=False) == []
     assert not jit._PENDING

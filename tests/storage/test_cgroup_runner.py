@@ -58,3 +58,17 @@ def test_cgroup_run_times_out_and_reports_it():
                              drop_caches=False, timeout=0.5)
     assert r["rc"] == -9 and r["timed_out"] and r["oom_kills"] == 0
     assert not os.path.exists(r["cgroup"])
+
+
+@needs_cgroup
+def test_memory_headroom_is_bounded_by_the_cgroups_limit():
+    """What a first run's compile helper checks before it starts (it needs ~250 MiB)."""
+    from ooc_learn.storage.resources import memory_headroom_bytes
+
+    outside = memory_headroom_bytes()
+    assert outside is not None and outside > 400 * MiB
+    code = "from ooc_learn.storage.resources import memory_headroom_bytes as m; print(m())"
+    r = run_in_memory_cgroup([sys.executable, "-c", code], 400 * MiB, drop_caches=False,
+                             timeout=60)
+    assert r["rc"] == 0, r["stderr"]
+    assert 0 < int(r["stdout"].strip()) < 400 * MiB  # the limit less what the child uses
