@@ -541,8 +541,9 @@ def _train_parser() -> argparse.ArgumentParser:
                         "incremental learner ('loo' for leave-one-out)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="run the CV folds and the one-vs-rest classes as tasks on a local Dask "
-                        "cluster of N worker processes (needs the [dask] extra)")
+                   help="run the CV folds, TreeCV's subtrees and the one-vs-rest classes as "
+                        "tasks on a local Dask cluster of N worker processes (needs the [dask] "
+                        "extra)")
     g.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="... on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786); "
                         "the store's path must be visible to its workers")
@@ -557,7 +558,8 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="on a multiclass store (every solver) train or cross-validate up to "
                         "N classes at once in threads, as many as --memory holds; with --cv "
                         "on a binary or regression store (dual CD solvers dcd, bm; SVR) run "
-                        "N folds at once (default 1)")
+                        "N folds at once; with --cv-method tree, N processes run TreeCV's "
+                        "subtrees (default 1)")
     p.add_argument("--cv-method", default=None, choices=["warm", "tree", "standard"],
                    help="warm: folds of the SVM solver, warm-started (default; --solver "
                         "pegasos: tree); tree / standard: TreeCV / k-fold of --learner")
@@ -988,7 +990,13 @@ def _cv_incremental_body(args):
     learner_name = args.learner or "pegasos"
     method = args.cv_method or "tree"
     budget = _budget(args, solvers=True)
-    with open_store(args.store, memory=budget) as store:
+    dask_asked = args.workers is not None or args.scheduler is not None
+    if method != "tree" and (dask_asked or args.jobs != 1):
+        raise ParameterError("--jobs, --workers and --scheduler run TreeCV's subtrees in "
+                             "parallel; --cv-method standard runs here.",
+                             "Use --cv-method tree, or drop the flag.")
+    with contextlib.ExitStack() as stack, open_store(args.store, memory=budget) as store:
+        client = _dask_client(args, stack)
         # PEGASOS minimizes lam/2 |w|^2 + mean hinge: lam = 1 / (C n) is the SVM at C
         lam = 1.0 / (args.C[0] * store.n_samples) if args.lam is None else args.lam
         if learner_name == "pegasos":
@@ -999,7 +1007,7 @@ def _cv_incremental_body(args):
             learner = ExactLeastSquares(ridge=1e-6 if args.lam is None else args.lam)
         if method == "tree":
             res = tree_cv(store, learner, k, seed=args.seed, memory=budget,
-                          progress=not args.quiet)
+                          progress=not args.quiet, n_jobs=max(1, args.jobs), client=client)
         else:
             res = kfold_cv(store, learner, k, seed=args.seed, memory=budget)
     out = res.to_dict()

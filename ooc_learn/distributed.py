@@ -1,5 +1,5 @@
-"""Model selection on a Dask cluster (``dask.distributed``): the folds of a cross-validation
-and the one-vs-rest classes of a multiclass store, each a task on a worker.
+"""Model selection on a Dask cluster (``dask.distributed``): the folds of a cross-validation,
+TreeCV's subtrees and the one-vs-rest classes of a multiclass store, each a task on a worker.
 
 What is shipped to a worker is the store's **path** and plain parameters, never data: each
 task opens the store read-only (the path must be visible to the workers: one machine, or a
@@ -11,7 +11,9 @@ the local code does, so a run on the cluster gives the local run's answer:
   warm-started from the one before (the first from scratch) and warm along C, as
   ``n_jobs`` = that many runs them locally in threads (identical fold scores for the same
   folds and seeds); IBCD folds too, since each worker is its own process;
-- one-vs-rest classes (training and CV): merged in class order, as one class at a time.
+- one-vs-rest classes (training and CV): merged in class order, as one class at a time;
+- TreeCV (:func:`~ooc_learn.cv.treecv.tree_cv`): the subtrees log2(worker threads) levels
+  down, each rebuilding its model from its path of fold ranges, as ``n_jobs`` does locally.
 
 The tasks of a worker work under one memory cap: ``TASK_SHARE`` of the worker's memory limit
 (Dask's ``memory_limit``; Dask spills, pauses and restarts workers from 60-95 % of the limit,
@@ -31,7 +33,7 @@ import numpy as np
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
-           "check_store_visible", "cv_folds", "cv_classes", "train_classes"]
+           "check_store_visible", "cv_folds", "cv_classes", "train_classes", "tree_subtrees"]
 
 # a task's share of its worker's memory limit per thread (see the module docstring)
 TASK_SHARE = 0.5
@@ -250,3 +252,25 @@ def train_classes(client, st, classes, params: dict) -> list:
     path = shipped_path(client, st.path)
     plain = {k: v for k, v in params.items() if k not in ("on_outer", "n_jobs", "memory")}
     return list(_gather(client, _train_class_task, [(path, c, plain) for c in classes]))
+
+
+# ---------------------------------------------------------------- TreeCV's subtrees
+def _subtree_task(path, positive, ctx, s, e, feed, seed):
+    """On a worker: TreeCV's subtree s..e, its model rebuilt from ``feed``."""
+    from ooc_learn.cv.folds import StoreSource
+    from ooc_learn.cv.treecv import run_subtree
+    from ooc_learn.storage.store import open_store
+
+    keep_open(path)
+    with open_store(path, memory=task_budget(), positive=positive) as st:
+        return run_subtree(StoreSource(st), st.budget, ctx, s, e, feed, seed)
+
+
+def tree_subtrees(client, st, ctx: dict, plan, seeds):
+    """Yield the results of TreeCV's subtrees ``plan`` (:func:`~ooc_learn.cv.treecv.
+    subtree_plan`) run as tasks; ``ctx`` holds the learner, metric, k and fold bounds (what
+    is shipped besides the store's path: a few numbers and the learner's parameters)."""
+    path = shipped_path(client, st.path)
+    args = [(path, getattr(st, "positive", None), ctx, s, e, feed, seed)
+            for (s, e, feed), seed in zip(plan, seeds)]
+    yield from _gather(client, _subtree_task, args)

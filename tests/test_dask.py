@@ -1,6 +1,6 @@
-"""Model selection on a Dask cluster (LocalCluster, 2 worker processes): the folds and the
-one-vs-rest classes as tasks give the local run's answers; a task whose worker is killed is
-run again with the same result; the CLI's --workers."""
+"""Model selection on a Dask cluster (LocalCluster, 2 worker processes): the folds, TreeCV's
+subtrees and the one-vs-rest classes as tasks give the local run's answers; a task whose
+worker is killed is run again with the same result; the CLI's --workers."""
 
 import json
 import os
@@ -96,6 +96,40 @@ def test_the_cli_runs_folds_on_local_workers(stores, capsys):
     local = json.loads(capsys.readouterr().out)
     assert [g["fold_scores"] for g in remote["grid"]] == [g["fold_scores"] for g in local["grid"]]
     assert remote["best_C"] == local["best_C"]
+
+
+def test_treecv_subtrees_on_the_cluster_equal_the_sequential_run(client, stores):
+    from ooc_learn.cv.treecv import tree_cv
+    from ooc_learn.learners import Pegasos
+    from ooc_learn.storage.store import open_store
+
+    with open_store(stores / "bin") as st:  # 6 blocks, 10 folds: dealt blocks too
+        for k in (4, 10):
+            seq = tree_cv(st, Pegasos(1e-3), k)
+            remote = tree_cv(st, Pegasos(1e-3), k, client=client)
+            np.testing.assert_array_equal(remote.fold_scores, seq.fold_scores)
+            np.testing.assert_array_equal(remote.predictions, seq.predictions)
+            np.testing.assert_array_equal(remote.folds, seq.folds)
+            assert remote.stats["updates"] == seq.stats["updates"]
+    with open_store(stores / "mc", positive=2.0) as view:  # a class against the rest
+        seq = tree_cv(view, Pegasos(1e-3), 5)
+        remote = tree_cv(view, Pegasos(1e-3), 5, client=client)
+        np.testing.assert_array_equal(remote.fold_scores, seq.fold_scores)
+    with pytest.raises(Exception, match="runs on a store"):
+        tree_cv((np.zeros((10, 2)), np.ones(10)), Pegasos(1e-3), 2, client=client)
+
+
+def test_the_cli_runs_treecv_on_local_workers(stores, capsys):
+    base = [str(stores / "bin"), "--cv", "8", "--cv-method", "tree", "--json", "--quiet"]
+    assert train_main(base) == 0
+    seq = json.loads(capsys.readouterr().out)
+    assert train_main(base + ["--workers", "2"]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert train_main(base + ["--jobs", "2"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert remote["fold_scores"] == seq["fold_scores"] == local["fold_scores"]
+    assert train_main(base[:4] + ["standard", "--jobs", "2", "--quiet"]) == 2
+    assert "runs here" in capsys.readouterr().err
 
 
 def test_no_dask_is_a_clear_refusal(stores, capsys, without_module):

@@ -282,7 +282,60 @@ def _tree(run: CVRun, s: int, e: int, model) -> None:
         s = m + 1
 
 
-# -- parallel branches (paper sec. 4.1) ------------------------------------------------------
+# -- subtrees as parallel tasks (paper sec. 4.1) --------------------------------------------
+
+def subtree_plan(k: int, depth: int) -> list:
+    """The subtrees ``depth`` levels below the root, as ``(s, e, feed)``.
+
+    ``feed`` lists the fold ranges ``(a, b)`` (inclusive) that the recursion trains the model
+    of subtree s..e on, in its order. Fed to a fresh model they rebuild f_{s..e} (exactly,
+    randomized orders aside), so each subtree is a task of its own: two subtrees split the
+    sequential work in halves; 2^depth of them repeat part of the top levels' training
+    (each feeds 1 - 2^-depth of the rows instead of depth / 2^depth of them).
+    """
+    plan = []
+
+    def walk(s, e, feed, level):
+        if s == e or level >= depth:
+            plan.append((s, e, feed))
+            return
+        m = (s + e) // 2
+        walk(s, m, feed + [(m + 1, e)], level + 1)
+        walk(m + 1, e, feed + [(s, m)], level + 1)
+
+    walk(0, k - 1, [], 0)
+    return plan
+
+
+def run_subtree(source, budget, ctx: dict, s: int, e: int, feed, seed: int) -> dict:
+    """One task of :func:`subtree_plan`, in a process of the local pool or on a Dask worker:
+    f_{s..e} built from a fresh model by ``feed``, then Algorithm 1 on folds s..e. Returns
+    the folds' losses, predictions and counters for the caller to merge."""
+    run = CVRun.__new__(CVRun)
+    run.__dict__.update(dict(
+        bar=None, metric=ctx["metric"], rng=np.random.default_rng(seed), source=source,
+        k=ctx["k"], budget=budget, learner=ctx["learner"], randomized=ctx["randomized"],
+        bounds=ctx["bounds"], fold_loss=np.zeros(ctx["k"]),
+        folds=np.full(source.n, -1, dtype=np.int64), pred=None, updates=0, alive=0,
+        max_alive=0, reserved=0, kernel_subtrees=0, blockwise_phases=0,
+        t0=time.perf_counter(), _y64=None))
+    if source.is_store:
+        source.fold_bounds(ctx["k"])  # the same positions as the caller's (dealt blocks)
+    source.rows_read = 0
+    try:
+        model = run.new_model()
+        for a, b in feed:
+            model = run.feed(model, [(run.bounds[a], run.bounds[b + 1])])
+        _tree(run, s, e, model)
+        run.drop(model)
+    finally:
+        run.close()
+    ids = np.flatnonzero(run.folds >= 0)
+    return dict(s=s, e=e, fold_loss=run.fold_loss[s:e + 1], ids=ids, folds=run.folds[ids],
+                pred=None if run.pred is None else run.pred[ids], updates=run.updates,
+                max_alive=run.max_alive, rows_read=source.rows_read,
+                kernel_subtrees=run.kernel_subtrees, blockwise_phases=run.blockwise_phases)
+
 
 _WORKER = {}
 
@@ -292,97 +345,68 @@ def _init_worker(ctx):
     _WORKER.update(ctx)
 
 
-def _worker_subtree(s, e, model, seed):
-    """Run TreeCV on folds s..e in a worker process; return what the parent merges."""
+def _pool_subtree(s, e, feed, seed):
+    """A subtree task in a process of the local pool (forked: arrays are shared, a store is
+    reopened by its path under 1/n_jobs of the cap)."""
     ctx = _WORKER
-    source = ctx["source"]
-    store = None
-    if source is None:
-        from ooc_learn.storage.store import open_store
-        from .folds import StoreSource
+    if ctx["source"] is not None:
+        return run_subtree(ctx["source"], MemoryBudget(ctx["limit"]), ctx, s, e, feed, seed)
+    from ooc_learn.storage.store import open_store
 
-        store = open_store(ctx["store_path"], memory=ctx["limit"])
-        source = StoreSource(store)
-    try:
-        run = CVRun.__new__(CVRun)
-        run.__dict__.update(dict(
-            bar=None,
-            metric=ctx["metric"], rng=np.random.default_rng(seed), source=source, k=ctx["k"],
-            budget=store.budget if store is not None else MemoryBudget(ctx["limit"]),
-            learner=ctx["learner"], randomized=ctx["randomized"], bounds=ctx["bounds"],
-            fold_loss=np.zeros(ctx["k"]), folds=np.full(source.n, -1, dtype=np.int64),
-            pred=None, updates=0, alive=0, max_alive=0, reserved=0, kernel_subtrees=0,
-            blockwise_phases=0, t0=time.perf_counter(), _y64=None))
-        source.rows_read = 0
-        run._hold(model)
-        _tree(run, s, e, model)
-        run.close()
-        ids = np.flatnonzero(run.folds >= 0)
-        return dict(s=s, e=e, fold_loss=run.fold_loss[s:e + 1], ids=ids, folds=run.folds[ids],
-                    pred=None if run.pred is None else run.pred[ids], updates=run.updates,
-                    max_alive=run.max_alive, rows_read=source.rows_read,
-                    kernel_subtrees=run.kernel_subtrees)
-    finally:
-        if store is not None:
-            store.close()
+    from .folds import StoreSource
+
+    with open_store(ctx["store_path"], memory=ctx["limit"], positive=ctx["positive"]) as st:
+        return run_subtree(StoreSource(st), st.budget, ctx, s, e, feed, seed)
 
 
-def _tree_parallel(run: CVRun, data, n_jobs: int) -> None:
-    """The top ceil(log2 n_jobs) levels here; each subtree below them in its own process.
+def _tree_parallel(run: CVRun, data, n_tasks: int, client=None) -> None:
+    """The subtrees ceil(log2 n_tasks) levels down as parallel tasks (:func:`subtree_plan`):
+    processes of a local pool, or tasks on a Dask cluster (``client``: each opens the store
+    by its path on its worker). The non-randomized result equals the sequential one."""
+    depth = int(np.ceil(np.log2(n_tasks)))
+    plan = subtree_plan(run.k, depth)
+    seeds = [int(run.rng.integers(2**31 - 1)) for _ in plan]
+    ctx = dict(metric=run.metric, k=run.k, learner=run.learner, randomized=run.randomized,
+               bounds=run.bounds)
+    if client is not None:
+        from ooc_learn.distributed import tree_subtrees
 
-    Each worker reads its own blocks (a store is reopened by path) under 1/n_jobs of the
-    memory cap. The models handed down are those the sequential recursion would build, so the
-    non-randomized result equals the sequential one.
-    """
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+        results = tree_subtrees(client, data, ctx, plan, seeds)
+        _merge_subtrees(run, results)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    depth = int(np.ceil(np.log2(n_jobs)))
-    ctx = dict(source=None if run.source.is_store else run.source,
-               store_path=str(data.path) if run.source.is_store else None,
-               limit=max(1, run.budget.limit // n_jobs), metric=run.metric, k=run.k,
-               learner=run.learner, randomized=run.randomized, bounds=run.bounds)
-    results, futures = [], []
-    with ProcessPoolExecutor(n_jobs, mp_context=mp.get_context("fork"),
-                             initializer=_init_worker, initargs=(ctx,)) as pool:
+        ctx.update(source=None if run.source.is_store else run.source,
+                   store_path=str(data.path) if run.source.is_store else None,
+                   positive=getattr(data, "positive", None),
+                   limit=max(1, run.budget.limit // n_tasks))
+        with ProcessPoolExecutor(n_tasks, mp_context=mp.get_context("fork"),
+                                 initializer=_init_worker, initargs=(ctx,)) as pool:
+            futures = [pool.submit(_pool_subtree, s, e, feed, seed)
+                       for (s, e, feed), seed in zip(plan, seeds)]
+            _merge_subtrees(run, (f.result() for f in as_completed(futures)))
+    run.n_jobs = n_tasks
 
-        def walk(s, e, model, level):
-            while True:
-                if s == e:
-                    run.leaf(s, model)
-                    return
-                if level >= depth:
-                    seed = int(run.rng.integers(2**31 - 1))
-                    futures.append(pool.submit(_worker_subtree, s, e, run.learner.copy(model),
-                                               seed))
-                    return
-                m = (s + e) // 2
-                child = run.copy(model)
-                child = run.feed(child, [(run.bounds[m + 1], run.bounds[e + 1])])
-                walk(s, m, child, level + 1)
-                run.drop(child)
-                model = run.feed(model, [(run.bounds[s], run.bounds[m + 1])])
-                s, level = m + 1, level + 1
 
-        model = run.new_model()
-        walk(0, run.k - 1, model, 0)
-        run.drop(model)
-        results = [f.result() for f in futures]
+def _merge_subtrees(run: CVRun, results) -> None:
     for r in results:
         run.fold_loss[r["s"]:r["e"] + 1] += r["fold_loss"]
         run.folds[r["ids"]] = r["folds"]
         if r["pred"] is not None:
             run._record(r["ids"], r["pred"])
         run.updates += r["updates"]
-        run.max_alive = max(run.max_alive, run.alive + r["max_alive"])
+        run.max_alive += r["max_alive"]  # the tasks run at once
         run.source.rows_read += r["rows_read"]
         run.kernel_subtrees += r["kernel_subtrees"]
-    run.n_jobs = n_jobs
+        run.blockwise_phases += r["blockwise_phases"]
+        if run.bar is not None:
+            run.bar.update(r["e"] - r["s"] + 1)
 
 
 def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, memory=None,
             n_jobs: int = 1, *, shuffle: bool = False, progress: bool = False,
-            _block_rows: int | None = None) -> CVResult:
+            client=None, _block_rows: int | None = None) -> CVResult:
     """k-fold (or leave-one-out) CV estimate of an incremental learner by TreeCV.
 
     Parameters
@@ -404,7 +428,12 @@ def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, mem
     memory : None, size or MemoryBudget
         Cap for saved models and buffers (default: the store's budget).
     n_jobs : int
-        Processes for the top of the tree (sec. 4.1); 1 runs everything here.
+        Processes for the top of the tree (sec. 4.1): its subtrees ceil(log2 n_jobs) levels
+        down run in parallel, each rebuilding its model from its path; 1 runs everything here.
+    client : dask.distributed.Client, optional
+        Run those subtrees as tasks on a Dask cluster instead, one per worker thread (a store
+        only: each task opens it by its path, which every worker must see). The same
+        answer as ``n_jobs`` = that many (and as ``n_jobs=1`` unless ``randomized``).
     shuffle : bool
         Permute array rows (by ``seed``) before cutting folds. Stores are already shuffled
         (rows into blocks at ingest; inside an indexed block that holds several folds, its
@@ -439,7 +468,16 @@ def tree_cv(data, learner, k, randomized: bool = False, seed=0, metric=None, mem
 
         run.bar = tqdm(total=run.k, desc="tree_cv", unit="fold", leave=False)
     try:
-        if n_jobs > 1:
+        if client is not None:
+            if not run.source.is_store:
+                raise ParameterError("tree_cv on a Dask cluster (client=) runs on a store: "
+                                     "its tasks open it by path; arrays are not shipped.",
+                                     "Ingest the arrays (ooc_learn.ingest_arrays) first, or "
+                                     "use n_jobs for local processes.")
+            from ooc_learn.distributed import n_workers
+
+            _tree_parallel(run, data, max(2, n_workers(client)), client)
+        elif n_jobs > 1:
             _tree_parallel(run, data, int(n_jobs))
         else:
             model = run.new_model()
