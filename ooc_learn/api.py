@@ -35,7 +35,7 @@ def ingest(sources, out, *, build_index: bool = True, width: int | None = None,
     """
     orderer = _orderer(build_index, width, leaf_size)
     store = _ingest.ingest(sources, out, block_orderer=orderer, **kwargs)
-    if build_index:
+    if build_index and not kwargs.get("shards"):
         from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
 
         store.metadata.setdefault("index", {

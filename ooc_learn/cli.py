@@ -267,6 +267,11 @@ def _ingest_parser() -> argparse.ArgumentParser:
     zg.add_argument("--one-based", dest="zero_based", action="store_const", const=False,
                     help="LIBSVM indices are 1-based")
     p.add_argument("--no-index", action="store_true", help="skip building the metric-forest index")
+    p.add_argument("--shards", type=int, default=None, metavar="K",
+                   help="write a sharded store: K complete stores (block c into shard c mod K, "
+                        "each with its index) and a manifest, for ooc-train --solver cocoa "
+                        "on a Dask cluster (each shard can live on the disk of the workers "
+                        "that train it)")
     p.add_argument("--width", type=int, default=None, metavar="K",
                    help="index: children per node (default 10)")
     p.add_argument("--leaf-size", type=int, default=None, metavar="L",
@@ -331,8 +336,19 @@ def _ingest_body(args):
                        zero_based=args.zero_based, build_index=not args.no_index,
                        width=args.width, leaf_size=args.leaf_size, seed=args.seed,
                        memory=budget, overwrite=args.overwrite, progress=not args.quiet,
-                       source_names=names)
+                       source_names=names, shards=args.shards)
     st = store.ingest_stats
+    if args.shards is not None:
+        out = {"store": str(store.path), "n_samples": store.n_samples,
+               "n_features": store.n_features, "shards": [
+                   dict(s, path=str(store.shard_path(k))) for k, s in enumerate(store.shards)],
+               "layout": store.layout, "task": store.task, "seconds": round(st["seconds"], 4),
+               "bytes_in": st["bytes_in"], "bytes_read": st["bytes_read"],
+               "bytes_written": st["bytes_written"], "peak_rss_bytes": st["peak_rss_bytes"]}
+        text = (f"{out['store']}: {out['n_samples']} rows x {out['n_features']} features in "
+                f"{store.n_shards} shards ({', '.join(str(s['n_samples']) for s in store.shards)}"
+                f" rows), {out['layout']}, {out['task']} ({out['seconds']:.2f} s)")
+        return {"json": out, "text": text}
     out = {"store": str(store.path), "n_samples": store.n_samples,
            "n_features": store.n_features, "n_blocks": store.n_blocks, "layout": store.layout,
            "task": store.task, "nnz": store.nnz, "has_index": store.has_index,
@@ -399,6 +415,23 @@ def _info_body(args):
 
     if os.path.isfile(args.store) and is_model_file(args.store):
         return _model_info(args.store)
+    from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
+
+    if is_sharded_store(args.store):
+        sh = ShardedStore(args.store)
+        info = dict(sh.manifest, store=str(sh.path), shards=[
+            dict(s, path=str(sh.shard_path(k)), present=os.path.isdir(sh.shard_path(k)))
+            for k, s in enumerate(sh.shards)])
+        lines = [f"sharded store {info['store']}",
+                 f"rows         {sh.n_samples}",
+                 f"features     {sh.n_features}",
+                 f"layout       {sh.layout}",
+                 f"task         {sh.task}  labels {json.dumps(sh.label_map)}",
+                 f"shards       {sh.n_shards}"]
+        for k, s in enumerate(info["shards"]):
+            lines.append(f"shard {k:<6} {s['n_samples']} rows, {s['n_blocks']} blocks  "
+                         f"{s['path']}{'' if s['present'] else '  (not on this machine)'}")
+        return {"json": info, "text": "\n".join(lines)}
     with open_store(args.store, memory=_budget(args)) as store:
         info = store.info()
     meta = info["metadata"]
@@ -548,7 +581,8 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="... on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786); "
                         "the store's path must be visible to its workers")
     p.add_argument("--shards", type=int, default=None, metavar="K",
-                   help="--solver cocoa: cut the store's blocks into K shards (default: one "
+                   help="--solver cocoa: cut the store's blocks into K shards (a sharded "
+                        "store from ooc-ingest --shards has its own; default: one "
                         "per worker thread; more shards than workers is fine)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw the run (needs the [plot] extra, matplotlib): with --cv, CV "
@@ -732,12 +766,20 @@ def _train_body(args):
         args.client_ = _dask_client(args, stack)
         test = None
         if args.test is not None:  # opened (a text file ingested) and checked before the work
+            from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
             from ooc_learn.storage.store import open_store
 
-            with open_store(args.store, memory=budget) as st:
+            where = args.store
+            if is_sharded_store(where):  # its shards share features and labels: the first's
+                where = ShardedStore(where).shard_path(0)
+            with open_store(where, memory=budget) as st:
                 spec = _eval_spec(store=st)
             test = _open_eval_data(args.test, spec, budget, stack)
         return _train_and_test(args, budget, test)
+
+
+def _quiet_dask(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not record.name.startswith("distributed")
 
 
 def _dask_client(args, stack):
@@ -749,6 +791,9 @@ def _dask_client(args, stack):
                              "Pass the number of worker processes, e.g. --workers 2.")
     from ooc_learn.distributed import make_client
 
+    if not getattr(args, "verbose", False):  # Dask's own INFO lines (nanny, scheduler)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_dask)
     client, cluster = make_client(args.scheduler, args.workers)
     stack.callback(client.close)
     if cluster is not None:
@@ -853,7 +898,9 @@ def _train_and_test(args, budget, test):
     text = (f"{args.output}: {solver}/{loss} C={args.C:g}, {out['seconds']:.2f} s, "
             + ("" if obj is None else f"objective {round(obj, 6)}, ")
             + ("" if out["n_sv"] is None else f"{out['n_sv']} support vectors, ")
-            + f"{out['rows_read']} rows read")
+            + (f"{out['rows_read']} rows read" if out["rows_read"] is not None else
+               f"{st.get('rounds')} rounds over {st.get('shards')} shards"
+               if solver == "cocoa" else "").rstrip(", "))
     if model.multiclass:
         text += f", one-vs-rest over {len(model.classes_)} classes"
     if "test_accuracy" in out:

@@ -33,6 +33,7 @@ import numpy as np
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
+           "data_file_seen",
            "check_store_visible", "cv_folds", "cv_classes", "train_classes", "tree_subtrees"]
 
 # a task's share of its worker's memory limit per thread (see the module docstring)
@@ -137,11 +138,16 @@ def _data_file_exists(path: str) -> bool:
     return os.path.isfile(os.path.join(path, DATA_FILE))
 
 
+def data_file_seen(client, path) -> dict:
+    """``{worker address: whether it sees a store at path}``."""
+    return client.run(_data_file_exists, str(path))
+
+
 def check_store_visible(client, path) -> None:
     """Refuse, before any task, a store that some worker cannot see at ``path`` (tasks open
     the store by its path: one machine, or a file system the workers share)."""
     path = str(path)
-    seen = client.run(_data_file_exists, path)
+    seen = data_file_seen(client, path)
     blind = sorted(addr for addr, ok in seen.items() if not ok)
     if blind:
         raise ParameterError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -136,6 +137,23 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
         raise ParameterError(f"The 'sample_eps' parameter of train must be in [0, 1). Got "
                              f"{sample_eps!r} instead.", "0 disables the sampled rule; try 0.01.")
+    from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
+
+    if isinstance(store, ShardedStore) or (isinstance(store, (str, os.PathLike))
+                                           and is_sharded_store(store)):
+        sharded = store if isinstance(store, ShardedStore) else ShardedStore(store)
+        if solver != "cocoa" or client is None:
+            raise ParameterError(
+                f"{sharded.path} is a sharded store ({sharded.n_shards} shards): one model "
+                "over its shards is trained by CoCoA+ on a Dask cluster.",
+                "Add --solver cocoa --workers N (or --scheduler ADDRESS), or train one "
+                f"shard's store alone ({sharded.shard_path(0)}).")
+        from ooc_learn.solvers.cocoa import train_cocoa
+
+        return train_cocoa(sharded, client, shards=shards, C=C,
+                           loss="hinge" if loss is None else loss, bias=bias, eps=eps,
+                           max_rounds=100 * max_outer, epochs=epochs, seed=seed,
+                           on_round=on_outer)
     st, opened = open_data(store, memory)
     try:
         if st.task == "regression":

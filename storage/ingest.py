@@ -36,6 +36,7 @@ from .replace import check_store_target, remove_stale, replace_dir, temp_sibling
 from .resources import check_stop, peak_rss_bytes
 from .shuffle import (BucketWriter, Dealer, balanced_sizes, deal_chunk, iter_records, read_bucket,
                       plan_blocks)
+from .sharded import ShardedStore, shard_name, write_manifest
 from .store import Store, StoreWriter, row_sqnorms
 
 __all__ = ["ingest", "ingest_arrays", "DENSE_THRESHOLD", "MULTICLASS_MAX_CLASSES"]
@@ -308,8 +309,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
            source_names: dict | None = None,
            label_column=None, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
-           overwrite: bool = False, progress: bool = False, _chunks=None,
-           _chunks_total: int = 0) -> Store:
+           overwrite: bool = False, progress: bool = False, shards: int | None = None,
+           _chunks=None, _chunks_total: int = 0) -> Store | ShardedStore:
     """Ingest source files into a new store and return it opened.
 
     Parameters
@@ -346,11 +347,18 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         Seeds the shuffle and the index.
     memory : None, size or MemoryBudget
         The memory cap of the run.
+    shards : int, optional
+        Write a sharded store instead (:mod:`~ooc_learn.storage.sharded`): block c into the
+        complete store ``out/shard-(c mod K)`` (its own index too), and ``out/shards.json``.
+        The block count is rounded up to a multiple of K where the rows allow. The sources are
+        read once; a CSR shard's entries are spooled once more (their count is known only
+        when its blocks are written).
 
     Returns
     -------
-    Store
-        The new store, opened with the same budget; ``store.ingest_stats`` holds ``seconds``,
+    Store or ShardedStore
+        The new store, opened with the same budget (of a sharded store, its manifest);
+        ``store.ingest_stats`` holds ``seconds``,
         ``bytes_in`` (the sources' size), ``bytes_read`` (sources + buckets read back),
         ``bytes_written`` (buckets + the store with its index), ``store_bytes``,
         ``bucket_bytes``, ``buckets`` (how many pass 1 dealt into), ``io_read_bytes`` /
@@ -370,6 +378,10 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     out = Path(out)
     _check_params(fmt=format, layout=layout, task=task, n_blocks=n_blocks,
                   block_rows=block_rows, zero_based=zero_based, n_features=n_features)
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
+                               or not 1 <= shards <= 4096):
+        raise ParameterError(f"The 'shards' parameter of ingest must be an int in 1..4096. "
+                             f"Got {shards!r} instead.", "Pass e.g. --shards 4.")
     budget = MemoryBudget.coerce(memory)
     if _chunks is None and not sources:
         raise ParameterError("ingest needs at least one source file.")
@@ -392,14 +404,14 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                              label_column=label_column, delimiter=delimiter, header=header,
                              zero_based=zero_based, block_orderer=block_orderer,
                              seed=seed, progress=progress, chunks=_chunks,
-                             chunks_total=_chunks_total)
+                             chunks_total=_chunks_total, shards=shards)
         check_store_target(out, overwrite=overwrite, sources=sources)  # it may have appeared
         check_stop()  # the last point where a stop leaves the old store as it was
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    store = Store(out, memory=budget)
+    store = ShardedStore(out) if shards else Store(out, memory=budget)
     io1 = _proc_io()
     stats["io_read_bytes"] = None if io0 is None or io1 is None else io1[0] - io0[0]
     stats["io_write_bytes"] = None if io0 is None or io1 is None else io1[1] - io0[1]
@@ -540,7 +552,7 @@ def _deal_buckets(p: _Parsed, ch, total: int, *, n_blocks, block_rows, shape_kw)
     return int(min(r0, _MAX_BUCKETS, 1 << int(np.ceil(np.log2(max(2.0, n_est))))))
 
 
-def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_names,
+def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_names, shards,
                     source_names, label_column, delimiter, header, zero_based, n_blocks, block_rows,
                     shape_kw, buffer_bytes, rng, counter: _IOCount, progress) -> _Parsed:
     """Pass 1: parse every source and deal its rows into buckets as they come."""
@@ -598,6 +610,8 @@ def _parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_name
                 if dealer is None:
                     r0 = _deal_buckets(p, ch, total, n_blocks=n_blocks, block_rows=block_rows,
                                        shape_kw=shape_kw)
+                    if shards:  # whole rounds of K: the blocks will be (see _ingest_into)
+                        r0 = shards * -(-r0 // shards)
                     p.buckets = BucketWriter(tmp / "buckets", r0, buffer_bytes=buffer_bytes)
                     dealer = Dealer(r0, rng)
                 m = p.n - row0
@@ -690,9 +704,12 @@ def _stack(parts, layout: str):
     return labels, row_ids, X
 
 
-def _write_blocks(writer, forest, buckets: list, plan, offsets, *, shape: _Shape, mapper, rng,
-                  counter: _IOCount, progress) -> None:
-    """Pass 3: build block after block from the buckets (each read once) and write them."""
+def _write_blocks(writers, forests, buckets: list, plan, offsets, *, shape: _Shape, mapper,
+                  rng, counter: _IOCount, progress) -> None:
+    """Pass 3: build block after block from the buckets (each read once) and write them:
+    block c to ``writers[c % K]`` as its block c // K (K = 1: the store's own block c),
+    ordered by ``forests[c % K]`` (a random order without)."""
+    K = len(writers)
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
@@ -721,11 +738,12 @@ def _write_blocks(writer, forest, buckets: list, plan, offsets, *, shape: _Shape
             labels, row_ids, X = _stack(pending.pop(c), shape.layout)
             y = mapper(labels).astype(np.float32)
             sq = row_sqnorms(X)
-            if forest is not None:
-                perm = forest.order(c, int(offsets[c]), X, sq)
+            k, b = c % K, c // K
+            if forests is not None:
+                perm = forests[k].order(b, int(writers[k].block_offsets[b]), X, sq)
             else:
                 perm = rng.permutation(len(labels))
-            writer.write_block(c, X[perm], y[perm], row_ids[perm], sq[perm])
+            writers[k].write_block(b, X[perm], y[perm], row_ids[perm], sq[perm])
             del X
             bar.update(1)
     for f in dropped:
@@ -754,11 +772,14 @@ def _check_block_fits(budget, rows: int, bytes_per_row: float) -> int:
 
 def _write_store(tmp: Path, p: _Parsed, shape: _Shape, buckets: list, *, task, label_map,
                  mapper, seed, positive_label, n_features, block_orderer, rng, counter,
-                 progress) -> None:
-    """Pass 3: plan the blocks from the buckets, write ``data.h5`` and the orderer's files."""
+                 progress, shards: int | None = None) -> None:
+    """Pass 3: plan the blocks from the buckets, write ``data.h5`` and the orderer's files;
+    with ``shards`` K, block c goes to the store ``tmp/shard-(c mod K)`` instead, and the
+    manifest is written last (see :mod:`~ooc_learn.storage.sharded`)."""
     plan = plan_blocks([r for _, r in buckets], shape.n_blocks)
     offsets = np.zeros(shape.n_blocks + 1, np.int64)
     np.cumsum(plan.block_sizes, out=offsets[1:])
+    K = shards or 1
     metadata = {
         "label_map": label_map, "sources": p.sources, "formats": sorted(p.formats),
         "zero_based": shape.base == 0, "nnz": int(p.nnz), "density": shape.density,
@@ -766,31 +787,59 @@ def _write_store(tmp: Path, p: _Parsed, shape: _Shape, buckets: list, *, task, l
                    "task": task, "positive_label": positive_label,
                    "n_features": n_features},
     }
-    writer = StoreWriter(tmp, n_samples=p.n, n_features=shape.d, nnz=p.nnz,
-                         layout=shape.layout, block_offsets=offsets, task=task,
-                         metadata=metadata)
-    forest = None
+    targets, forests = [], []  # per shard (one without shards): its writer, its orderer
     try:
-        if block_orderer is not None:
-            forest = block_orderer(tmp, n_blocks=shape.n_blocks, n_samples=p.n,
-                                   n_features=shape.d, seed=seed)
-        _write_blocks(writer, forest, buckets, plan, offsets, shape=shape, mapper=mapper,
-                      rng=rng, counter=counter, progress=progress)
-        if forest is not None:
+        for k in range(K):
+            blocks = np.arange(k, shape.n_blocks, K)
+            sizes = plan.block_sizes[blocks]
+            local = np.zeros(blocks.size + 1, np.int64)
+            np.cumsum(sizes, out=local[1:])
+            where, meta, nnz = tmp, metadata, p.nnz
+            if shards:
+                where = tmp / shard_name(k)
+                meta = dict(metadata, shard={"index": k, "of": K, "blocks": blocks.tolist()},
+                            params=dict(metadata["params"], n_blocks=int(blocks.size),
+                                        shard=k, shards=K))
+                nnz = None if shape.layout == "csr" else 0  # counted as the blocks come
+            targets.append(StoreWriter(where, n_samples=int(local[-1]), n_features=shape.d,
+                                       nnz=nnz, layout=shape.layout, block_offsets=local,
+                                       task=task, metadata=meta))
+            if block_orderer is not None:
+                forests.append(block_orderer(where, n_blocks=int(blocks.size),
+                                             n_samples=int(local[-1]), n_features=shape.d,
+                                             seed=seed + k))
+        _write_blocks(targets, forests or None, buckets, plan, offsets, shape=shape,
+                      mapper=mapper, rng=rng, counter=counter, progress=progress)
+        for forest in forests:
             forest.close()
-            forest = None
-        writer.finish()
+        forests = []
+        for writer in targets:
+            writer.finish()
+            counter.written += writer.spooled_bytes
+            counter.read += writer.spooled_bytes
+        if shards:
+            listed = []
+            for k, writer in enumerate(targets):
+                with Store(writer.directory) as st:
+                    listed.append({"path": shard_name(k), "n_samples": st.n_samples,
+                                   "n_blocks": st.n_blocks, "nnz": st.nnz,
+                                   "fingerprint": st.fingerprint()})
+            write_manifest(tmp, listed, n_features=shape.d, task=task, layout=shape.layout,
+                           label_map=label_map)
     except BaseException:
-        writer.abort()
-        if forest is not None and hasattr(forest, "abort"):
-            forest.abort()
+        for writer in targets:
+            writer.abort()
+        for forest in forests:
+            if hasattr(forest, "abort"):
+                forest.abort()
         raise
 
 
 def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, block_rows,
                  n_features, positive_label, label_names, source_names, label_column,
                  delimiter, header,
-                 zero_based, block_orderer, seed, progress, chunks, chunks_total):
+                 zero_based, block_orderer, seed, progress, chunks, chunks_total,
+                 shards=None):
     deal_ss, plan_ss = np.random.SeedSequence(seed).spawn(2)
     shape_kw = dict(layout=layout, n_features=n_features, zero_based=zero_based,
                     limit=budget.limit)
@@ -799,7 +848,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     t0 = time.perf_counter()
     with budget.reservation(buffer_bytes, "bucket write buffer"):
         # ---- pass 1: parse and deal into buckets ------------------------------------------
-        p = _parse_and_deal(tmp, sources, chunks, chunks_total, fmt=fmt,
+        p = _parse_and_deal(tmp, sources, chunks, chunks_total, fmt=fmt, shards=shards,
                             label_names=label_names, source_names=source_names,
                             label_column=label_column, delimiter=delimiter, header=header,
                             zero_based=zero_based, n_blocks=n_blocks, block_rows=block_rows,
@@ -808,6 +857,13 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                             progress=progress)
         # ---- decide base, width, layout, task, blocks -------------------------------------
         shape = _Shape(p, n_blocks=n_blocks, block_rows=block_rows, check=True, **shape_kw)
+        if shards:
+            if p.n < shards:
+                raise IngestError(f"{_source_names(sources)} hold {p.n} rows: too few for "
+                                  f"{shards} shards (a shard needs a block of one row or "
+                                  "more).", f"Use --shards {max(1, p.n)} or fewer.")
+            # whole rounds of K blocks where the rows allow: every shard gets as many
+            shape.n_blocks = min(p.n, shards * -(-shape.n_blocks // shards))
         task_, label_map, mapper = _decide_task(p.tracker, task, positive_label,
                                                 _source_names(sources), names=p.names)
         sizes = balanced_sizes(p.n, shape.n_blocks)  # the plan's, unless bucket b is block b
@@ -829,7 +885,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     with budget.reservation(block_need, "ingest block"):
         _write_store(tmp, p, shape, buckets, task=task_, label_map=label_map, mapper=mapper,
                      seed=seed, positive_label=positive_label, n_features=n_features,
-                     block_orderer=block_orderer, rng=rng, counter=counter, progress=progress)
+                     block_orderer=block_orderer, rng=rng, counter=counter, progress=progress,
+                     shards=shards)
     shutil.rmtree(tmp / "buckets", ignore_errors=True)
     shutil.rmtree(tmp / "redeal", ignore_errors=True)
     store_bytes = _dir_bytes(tmp)

@@ -53,7 +53,8 @@ def temp_sibling(final: Path, tag: str = "") -> Path:
 
 # -- what may be replaced ------------------------------------------------------------------
 def is_store_dir(path: Path) -> bool:
-    """Whether ``path`` is a directory that an ooc-learn store was written into.
+    """Whether ``path`` is a directory that an ooc-learn store (or sharded store) was
+    written into.
 
     ``meta.json`` (written last) names the format; a store whose ``meta.json`` is damaged is
     recognised by the format attribute of its ``data.h5``.
@@ -61,6 +62,10 @@ def is_store_dir(path: Path) -> bool:
     path = Path(path)
     if not path.is_dir():
         return False
+    from .sharded import is_sharded_store
+
+    if is_sharded_store(path):  # shards.json, written last, names the sharded format
+        return True
     try:
         with open(path / META_FILE) as fh:
             if json.load(fh).get("format") == FORMAT_NAME:

@@ -177,18 +177,29 @@ def rows_one_by_one(read_range, rows):
     return stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
+_SPOOL_INDICES, _SPOOL_DATA = ".indices.spool", ".data.spool"
+_SPOOL_PIECE = 1 << 21  # entries copied at a time (8 MiB of either array)
+
+
 class StoreWriter:
     """Write ``data.h5`` of a new store, block after block.
 
     Datasets are preallocated with the final sizes (known after the shuffle's first pass) and
     use HDF5's contiguous layout: every block, leaf or row range is then one direct read.
+    A CSR store whose ``nnz`` is not known up front (``nnz=None``: a shard of a sharded
+    ingest, whose blocks' entries are counted only as they are written) spools its entries
+    to two raw files beside ``data.h5`` and copies them in at :meth:`finish`
+    (``spooled_bytes``: the bytes spooled, written once more and read back once).
     """
 
     def __init__(self, directory, *, n_samples: int, n_features: int, nnz: int, layout: str,
                  block_offsets, task: str, metadata: dict):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.n_samples, self.n_features, self.nnz = int(n_samples), int(n_features), int(nnz)
+        self.n_samples, self.n_features = int(n_samples), int(n_features)
+        self.nnz = None if nnz is None else int(nnz)
+        self._spool = None
+        self.spooled_bytes = 0
         self.layout, self.task, self.metadata = layout, task, metadata
         self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
         self._next_block = 0
@@ -205,8 +216,12 @@ class StoreWriter:
             f.create_dataset("X", (n, d), dtype=np.float32)
         elif layout == "csr":
             f.create_dataset("indptr", (n + 1,), dtype=np.int64)
-            f.create_dataset("indices", (self.nnz,), dtype=np.int32)
-            f.create_dataset("data", (self.nnz,), dtype=np.float32)
+            if self.nnz is None:
+                self._spool = (open(self.directory / _SPOOL_INDICES, "wb"),
+                               open(self.directory / _SPOOL_DATA, "wb"))
+            else:
+                f.create_dataset("indices", (self.nnz,), dtype=np.int32)
+                f.create_dataset("data", (self.nnz,), dtype=np.float32)
             f["indptr"][0:1] = 0
         else:  # pragma: no cover - callers validate
             raise ParameterError(f"Unknown layout {layout!r}.")
@@ -230,7 +245,10 @@ class StoreWriter:
             parts["indptr"] = X.indptr.astype(np.int64) + a  # the block's rows' pointers
             parts["indices"] = X.indices.astype(np.int32, copy=False)
             parts["data"] = X.data.astype(np.float32, copy=False)
-            if nb:
+            if nb and self._spool is not None:
+                parts["indices"].tofile(self._spool[0])
+                parts["data"].tofile(self._spool[1])
+            elif nb:
                 f["indices"][a:a + nb] = parts["indices"]
                 f["data"][a:a + nb] = parts["data"]
             f["indptr"][start + 1:stop + 1] = parts["indptr"][1:]
@@ -245,6 +263,8 @@ class StoreWriter:
         if self._next_block != len(self.block_offsets) - 1:
             raise ValueError("not every block was written")
         f = self._file
+        if self._spool is not None:
+            self._copy_spool()
         attrs = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                  "n_samples": self.n_samples, "n_features": self.n_features,
                  "nnz": self.nnz if self.layout == "csr" else self._dense_nnz(),
@@ -262,6 +282,24 @@ class StoreWriter:
         with open(self.directory / META_FILE, "w") as fh:
             json.dump(meta, fh, indent=1)
 
+    def _copy_spool(self) -> None:
+        """The spooled entries into contiguous datasets, a bounded piece at a time."""
+        for fh in self._spool:
+            fh.close()
+        self._spool = None
+        self.nnz = nnz = self._nnz_pos
+        f = self._file
+        for name, spool, dtype in (("indices", _SPOOL_INDICES, np.int32),
+                                   ("data", _SPOOL_DATA, np.float32)):
+            ds = f.create_dataset(name, (nnz,), dtype=dtype)
+            path = self.directory / spool
+            with open(path, "rb") as fh:
+                for a in range(0, nnz, _SPOOL_PIECE):
+                    piece = np.fromfile(fh, dtype=dtype, count=min(_SPOOL_PIECE, nnz - a))
+                    ds[a:a + piece.shape[0]] = piece
+            self.spooled_bytes += path.stat().st_size
+            path.unlink()
+
     def _dense_nnz(self) -> int:
         return int(self.metadata.get("nnz", 0))
 
@@ -270,6 +308,8 @@ class StoreWriter:
             self._file.close()
         except Exception:
             pass
+        for fh in self._spool or ():
+            fh.close()
 
 
 def row_sqnorms(X) -> np.ndarray:

@@ -182,6 +182,51 @@ def test_cocoa_reaches_the_single_machine_optimum(client, sparse_store, shards, 
     assert st["bytes_per_round"] == 2 * shards * 8 * (3000 + 1)
 
 
+def test_cocoa_over_a_sharded_store_reaches_the_single_machine_optimum(client, tmp_path):
+    """The same rows ingested as 3 shards (each a store with its index): CoCoA+ over the
+    shards, each round on a worker that sees its shard, reaches the optimum of dual CD on
+    the unsharded store within 1e-3; through the CLI too."""
+    import scipy.sparse as sp
+
+    from ooc_learn.solvers.cocoa import train_cocoa
+    from ooc_learn.storage.sharded import ShardedStore
+
+    rng = np.random.default_rng(0)  # the rows of sparse_store
+    X = sp.random(2000, 3000, density=0.01, random_state=1, format="csr", dtype=np.float32)
+    X.data[:] = 1.0
+    y = np.where(X @ rng.normal(size=3000) + 0.3 * rng.normal(size=2000) > 0, 1, -1)
+    one = ingest_arrays(X, y, tmp_path / "one", n_blocks=3)
+    one.close()
+    sharded = ingest_arrays(X, y, tmp_path / "sh", shards=3, build_index=True)
+    assert isinstance(sharded, ShardedStore) and sharded.n_shards == 3
+    ref = train(tmp_path / "one", solver="dcd", loss="sqhinge", eps=1e-6, max_outer=100)
+    p_ref = _primal(tmp_path / "one", ref, 1.0, "sqhinge")
+    m = train_cocoa(tmp_path / "sh", client, loss="sqhinge", eps=1e-3, epochs=5,
+                    max_rounds=400)
+    assert m.meta["stats"]["converged"] and m.meta["stats"]["shards"] == 3
+    assert abs(_primal(tmp_path / "one", m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
+    # the CLI: a sharded store trains with --solver cocoa only
+    assert train_main([str(tmp_path / "sh"), "-o", str(tmp_path / "s.npz"), "--solver", "cocoa",
+                       "--loss", "sqhinge", "--workers", "2", "--quiet", "--json"]) == 0
+    assert train_main([str(tmp_path / "sh"), "-o", str(tmp_path / "t.npz"), "--quiet"]) == 2
+
+
+def test_a_shard_no_worker_sees_is_refused_before_any_round(client, tmp_path):
+    import json as json_
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 5)).astype(np.float32)
+    ingest_arrays(X, np.where(X[:, 0] > 0, 1, -1), tmp_path / "sh", shards=2)
+    manifest = tmp_path / "sh" / "shards.json"
+    m = json_.loads(manifest.read_text())
+    m["shards"][1]["path"] = str(tmp_path / "elsewhere" / "shard-1")  # on another machine
+    manifest.write_text(json_.dumps(m))
+    from ooc_learn.solvers.cocoa import train_cocoa
+
+    with pytest.raises(Exception, match="No worker of the cluster sees the shard"):
+        train_cocoa(tmp_path / "sh", client)
+
+
 def test_cocoa_from_the_cli(sparse_store, tmp_path, capsys):
     assert train_main([str(sparse_store), "-o", str(tmp_path / "c.npz"), "--solver", "cocoa",
                        "--loss", "sqhinge", "--eps", "0.001", "--epochs", "5", "--workers",

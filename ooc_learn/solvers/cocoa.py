@@ -1,10 +1,11 @@
 """One linear SVM over a store whose blocks are spread over Dask workers: CoCoA+ (Ma et al.
 2015, "Adding vs. averaging in distributed primal-dual optimization").
 
-The store's blocks are cut into K shards of consecutive blocks, each pinned to a worker
-(shard p to worker p mod W: on a shared file system any worker can read any shard; a worker
-that reads only its own shard's blocks keeps only those in its cache and page cache). The dual
-variables of a shard live on its worker between rounds. Each round:
+The shards are a sharded store's (``ooc-ingest --shards K``: K stores, each where the workers
+that train it can read it) or one store's blocks cut into K runs of consecutive blocks. A
+shard runs on a worker that sees its path (shard p prefers worker p mod W where every worker
+sees every shard; a worker that reads only its own shard keeps only that in its cache and page
+cache). The dual variables of a shard live on its worker between rounds. Each round:
 
 1. the driver sends w (d + 1 floats) to every shard's task;
 2. each task measures, at that w, its rows' loss and its alphas' sums (for the duality gap),
@@ -91,6 +92,40 @@ def _drop(run: str) -> None:
         del _STATE[key]
 
 
+def _cut(client, path: str, nb: int, shards) -> list:
+    """One store's blocks cut into K shards of consecutive blocks: ``[(path, blocks)]``."""
+    from ooc_learn.distributed import n_workers, shipped_path
+
+    path = shipped_path(client, path)
+    k = max(1, min(int(shards or n_workers(client)), nb))
+    return [(path, p.tolist()) for p in np.array_split(np.arange(nb), k)]
+
+
+def _place(client, paths) -> list:
+    """``(workers, allow_other_workers)`` of each shard's tasks: its data stay where they are.
+
+    A shard every worker sees (one machine, a shared file system) prefers worker p mod W and
+    may move if that one is gone; a shard that only some workers see (their local disks) runs
+    on those only. One that no worker sees is refused before any round.
+    """
+    from ooc_learn.distributed import data_file_seen
+
+    addrs = sorted(client.scheduler_info()["workers"])
+    out = []
+    for p, path in enumerate(paths):
+        seen = data_file_seen(client, path)
+        who = [a for a in addrs if seen.get(a)]
+        if not who:
+            raise ParameterError(f"No worker of the cluster sees the shard {path} (shard {p} "
+                                 f"of {len(paths)}).", "Put each shard where a worker can read "
+                                 "it at the manifest's path, or fix the path in shards.json.")
+        if len(who) == len(addrs):
+            out.append(([addrs[p % len(addrs)]], True))
+        else:
+            out.append((who, False))
+    return out
+
+
 def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
                 loss: str = "hinge", bias: float = 1.0, eps: float = 1e-3,
                 max_rounds: int = 200, epochs: int = 1, seed: int = 0, on_round=None):
@@ -98,11 +133,12 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
 
     Parameters
     ----------
-    store : Store or path (the workers must see the path)
+    store : Store, ShardedStore or path (the workers must see the path; of a sharded store,
+        each shard's path must be seen by the workers that train it)
     client : dask.distributed.Client
     shards : int, optional
-        K, the shards of consecutive blocks (default: the cluster's worker threads, at most
-        the store's blocks).
+        K, the shards of consecutive blocks of one store (default: the cluster's worker
+        threads, at most the store's blocks). A sharded store has its own.
     C, loss, bias : LIBLINEAR's ``-c``, ``-s 3`` (hinge) / ``-s 1`` (sqhinge), ``-B``.
     eps : float
         Stop when the duality gap is at most ``eps`` times the primal objective.
@@ -114,29 +150,45 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
         ``meta["stats"]``: rounds, the duality gap of each round, converged, bytes shipped
         per round, seconds.
     """
-    from ooc_learn.distributed import shipped_path, n_workers
     from ooc_learn.model import LinearModel
+    from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
     from ooc_learn.training import open_data
 
     if loss not in ("hinge", "sqhinge"):
         raise ParameterError(f"CoCoA+ trains the hinge or squared hinge SVM. Got {loss!r}.",
                              "Use --loss hinge or sqhinge.")
-    st, opened = open_data(store)
+    sharded = store if isinstance(store, ShardedStore) else (
+        ShardedStore(store) if not hasattr(store, "read_block") and is_sharded_store(store)
+        else None)
+    if sharded is not None:
+        if shards is not None and shards != sharded.n_shards:
+            raise ParameterError(f"{sharded.path} is a store of {sharded.n_shards} shards; "
+                                 f"--shards {shards} cuts one store.", "Drop --shards.")
+        st, opened = sharded, False
+    else:
+        st, opened = open_data(store)
     try:
         if st.task != "binary":
             raise ParameterError(f"CoCoA+ trains a binary store; {st.path} holds a {st.task} "
                                  "task.", "Train multiclass stores one class per task "
                                  "(--workers without --solver cocoa).")
-        path, d, nb = str(st.path), st.n_features, st.n_blocks
+        d = st.n_features
         classes = LinearModel.classes_from_label_map(st.label_map)
         label_map, fingerprint = st.label_map, st.fingerprint()
+        if sharded is not None:
+            layout = [(str(sharded.shard_path(p)), list(range(int(s["n_blocks"]))))
+                      for p, s in enumerate(sharded.shards)]
+            path = str(sharded.path)
+        else:
+            path, nb = str(st.path), st.n_blocks
     finally:
         if opened:
             st.close()
-    path = shipped_path(client, path)
-    k = max(1, min(int(shards or n_workers(client)), nb))
-    parts = [p.tolist() for p in np.array_split(np.arange(nb), k)]
-    addrs = sorted(client.scheduler_info()["workers"])
+    if sharded is None:
+        layout = _cut(client, path, nb, shards)
+        path = layout[0][0]  # absolute, as the tasks got it
+    k = len(layout)
+    placement = _place(client, [p for p, _ in layout])
     run = secrets.token_hex(6)
     w = np.zeros(d + 1)
     w_parts = np.zeros((k, d + 1))
@@ -146,11 +198,14 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
     converged = False
     try:
         for r in range(max_rounds):
-            futs = [client.submit(_shard_round, run, path, p, parts[p], w, fresh[p], float(k),
-                                  float(C), loss, float(bias), int(epochs), int(seed) + r,
-                                  workers=[addrs[p % len(addrs)]], allow_other_workers=True,
-                                  pure=False) for p in range(k)]
+            futs = [client.submit(_shard_round, run, layout[p][0], p, layout[p][1], w,
+                                  fresh[p], float(k), float(C), loss, float(bias), int(epochs),
+                                  int(seed) + r, workers=placement[p][0],
+                                  allow_other_workers=placement[p][1], pure=False)
+                    for p in range(k)]
             outs = [f.result() for f in futs]
+            for f in futs:  # nothing of a finished round is kept on the cluster
+                f.release()
             lost = [p for p, o in enumerate(outs) if o.get("lost")]
             n_lost += len(lost)
             for p in lost:  # its alphas are gone: its part of w goes too, it starts again

@@ -1,0 +1,114 @@
+"""A sharded store (``ooc-ingest --shards K``): K complete stores that partition the rows, each
+with its index, and a manifest written last; refusals leave nothing behind."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from ooc_learn.api import ingest, ingest_arrays
+from ooc_learn.cli import info_main, ingest_main, train_main
+from ooc_learn.storage.errors import IngestError, ParameterError
+from ooc_learn.storage.replace import is_store_dir
+from ooc_learn.storage.sharded import MANIFEST_FILE, ShardedStore, is_sharded_store
+from ooc_learn.storage.store import open_store
+
+
+def _rows(store, n_features):
+    X, y, ids = store.read_range(0, store.n_samples)
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    return X[:, :n_features], np.asarray(y), np.asarray(ids)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_the_shards_partition_the_rows_of_the_unsharded_store(tmp_path, sparse):
+    rng = np.random.default_rng(0)
+    n, d = 1200, 40
+    X = sp.random(n, d, density=0.1, random_state=2, format="csr", dtype=np.float32)
+    if not sparse:
+        X = X.toarray() + rng.normal(size=(n, d)).astype(np.float32)
+    y = np.where(rng.normal(size=n) > 0, 1.0, -1.0)
+    one = ingest_arrays(X, y, tmp_path / "one", n_blocks=6)
+    Xo, yo, io = _rows(one, d)
+    one.close()
+    sh = ingest_arrays(X, y, tmp_path / "sh", n_blocks=6, shards=3, build_index=True)
+    assert isinstance(sh, ShardedStore) and is_sharded_store(tmp_path / "sh")
+    assert (sh.n_shards, sh.n_samples, sh.n_features, sh.task) == (3, n, d, "binary")
+    assert sh.layout == ("csr" if sparse else "dense")
+    seen, fingerprints = [], set()
+    for k, entry in enumerate(sh.shards):
+        with open_store(sh.shard_path(k)) as st:
+            assert st.has_index and st.n_blocks == entry["n_blocks"] == 2
+            assert st.n_samples == entry["n_samples"] and st.nnz == entry["nnz"]
+            assert st.metadata["shard"]["index"] == k and st.metadata["shard"]["of"] == 3
+            assert st.verify() == []  # digests, pointers, labels
+            Xs, ys, ids = _rows(st, d)
+            fingerprints.add(st.fingerprint())
+        order = np.argsort(io)
+        pos = order[np.searchsorted(io[order], ids)]
+        np.testing.assert_array_equal(Xs, Xo[pos])  # every row, value for value
+        np.testing.assert_array_equal(ys, yo[pos])
+        seen.append(ids)
+    seen = np.concatenate(seen)
+    assert np.array_equal(np.sort(seen), np.arange(n))  # each row in exactly one shard
+    assert len(fingerprints) == 3
+    assert sh.ingest_stats["buckets"] % 3 == 0 and sh.ingest_stats["redealt_buckets"] == 0
+    assert is_store_dir(tmp_path / "sh")  # so --overwrite may replace it
+    assert not list(tmp_path.glob("**/*.spool"))
+
+
+def test_the_cli_writes_reports_and_replaces_a_sharded_store(tmp_path, capsys):
+    src = tmp_path / "a.svm"
+    rng = np.random.default_rng(1)
+    with open(src, "w") as f:
+        for i in range(500):
+            cols = sorted(rng.choice(50, 5, replace=False) + 1)
+            feats = " ".join(f"{j}:{rng.random():.3f}" for j in cols)
+            f.write(f"{1 if rng.random() > 0.5 else -1} {feats}\n")
+    out = tmp_path / "a.sharded"
+    assert ingest_main([str(src), "-o", str(out), "--shards", "2", "--json", "--quiet"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert len(j["shards"]) == 2 and sum(s["n_samples"] for s in j["shards"]) == 500
+    assert ingest_main([str(src), "-o", str(out), "--shards", "4", "--quiet"]) == 2  # exists
+    assert "already exists" in capsys.readouterr().err
+    assert ingest_main([str(src), "-o", str(out), "--shards", "4", "--overwrite",
+                        "--quiet"]) == 0
+    capsys.readouterr()
+    assert ShardedStore(out).n_shards == 4 and not (out / "shard-4").exists()
+    assert info_main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "shards       4" in text and "shard 3" in text
+    # one model over the shards is CoCoA+'s: any other solver is refused, naming the way
+    assert train_main([str(out), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "sharded store (4 shards)" in err and "--solver cocoa" in err
+
+
+def test_bad_shard_counts_are_refused_and_leave_nothing(tmp_path):
+    X = np.arange(12, dtype=np.float32).reshape(6, 2)
+    y = np.array([1, -1] * 3)
+    with pytest.raises(ParameterError, match="'shards' parameter"):
+        ingest_arrays(X, y, tmp_path / "z", shards=0)
+    with pytest.raises(IngestError, match="too few for 7 shards"):
+        ingest_arrays(X, y, tmp_path / "z", shards=7)
+    assert list(tmp_path.iterdir()) == []  # no store, no temporary folder
+
+
+def test_a_damaged_manifest_is_a_clear_error(tmp_path):
+    X = np.random.default_rng(2).normal(size=(40, 3)).astype(np.float32)
+    ingest_arrays(X, np.where(X[:, 0] > 0, 1, -1), tmp_path / "sh", shards=2)
+    (tmp_path / "sh" / MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(Exception, match="not valid JSON"):
+        ShardedStore(tmp_path / "sh")
+    assert not is_sharded_store(tmp_path / "sh")
+
+
+def test_ingest_from_a_file_gives_the_same_shards_as_from_arrays(tmp_path):
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(300, 4)).astype(np.float32)
+    y = np.where(X[:, 1] > 0, 1.0, -1.0)
+    np.save(tmp_path / "d.npy", np.c_[y, X].astype(np.float32))
+    a = ingest([tmp_path / "d.npy"], tmp_path / "a", shards=2, seed=3)
+    b = ingest_arrays(X, y, tmp_path / "b", shards=2, seed=3)
+    assert [s["n_samples"] for s in a.shards] == [s["n_samples"] for s in b.shards]
