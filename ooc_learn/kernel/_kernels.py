@@ -23,6 +23,10 @@ from numba import njit
 
 LINEAR, RBF, POLY = 0, 1, 2
 TAU = 1e-12
+# SMO looks for rows to shrink every SHRINK_PERIOD iterations (LIBSVM: 1000). With the kernel
+# columns precomputed an iteration costs O(active rows), so shrinking sooner pays; a seeded
+# round, often over before 1000 iterations, gains most (figures: docs/bench-log.md)
+SHRINK_PERIOD = 100
 
 # ----------------------------------------------------------------------------- kernel values
 
@@ -441,7 +445,7 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter, pha
     gbar = np.zeros(n)
     gbar_on = False
     unshrunk = False
-    period = min(l, 1000)
+    period = min(l, SHRINK_PERIOD)
     counter = period
     it = 0
     converged = False

@@ -95,6 +95,45 @@ class KernelMatrix:
         self.X = X
         self.kernel, self.gamma, self.degree, self.coef0 = kernel, gamma, degree, coef0
         self._closed = False
+        if slots == n:
+            self._fill()
+
+    def _fill(self) -> None:
+        """Every column at once, where the cache holds them all: one matrix product (BLAS)
+        instead of a column at a time in numba (several times faster per column on dense
+        rows; docs/bench-log.md). Every later request is a hit, the seeders' columns too."""
+        cdata, slot_of, row_of, stamp, cnt = self.kc
+        n, X = self.n, self.X
+        if sp.issparse(X):
+            X64 = X.astype(np.float64)
+            (X64 @ X64.T).toarray(out=cdata)
+        else:
+            with self.budget.reservation(8 * X.size, "kernel matrix: rows in float64"):
+                X64 = X.astype(np.float64)
+                np.matmul(X64, X64.T, out=cdata)
+        del X64
+        sq, g = self.sqnorms, float(self.gamma)
+        step = max(1, (1 << 22) // max(1, n))  # rows at a time: <= 32 MiB of temporaries
+        for a in range(0, n, step):
+            blk = cdata[a:a + step]
+            if self.kernel == "rbf":  # exp(-gamma max(0, |x_a|^2 + |x_j|^2 - 2 x_a'x_j))
+                blk *= -2.0
+                blk += sq[a:a + step, None]
+                blk += sq[None, :]
+                np.maximum(blk, 0.0, out=blk)
+                blk *= -g
+                np.exp(blk, out=blk)
+            elif self.kernel == "poly":  # (gamma x_a'x_j + coef0)^degree
+                blk *= g
+                blk += float(self.coef0)
+                np.power(blk, int(self.degree), out=blk)
+        rows = np.arange(n, dtype=np.int32)
+        slot_of[:] = rows
+        row_of[:] = rows
+        stamp[:] = 0
+        cnt[5] = n
+        cnt[2] += n
+        cnt[3] += n * n
 
     @property
     def n_slots(self) -> int:

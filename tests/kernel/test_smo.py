@@ -107,3 +107,28 @@ def test_bad_inputs(cancer):
         train_svm(Xn, y)
     with pytest.raises(ParameterError, match="alpha0"):
         train_svm(X, y, alpha0=np.ones(len(y)))
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+@pytest.mark.parametrize("kernel,params,code", KERNELS)
+def test_the_whole_matrix_at_once_equals_the_columns_one_by_one(cancer, kernel, params, code,
+                                                                 layout):
+    """Where the cache holds every column they are computed at once by one matrix product
+    (BLAS); a cache of 2 columns computes each in numba. Same values (summation order
+    aside), and every later request is a hit."""
+    from ooc_learn.kernel.smo import KernelMatrix
+
+    X, _ = cancer
+    X = np.asarray(X[:300], dtype=np.float32)
+    Xin = sp.csr_matrix(X) if layout == "csr" else X
+    kw = dict(gamma=params.get("gamma", 1.0), degree=params.get("degree", 3),
+              coef0=params.get("coef0", 0.0))
+    with KernelMatrix(Xin, kernel, budget=MemoryBudget("64M"), **kw) as full, \
+            KernelMatrix(Xin, kernel, budget=MemoryBudget("64M"), cache_bytes=2 * 8 * 300,
+                         **kw) as lazy:
+        assert full.counters()["kernel_columns_computed"] == 300
+        for g in (0, 7, 150, 299):
+            np.testing.assert_allclose(full.column(g), lazy.column(g), rtol=1e-12, atol=1e-12)
+        before = full.counters()["kernel_columns_computed"]
+        full.column(42)
+        assert full.counters()["kernel_columns_computed"] == before
