@@ -48,6 +48,15 @@ def kernel_value(dot, sa, sb, ktype, gamma, coef0, degree):
 
 
 @njit(cache=True, nogil=True)
+def gram_to_kernel(M, a, b, sq, ktype, gamma, coef0, degree):
+    """Rows a..b of the Gram matrix M (x_i'x_j) turned into kernel values in place."""
+    for i in range(a, b):
+        si = sq[i]
+        for j in range(M.shape[1]):
+            M[i, j] = kernel_value(M[i, j], si, sq[j], ktype, gamma, coef0, degree)
+
+
+@njit(cache=True, nogil=True)
 def kernel_column(kd, g, out):
     """out[j] = K(x_g, x_j) for every row j."""
     Xd, indptr, indices, data, sqn, work, ktype, gamma, coef0, degree = kd

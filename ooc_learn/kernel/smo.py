@@ -112,21 +112,16 @@ class KernelMatrix:
                 X64 = X.astype(np.float64)
                 np.matmul(X64, X64.T, out=cdata)
         del X64
-        sq, g = self.sqnorms, float(self.gamma)
-        step = max(1, (1 << 22) // max(1, n))  # rows at a time: <= 32 MiB of temporaries
-        for a in range(0, n, step):
-            blk = cdata[a:a + step]
-            if self.kernel == "rbf":  # exp(-gamma max(0, |x_a|^2 + |x_j|^2 - 2 x_a'x_j))
-                blk *= -2.0
-                blk += sq[a:a + step, None]
-                blk += sq[None, :]
-                np.maximum(blk, 0.0, out=blk)
-                blk *= -g
-                np.exp(blk, out=blk)
-            elif self.kernel == "poly":  # (gamma x_a'x_j + coef0)^degree
-                blk *= g
-                blk += float(self.coef0)
-                np.power(blk, int(self.degree), out=blk)
+        if self.kernel != "linear":  # one pass in numba, rows split over two threads
+            from concurrent.futures import ThreadPoolExecutor
+
+            args = (self.sqnorms, int(KERNELS[self.kernel]), float(self.gamma),
+                    float(self.coef0), int(self.degree))
+            half = n // 2
+            with ThreadPoolExecutor(2) as pool:
+                for f in [pool.submit(K.gram_to_kernel, cdata, 0, half, *args),
+                          pool.submit(K.gram_to_kernel, cdata, half, n, *args)]:
+                    f.result()
         rows = np.arange(n, dtype=np.int32)
         slot_of[:] = rows
         row_of[:] = rows
