@@ -630,12 +630,42 @@ def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
     return gain
 
 
+@njit(cache=True, nogil=True)
+def _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C):
+    """The moves of :func:`beta_coord_step` along i, then along j, before either is applied:
+    j's gradient after i's step is gp_j + d_i y_i y_j k'(i, j). Returns (d_i, d_j, gain);
+    the caller applies both in one pass over the rows."""
+    gain = 0.0
+    di = 0.0
+    if i != r:
+        di, g = _beta_move(i, r, colr, diag, beta, gp, C)
+        if g > 0.0 and di != 0.0:
+            gain += g
+        else:
+            di = 0.0
+    dj = 0.0
+    if j != r:
+        gpj = gp[j]
+        if di != 0.0:  # k'(i, j) = k(i, j) - k(r, i) - k(r, j) + k(r, r)
+            gp[j] = gpj + di * y[i] * y[j] * (coli[j] - colr[i] - colr[j] + colr[r])
+        dj, g = _beta_move(j, r, colr, diag, beta, gp, C)
+        gp[j] = gpj
+        if g > 0.0 and dj != 0.0:
+            gain += g
+        else:
+            dj = 0.0
+    return di, dj, gain
+
+
 # One greedy H step (a kernel column of its own) every H_GREEDY_PERIOD SMO iterations; the two
 # coordinates SMO just moved are ascended every iteration for free. Measured on the IDA sets
 # (scripts/bench_loo.py, AVG seeds, mean KerEval speed-up linear / RBF): greedy every
 # iteration 3.50 / 1.63, SMO pair only 2.14 / 1.93, pair + greedy every 2nd 4.28 / 1.91,
 # every 4th 4.20 / 2.00, every 8th 3.98 / 2.05, every 16th 3.67 / 2.03.
 H_GREEDY_PERIOD = 8
+# Once H exceeds the dual (F < H is then possible), F is evaluated every F_CHECK_PERIOD SMO
+# iterations: a pass over the rows and a selection for its b, dearer than an iteration
+F_CHECK_PERIOD = 8
 
 
 @njit(cache=True, nogil=True)
@@ -647,6 +677,8 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
     that minimises F when the new condition fired, else LIBSVM's rho.
     """
     h = beta_init(train, r, colr, y, beta, gp, G)
+    d = dual_value(train, alpha, G)  # kept up to date below, O(1) an iteration
+    next_f = 0
     n_act = train.shape[0]
     it = 0
     while it < max_iter:
@@ -659,15 +691,33 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
             break
         colj = get_col(kd, kc, j)
         ai, aj = _pair_step(i, j, coli[j], diag, y, alpha, G, C)
-        _apply_pair(i, j, ai, aj, coli, colj, train, n_act, train, y, alpha, G, G, False, C)
-        it += 1
+        # the dual's change for alpha moving by (di, dj), from the gradient before the move:
+        # D(a + delta) - D(a) = -G'delta - delta'Q delta / 2
+        di, dj = ai - alpha[i], aj - alpha[j]
+        qij = y[i] * y[j] * coli[j]
+        d -= G[i] * di + G[j] * dj + 0.5 * (diag[i] * di * di + diag[j] * dj * dj) \
+            + qij * di * dj
         # Step 6: ascend H along the SMO pair's coordinates (their columns are in hand) and,
         # every H_GREEDY_PERIOD iterations, along the coordinate of largest gain (one column).
-        h += beta_coord_step(i, coli, diag, train, r, colr, y, beta, gp, C)
-        h += beta_coord_step(j, colj, diag, train, r, colr, y, beta, gp, C)
+        # The pair's H steps and SMO's gradient update share one pass over the rows.
+        bi, bj, gain = _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C)
+        h += gain
+        wi, wj = y[i] * di, y[j] * dj
+        vi, vj = y[i] * bi, y[j] * bj
+        krr, ci, cj = colr[r], colr[i], colr[j]
+        for t in train:
+            a_t, b_t = coli[t], colj[t]
+            G[t] += y[t] * (wi * a_t + wj * b_t)
+            gp[t] += y[t] * (vi * (a_t - ci - colr[t] + krr) + vj * (b_t - cj - colr[t] + krr))
+        alpha[i] = ai
+        alpha[j] = aj
+        beta[i] += bi
+        beta[j] += bj
+        it += 1
         if it % H_GREEDY_PERIOD == 0:
             h += beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
-        if h > dual_value(train, alpha, G):
+        if h > d and it >= next_f:  # F needs a pass and a selection: not every iteration
+            next_f = it + F_CHECK_PERIOD
             f, b = primal_value(train, y, alpha, G, C, scratch)
             if f < h:
                 ur = 0.0

@@ -54,11 +54,26 @@ def test_loo_equals_brute_force(datasets, brute, name, kernel, kw, method, seedi
 
 
 def test_stopping_saves_kernel_columns_linear(datasets):
+    """The rule itself (no efficiency test: every row by Algorithm 3)."""
     X, y = datasets["cancer"]
     std = loo_error(X, y, kernel="linear", C=1.0, method="standard")
-    stp = loo_error(X, y, kernel="linear", C=1.0, method="stopping")
+    stp = loo_error(X, y, kernel="linear", C=1.0, method="stopping", efficiency_m=0)
     assert stp.stats["prec"] > 0.5
     assert stp.stats["kernel_columns_requested"] < std.stats["kernel_columns_requested"]
+    assert stp.error == std.error
+
+
+def test_the_efficiency_test_alternates_then_keeps_one_method(datasets):
+    """The first M rows solved alternate between the rule and plain SMO (both exact); the
+    rest go to one of them; the LOO labels are the standard method's either way."""
+    X, y = datasets["cancer"]
+    std = loo_error(X, y, kernel="linear", C=1.0, method="standard")
+    stp = loo_error(X, y, kernel="linear", C=1.0, method="stopping", efficiency_m=10)
+    s = stp.stats
+    solved = s["resolved_by_stopping"] + s["resolved_by_kkt"]
+    assert s["rows_by_stopping_rule"] + s["rows_by_standard"] == solved > 10
+    assert min(s["rows_by_stopping_rule"], s["rows_by_standard"]) == 5
+    np.testing.assert_array_equal(stp.predictions, std.predictions)
 
 
 def _min_F_over_A0(Km, y, C, r, fix_r=True):
