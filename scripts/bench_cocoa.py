@@ -97,28 +97,19 @@ def main() -> None:
             acc_ref = _accuracy(ref, path, test)
             rows.append((name, "single machine (dcd, eps 1e-6)", "-", f"{p_ref:.2f}", "-",
                          f"{100 * acc_ref:.2f}", f"{t_ref:.2f}", "-"))
-            for k in (2, 4):
+            runs = [(f"CoCoA+ K={k} ({a.workers} workers)", path, k) for k in (2, 4)]
+            # a sharded store: each shard a store of its own
+            runs += [(f"CoCoA+ {k}-shard store", a.work / f"{name}-{k}shards", None)
+                     for k in (2, 4)]
+            for label, where, k in runs:
                 t0 = time.perf_counter()
-                m = train_cocoa(path, client, shards=k, loss=a.loss, eps=a.eps,
+                m = train_cocoa(where, client, shards=k, loss=a.loss, eps=a.eps,
                                 epochs=a.epochs, max_rounds=a.max_rounds)
                 t = time.perf_counter() - t0
                 s = m.meta["stats"]
                 p = _primal(X, y, m, 1.0, a.loss)
-                rows.append((name, f"CoCoA+ K={k} ({a.workers} workers)",
-                             f"{s['rounds']}{'' if s['converged'] else '+'}", f"{p:.2f}",
-                             f"{(p - p_ref) / p_ref:.1e}",
-                             f"{100 * _accuracy(m, path, test):.2f}", f"{t:.2f}",
-                             f"{s['bytes_per_round']:,}"))
-            for k in (2, 4):  # a sharded store: each shard a store of its own
-                t0 = time.perf_counter()
-                m = train_cocoa(a.work / f"{name}-{k}shards", client, loss=a.loss,
-                                eps=a.eps, epochs=a.epochs, max_rounds=a.max_rounds)
-                t = time.perf_counter() - t0
-                s = m.meta["stats"]
-                p = _primal(X, y, m, 1.0, a.loss)
-                rows.append((name, f"CoCoA+ {k}-shard store",
-                             f"{s['rounds']}{'' if s['converged'] else '+'}", f"{p:.2f}",
-                             f"{(p - p_ref) / p_ref:.1e}",
+                rows.append((name, label, f"{s['rounds']}{'' if s['converged'] else '+'}",
+                             f"{p:.2f}", f"{(p - p_ref) / p_ref:.1e}",
                              f"{100 * _accuracy(m, path, test):.2f}", f"{t:.2f}",
                              f"{s['bytes_per_round']:,}"))
     finally:
