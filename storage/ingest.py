@@ -797,10 +797,11 @@ def _write_store(tmp: Path, p: _Parsed, shape: _Shape, buckets: list, *, task, l
             where, meta, nnz = tmp, metadata, p.nnz
             if shards:
                 where = tmp / shard_name(k)
-                meta = dict(metadata, shard={"index": k, "of": K, "blocks": blocks.tolist()},
+                meta = dict(metadata, nnz=None,
+                            shard={"index": k, "of": K, "blocks": blocks.tolist()},
                             params=dict(metadata["params"], n_blocks=int(blocks.size),
                                         shard=k, shards=K))
-                nnz = None if shape.layout == "csr" else 0  # counted as the blocks come
+                nnz = None  # counted as the blocks come
             targets.append(StoreWriter(where, n_samples=int(local[-1]), n_features=shape.d,
                                        nnz=nnz, layout=shape.layout, block_offsets=local,
                                        task=task, metadata=meta))

@@ -186,8 +186,9 @@ class StoreWriter:
 
     Datasets are preallocated with the final sizes (known after the shuffle's first pass) and
     use HDF5's contiguous layout: every block, leaf or row range is then one direct read.
-    A CSR store whose ``nnz`` is not known up front (``nnz=None``: a shard of a sharded
-    ingest, whose blocks' entries are counted only as they are written) spools its entries
+    A store whose ``nnz`` is not known up front (``nnz=None``: a shard of a sharded ingest,
+    whose blocks' entries are counted only as they are written) counts them; a CSR one spools
+    its entries
     to two raw files beside ``data.h5`` and copies them in at :meth:`finish`
     (``spooled_bytes``: the bytes spooled, written once more and read back once).
     """
@@ -238,6 +239,8 @@ class StoreWriter:
                  "sqnorm": np.asarray(row_sqnorms(X) if sqnorm is None else sqnorm, np.float32)}
         if self.layout == "dense":
             parts["X"] = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float32)
+            if self.nnz is None:  # counted as the blocks come (a shard's)
+                self._nnz_pos += int(np.count_nonzero(parts["X"]))
         else:
             X = sp.csr_matrix(X) if not sp.issparse(X) else X
             a = self._nnz_pos
@@ -265,6 +268,9 @@ class StoreWriter:
         f = self._file
         if self._spool is not None:
             self._copy_spool()
+        elif self.nnz is None:  # a dense shard's non-zeros, counted in write_block
+            self.nnz = self._nnz_pos
+            self.metadata["nnz"] = self._nnz_pos
         attrs = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                  "n_samples": self.n_samples, "n_features": self.n_features,
                  "nnz": self.nnz if self.layout == "csr" else self._dense_nnz(),
@@ -288,6 +294,7 @@ class StoreWriter:
             fh.close()
         self._spool = None
         self.nnz = nnz = self._nnz_pos
+        self.metadata["nnz"] = nnz
         f = self._file
         for name, spool, dtype in (("indices", _SPOOL_INDICES, np.int32),
                                    ("data", _SPOOL_DATA, np.float32)):

@@ -52,6 +52,8 @@ def test_the_shards_partition_the_rows_of_the_unsharded_store(tmp_path, sparse):
         seen.append(ids)
     seen = np.concatenate(seen)
     assert np.array_equal(np.sort(seen), np.arange(n))  # each row in exactly one shard
+    nnz = [s["nnz"] for s in sh.shards]  # each shard's own count, summing to the whole
+    assert sum(nnz) == int(np.count_nonzero(X.toarray() if sparse else X)) and min(nnz) > 0
     assert len(fingerprints) == 3
     assert sh.ingest_stats["buckets"] % 3 == 0 and sh.ingest_stats["redealt_buckets"] == 0
     assert is_store_dir(tmp_path / "sh")  # so --overwrite may replace it
