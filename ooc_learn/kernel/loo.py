@@ -182,7 +182,7 @@ def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LO
             fired += int(stop)
             resolved[r] = 1 if stop else 2
         else:
-            rho_r, it = solve(km, train, y, a, Gr, C, tol, shrinking=False,
+            rho_r, it = solve(km, train, y, a, Gr, C, tol, shrinking=True,
                               max_iter=max_iter, caller="loo_error")
             dec = float(np.dot(a[train] * y[train], colr[train])) - rho_r
             resolved[r] = 2
