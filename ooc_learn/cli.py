@@ -895,12 +895,12 @@ def _train_and_test(args, budget, test):
         out["test_rows"] = test.n_samples
     out["peak_rss_bytes"] = peak_rss_bytes()
     obj = out["objective"]
-    text = (f"{args.output}: {solver}/{loss} C={args.C:g}, {out['seconds']:.2f} s, "
-            + ("" if obj is None else f"objective {round(obj, 6)}, ")
-            + ("" if out["n_sv"] is None else f"{out['n_sv']} support vectors, ")
-            + (f"{out['rows_read']} rows read" if out["rows_read"] is not None else
-               f"{st.get('rounds')} rounds over {st.get('shards')} shards"
-               if solver == "cocoa" else "").rstrip(", "))
+    parts = [f"{solver}/{loss} C={args.C:g}", f"{out['seconds']:.2f} s"]
+    parts += [] if obj is None else [f"objective {round(obj, 6)}"]
+    parts += [] if out["n_sv"] is None else [f"{out['n_sv']} support vectors"]
+    parts += [] if out["rows_read"] is None else [f"{out['rows_read']} rows read"]
+    parts += [f"{st['rounds']} rounds over {st['shards']} shards"] if solver == "cocoa" else []
+    text = f"{args.output}: " + ", ".join(parts)
     if model.multiclass:
         text += f", one-vs-rest over {len(model.classes_)} classes"
     if "test_accuracy" in out:

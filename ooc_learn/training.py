@@ -137,23 +137,29 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     if not (isinstance(sample_eps, (int, float)) and 0 <= sample_eps < 1):
         raise ParameterError(f"The 'sample_eps' parameter of train must be in [0, 1). Got "
                              f"{sample_eps!r} instead.", "0 disables the sampled rule; try 0.01.")
+    if solver == "cocoa":  # one model over a cluster: a store cut into shards, or a sharded one
+        loss = "hinge" if loss is None else loss
+        _check(solver, loss, C, s, bias, eps, max_outer, block_size)
+        if client is None or epsilon != 0.0:
+            raise ParameterError("--solver cocoa trains one binary model over the store's "
+                                 "blocks spread on a Dask cluster.",
+                                 "Add --workers N or --scheduler ADDRESS (client=), on a "
+                                 "binary store (no --epsilon).")
+        from ooc_learn.solvers.cocoa import train_cocoa
+
+        return train_cocoa(store, client, shards=shards, C=C, loss=loss, bias=bias, eps=eps,
+                           max_rounds=100 * max_outer, epochs=epochs, seed=seed,
+                           on_round=on_outer)
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
     if isinstance(store, ShardedStore) or (isinstance(store, (str, os.PathLike))
                                            and is_sharded_store(store)):
         sharded = store if isinstance(store, ShardedStore) else ShardedStore(store)
-        if solver != "cocoa" or client is None:
-            raise ParameterError(
-                f"{sharded.path} is a sharded store ({sharded.n_shards} shards): one model "
-                "over its shards is trained by CoCoA+ on a Dask cluster.",
-                "Add --solver cocoa --workers N (or --scheduler ADDRESS), or train one "
-                f"shard's store alone ({sharded.shard_path(0)}).")
-        from ooc_learn.solvers.cocoa import train_cocoa
-
-        return train_cocoa(sharded, client, shards=shards, C=C,
-                           loss="hinge" if loss is None else loss, bias=bias, eps=eps,
-                           max_rounds=100 * max_outer, epochs=epochs, seed=seed,
-                           on_round=on_outer)
+        raise ParameterError(
+            f"{sharded.path} is a sharded store ({sharded.n_shards} shards): one model "
+            "over its shards is trained by CoCoA+ on a Dask cluster.",
+            "Add --solver cocoa --workers N (or --scheduler ADDRESS), or train one "
+            f"shard's store alone ({sharded.shard_path(0)}).")
     st, opened = open_data(store, memory)
     try:
         if st.task == "regression":
@@ -167,17 +173,6 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
             raise ParameterError("epsilon (--epsilon) is the insensitive zone of regression; "
                                  f"the store {st.path} holds a {st.task} task.",
                                  "Drop --epsilon.")
-        if solver == "cocoa":
-            if client is None or st.task != "binary":
-                raise ParameterError("--solver cocoa trains one binary model over the store's "
-                                     "blocks spread on a Dask cluster.",
-                                     "Add --workers N or --scheduler ADDRESS (client=), on a "
-                                     "binary store.")
-            from ooc_learn.solvers.cocoa import train_cocoa
-
-            return train_cocoa(st, client, shards=shards, C=C, loss=loss, bias=bias, eps=eps,
-                               max_rounds=100 * max_outer, epochs=epochs, seed=seed,
-                               on_round=on_outer)
         if st.task == "multiclass":
             return _train_one_vs_rest(
                 st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
