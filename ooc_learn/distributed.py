@@ -33,7 +33,7 @@ import numpy as np
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
-           "data_file_seen",
+           "stores_seen",
            "check_store_visible", "cv_folds", "cv_classes", "train_classes", "tree_subtrees"]
 
 # a task's share of its worker's memory limit per thread (see the module docstring)
@@ -130,25 +130,29 @@ def keep_open(path):
         _KEPT.pop(next(iter(_KEPT))).close()
 
 
-def _data_file_exists(path: str) -> bool:
+def _data_files_exist(paths) -> list[bool]:
     import os
 
     from ooc_learn.storage.format import DATA_FILE
 
-    return os.path.isfile(os.path.join(path, DATA_FILE))
+    return [os.path.isfile(os.path.join(p, DATA_FILE)) for p in paths]
 
 
-def data_file_seen(client, path) -> dict:
-    """``{worker address: whether it sees a store at path}``."""
-    return client.run(_data_file_exists, str(path))
+def stores_seen(client, paths) -> dict:
+    """``{path: the addresses of the workers that see a store there}``, asked of every
+    worker at once (one round trip for all the paths)."""
+    paths = [str(p) for p in paths]
+    seen = client.run(_data_files_exist, paths)
+    return {p: {addr for addr, ok in seen.items() if ok[i]} for i, p in enumerate(paths)}
 
 
 def check_store_visible(client, path) -> None:
     """Refuse, before any task, a store that some worker cannot see at ``path`` (tasks open
     the store by its path: one machine, or a file system the workers share)."""
     path = str(path)
-    seen = data_file_seen(client, path)
-    blind = sorted(addr for addr, ok in seen.items() if not ok)
+    addrs = set(client.scheduler_info()["workers"])
+    blind = sorted(addrs - stores_seen(client, [path])[path])
+    seen = addrs
     if blind:
         raise ParameterError(
             f"The store {path} is not visible to {len(blind)} of the cluster's "

@@ -108,13 +108,13 @@ def _place(client, paths) -> list:
     may move if that one is gone; a shard that only some workers see (their local disks) runs
     on those only. One that no worker sees is refused before any round.
     """
-    from ooc_learn.distributed import data_file_seen
+    from ooc_learn.distributed import stores_seen
 
     addrs = sorted(client.scheduler_info()["workers"])
+    seen = stores_seen(client, set(paths))
     out = []
     for p, path in enumerate(paths):
-        seen = data_file_seen(client, path)
-        who = [a for a in addrs if seen.get(a)]
+        who = [a for a in addrs if a in seen[path]]
         if not who:
             raise ParameterError(f"No worker of the cluster sees the shard {path} (shard {p} "
                                  f"of {len(paths)}).", "Put each shard where a worker can read "
