@@ -87,9 +87,28 @@ class CVRun:
         self.learner = learner
         self.randomized = bool(randomized)
         self.bounds = self.source.fold_bounds(self.k)
-        n = self.source.n
+        self._start()
+        self.store_rows0 = getattr(data, "rows_read", 0) if self.source.is_store else 0
+
+    @classmethod
+    def for_subtree(cls, source, budget, ctx: dict, seed: int) -> "CVRun":
+        """The run of one subtree task (:func:`run_subtree`): the caller's learner, metric,
+        folds and bounds (``ctx``) on ``source`` under ``budget``, with its own counters."""
+        run = cls.__new__(cls)
+        run.bar, run.source, run.budget = None, source, budget
+        run.metric, run.k, run.learner = ctx["metric"], ctx["k"], ctx["learner"]
+        run.randomized, run.bounds = ctx["randomized"], ctx["bounds"]
+        run.rng = np.random.default_rng(seed)
+        if source.is_store:
+            source.fold_bounds(run.k)  # the same positions as the caller's (dealt blocks)
+        source.rows_read = 0
+        run._start()
+        return run
+
+    def _start(self) -> None:
+        """The run's results and counters, empty."""
         self.fold_loss = np.zeros(self.k)
-        self.folds = np.full(n, -1, dtype=np.int64)
+        self.folds = np.full(self.source.n, -1, dtype=np.int64)
         self.pred = None
         self.updates = 0
         self.alive = 0
@@ -99,7 +118,6 @@ class CVRun:
         self.blockwise_phases = 0
         self.t0 = time.perf_counter()
         self._y64 = None
-        self.store_rows0 = getattr(data, "rows_read", 0) if self.source.is_store else 0
 
     # -- models and the budget ---------------------------------------------------------
     def new_model(self):
@@ -311,17 +329,7 @@ def run_subtree(source, budget, ctx: dict, s: int, e: int, feed, seed: int) -> d
     """One task of :func:`subtree_plan`, in a process of the local pool or on a Dask worker:
     f_{s..e} built from a fresh model by ``feed``, then Algorithm 1 on folds s..e. Returns
     the folds' losses, predictions and counters for the caller to merge."""
-    run = CVRun.__new__(CVRun)
-    run.__dict__.update(dict(
-        bar=None, metric=ctx["metric"], rng=np.random.default_rng(seed), source=source,
-        k=ctx["k"], budget=budget, learner=ctx["learner"], randomized=ctx["randomized"],
-        bounds=ctx["bounds"], fold_loss=np.zeros(ctx["k"]),
-        folds=np.full(source.n, -1, dtype=np.int64), pred=None, updates=0, alive=0,
-        max_alive=0, reserved=0, kernel_subtrees=0, blockwise_phases=0,
-        t0=time.perf_counter(), _y64=None))
-    if source.is_store:
-        source.fold_bounds(ctx["k"])  # the same positions as the caller's (dealt blocks)
-    source.rows_read = 0
+    run = CVRun.for_subtree(source, budget, ctx, seed)
     try:
         model = run.new_model()
         for a, b in feed:
