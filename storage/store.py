@@ -188,8 +188,7 @@ class StoreWriter:
     use HDF5's contiguous layout: every block, leaf or row range is then one direct read.
     A store whose ``nnz`` is not known up front (``nnz=None``: a shard of a sharded ingest,
     whose blocks' entries are counted only as they are written) counts them; a CSR one spools
-    its entries
-    to two raw files beside ``data.h5`` and copies them in at :meth:`finish`
+    its entries to two raw files beside ``data.h5`` and copies them in at :meth:`finish`
     (``spooled_bytes``: the bytes spooled, written once more and read back once).
     """
 
@@ -266,11 +265,10 @@ class StoreWriter:
         if self._next_block != len(self.block_offsets) - 1:
             raise ValueError("not every block was written")
         f = self._file
+        if self.nnz is None:  # a shard's entries, counted in write_block
+            self.nnz = self.metadata["nnz"] = self._nnz_pos
         if self._spool is not None:
             self._copy_spool()
-        elif self.nnz is None:  # a dense shard's non-zeros, counted in write_block
-            self.nnz = self._nnz_pos
-            self.metadata["nnz"] = self._nnz_pos
         attrs = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                  "n_samples": self.n_samples, "n_features": self.n_features,
                  "nnz": self.nnz if self.layout == "csr" else self._dense_nnz(),
@@ -293,8 +291,7 @@ class StoreWriter:
         for fh in self._spool:
             fh.close()
         self._spool = None
-        self.nnz = nnz = self._nnz_pos
-        self.metadata["nnz"] = nnz
+        nnz = self.nnz
         f = self._file
         for name, spool, dtype in (("indices", _SPOOL_INDICES, np.int32),
                                    ("data", _SPOOL_DATA, np.float32)):
