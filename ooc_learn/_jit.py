@@ -38,13 +38,19 @@ def kernels_cached(kernels) -> bool:
     import importlib
 
     for module, name in kernels:
+        if (module, name) in _SEEN_CACHED:  # once in the cache, it stays there
+            continue
         try:
             dispatcher = getattr(importlib.import_module(module), name)
             if not dispatcher._cache._cache_file._load_index():  # {} when absent or stale
                 return False
         except Exception:  # numba's internals moved: assume cached
             return True
+        _SEEN_CACHED.add((module, name))
     return True
+
+
+_SEEN_CACHED: set = set()  # kernels found in the cache (each index file read once)
 
 
 def _array(dtype: str, ndim: int = 1):

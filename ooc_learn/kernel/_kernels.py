@@ -616,25 +616,10 @@ def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
 
 
 @njit(cache=True, nogil=True)
-def beta_coord_step(v, col, diag, train, r, colr, y, beta, gp, C):
-    """Exact maximisation of H(beta) along coordinate v whose kernel column ``col`` is in hand.
-
-    Requests no kernel column; returns the gain (>= 0).
-    """
-    if v == r:
-        return 0.0
-    d, gain = _beta_move(v, r, colr, diag, beta, gp, C)
-    if gain <= 0.0 or d == 0.0:
-        return 0.0
-    _beta_apply(v, d, col, train, r, colr, y, beta, gp)
-    return gain
-
-
-@njit(cache=True, nogil=True)
 def _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C):
-    """The moves of :func:`beta_coord_step` along i, then along j, before either is applied:
-    j's gradient after i's step is gp_j + d_i y_i y_j k'(i, j). Returns (d_i, d_j, gain);
-    the caller applies both in one pass over the rows."""
+    """The exact maximisers of H along i, then along j (:func:`_beta_move`), before either
+    is applied: j's gradient after i's step is gp_j + d_i y_i y_j k'(i, j). Returns
+    (d_i, d_j, gain); the caller applies both in one pass over the rows."""
     gain = 0.0
     di = 0.0
     if i != r:
