@@ -1,4 +1,5 @@
-"""Where the benchmarks find ``../shared/data`` and the Fashion-MNIST idx reader they share.
+"""What the benchmarks share: where they find ``../shared/data``, the Fashion-MNIST idx
+reader, the best of N timed runs and the CLI entry points through this interpreter.
 
 Used by the ``scripts/bench_*.py`` only (never by the package or the tests). ``OOC_DATA``
 overrides the location.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,3 +33,21 @@ def fashion_mnist(split: str = "train", root: Path = DATA) -> tuple[np.ndarray, 
     d = Path(root) / "fashion-mnist"
     X = read_idx(d / f"{split}-images-idx3-ubyte.gz").reshape(-1, 784)
     return X, read_idx(d / f"{split}-labels-idx1-ubyte.gz")
+
+
+def best_of(fn, repeat: int):
+    """``(seconds, result)``: the best wall time of ``repeat`` calls of ``fn`` (short runs swing
+    3-5x on this machine) and the last call's result."""
+    best, out = float("inf"), None
+    for _ in range(max(1, int(repeat))):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def ooc_cli(main: str) -> list[str]:
+    """A command line that runs ``ooc_learn.cli.<main>`` (e.g. ``train_main``) with this
+    interpreter, whatever console scripts are on the PATH."""
+    return [sys.executable, "-c", f"import sys; from ooc_learn.cli import {main}; "
+                                  f"sys.exit({main}())"]

@@ -31,26 +31,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_data import best_of, ooc_cli  # noqa: E402
 
 
 def _cli(args) -> tuple[float, dict]:
     t0 = time.perf_counter()
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return time.perf_counter() - t0, json.loads(out)
-
-
-def _ooc(main: str) -> list[str]:
-    return [sys.executable, "-c", f"import sys; from ooc_learn.cli import {main}; "
-                                  f"sys.exit({main}())"]
-
-
-def _best(fn, repeat: int):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main() -> None:
@@ -80,7 +67,7 @@ def main() -> None:
     shirt, ten = a.work / "shirt.store", a.work / "fashion10.store"
     for store, extra in ((shirt, ["--positive-label", "6"]), (ten, ["--task", "multiclass"])):
         if not store.exists():
-            subprocess.run(_ooc("ingest_main") + [str(npy), "-o", str(store), "--quiet"]
+            subprocess.run(ooc_cli("ingest_main") + [str(npy), "-o", str(store), "--quiet"]
                            + extra, check=True)
     Cs = [float(c) for c in a.Cs.split(",")]
     rows, ratios = [], []
@@ -91,8 +78,8 @@ def main() -> None:
         # ---- 1. 5-fold CV x 4 C, class 6 vs rest
         if "cv" in parts:
             kw = dict(solver=a.solver, loss="sqhinge")
-            t_one, one = _best(lambda: linear_cv_grid(shirt, 5, Cs, **kw), a.repeat)
-            t_dask, dsk = _best(lambda: linear_cv_grid(shirt, 5, Cs, client=client, **kw),
+            t_one, one = best_of(lambda: linear_cv_grid(shirt, 5, Cs, **kw), a.repeat)
+            t_dask, dsk = best_of(lambda: linear_cv_grid(shirt, 5, Cs, client=client, **kw),
                                 a.repeat)
             for r1, r2 in zip(one, dsk):
                 diff = float(np.abs(r1.fold_scores - r2.fold_scores).max())
@@ -107,8 +94,8 @@ def main() -> None:
             # the same folds from scratch on one process in threads (dcd) give equal scores
         # ---- 2. ten one-vs-rest classes
         if "ovr" in parts:
-            t_seq, m_seq = _best(lambda: train(ten, loss="sqhinge", solver=a.solver), a.repeat)
-            t_ovr, m_ovr = _best(lambda: train(ten, loss="sqhinge", solver=a.solver,
+            t_seq, m_seq = best_of(lambda: train(ten, loss="sqhinge", solver=a.solver), a.repeat)
+            t_ovr, m_ovr = best_of(lambda: train(ten, loss="sqhinge", solver=a.solver,
                                                client=client), a.repeat)
             same = bool(np.array_equal(m_seq.coef_, m_ovr.coef_))
             rows.append(("fashion 10 classes", "one class at a time (API)", f"{t_seq:.2f} s", ""))
@@ -124,9 +111,9 @@ def main() -> None:
 
             with open_store(shirt) as st:
                 lrn = Pegasos(lam=1.0 / st.n_samples)
-                t_seq, r_seq = _best(lambda: tree_cv(st, lrn, 10), a.repeat)
-                t_dsk, r_dsk = _best(lambda: tree_cv(st, lrn, 10, client=client), a.repeat)
-                t_loc, r_loc = _best(lambda: tree_cv(st, lrn, 10, n_jobs=a.workers), a.repeat)
+                t_seq, r_seq = best_of(lambda: tree_cv(st, lrn, 10), a.repeat)
+                t_dsk, r_dsk = best_of(lambda: tree_cv(st, lrn, 10, client=client), a.repeat)
+                t_loc, r_loc = best_of(lambda: tree_cv(st, lrn, 10, n_jobs=a.workers), a.repeat)
             same = bool(np.array_equal(r_seq.fold_scores, r_dsk.fold_scores)
                         and np.array_equal(r_seq.fold_scores, r_loc.fold_scores))
             rows.append(("shirt TreeCV 10-fold", "PEGASOS, one process (API)", f"{t_seq:.2f} s",
@@ -144,7 +131,7 @@ def main() -> None:
         cluster.close()
     # ---- the CLI, cluster start included
     if "cli" in parts:
-        base = _ooc("train_main")
+        base = ooc_cli("train_main")
         cv = [str(shirt), "--cv", "5", "--C", a.Cs, "--solver", a.solver, "--loss", "sqhinge",
               "--json", "--quiet"]
         t1, j1 = _cli(base + cv)

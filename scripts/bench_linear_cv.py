@@ -46,23 +46,10 @@ from pathlib import Path
 import numpy as np
 
 
-from _bench_data import DATA
+from _bench_data import DATA, best_of, ooc_cli
 
 DATASETS = {"a9a": "a9a.svm.xz", "ijcnn1": "ijcnn1.svm.xz", "w8a": "w8a.svm.xz",
             "australian": "australian.svm.xz"}
-
-
-def _ooc(fn: str) -> list[str]:
-    return [sys.executable, "-c", f"import sys; from ooc_learn.cli import {fn}; sys.exit({fn}())"]
-
-
-def _best(fn, repeat):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def _cli(cmd, repeat):
@@ -71,7 +58,7 @@ def _cli(cmd, repeat):
         if r.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
         return json.loads(r.stdout)
-    return _best(go, repeat)
+    return best_of(go, repeat)
 
 
 def _liblinear(path, opts, repeat):
@@ -81,7 +68,7 @@ def _liblinear(path, opts, repeat):
 
     def go():
         return train(problem(y, x), parameter(opts + " -q"))
-    return _best(go, repeat)
+    return best_of(go, repeat)
 
 
 def _multiclass(a, rows, ratios):
@@ -99,14 +86,14 @@ def _multiclass(a, rows, ratios):
         np.save(tnpy, np.c_[yte.astype(np.float32), Xte])
     store = a.work / "fashion10.store"
     if not store.exists():
-        subprocess.run(_ooc("ingest_main") + [str(npy), "-o", str(store), "--task",
+        subprocess.run(ooc_cli("ingest_main") + [str(npy), "-o", str(store), "--task",
                                               "multiclass", "--quiet"], check=True)
     ours = []
     for solver in a.solvers:
         for jobs in (1, 2):
             model = a.work / f"fashion10-{solver}.npz"
             model.unlink(missing_ok=True)
-            t, out = _cli(_ooc("train_main") + [str(store), "-o", str(model), "--solver",
+            t, out = _cli(ooc_cli("train_main") + [str(store), "-o", str(model), "--solver",
                                                 solver, "--loss", "sqhinge", "--C", str(a.C),
                                                 "--test", str(tnpy), "--jobs", str(jobs),
                                                 "--json", "--quiet"], 1)
@@ -136,28 +123,28 @@ def _regression(a, rows, ratios):
             txt.write_bytes(lzma.decompress((DATA / file).read_bytes()))
         store = a.work / f"{name}.store"
         if not store.exists():
-            subprocess.run(_ooc("ingest_main") + [str(txt), "-o", str(store), "--task",
+            subprocess.run(ooc_cli("ingest_main") + [str(txt), "-o", str(store), "--task",
                                                   "regression", "--quiet"], check=True)
         X, y = load_svmlight_file(str(txt))
         X = X.toarray()
-        t, cv = _cli(_ooc("train_main") + [str(store), "--cv", "5", "--C",
+        t, cv = _cli(ooc_cli("train_main") + [str(store), "--cv", "5", "--C",
                                            ",".join(f"{c:g}" for c in a.grid), "--json",
                                            "--quiet"], a.repeat)
         C = cv["best_C"]
         rows.append((name, "ooc-train --cv 5 grid (cv rmse at best C)", C, t, cv["estimate"]))
         model = a.work / f"{name}.npz"
         model.unlink(missing_ok=True)
-        t, out = _cli(_ooc("train_main") + [str(store), "-o", str(model), "--C", str(C),
+        t, out = _cli(ooc_cli("train_main") + [str(store), "-o", str(model), "--C", str(C),
                                             "--test", str(store), "--json", "--quiet"],
                       a.repeat)
         rows.append((name, "ooc-train (train rmse)", C, t, out["test_rmse"]))
 
         def rmse(pred):
             return float(np.sqrt(np.mean((y - pred) ** 2)))
-        tr, rd = _best(lambda: Ridge(alpha=0.5 / C).fit(X, y), a.repeat)
+        tr, rd = best_of(lambda: Ridge(alpha=0.5 / C).fit(X, y), a.repeat)
         rows.append((name, "sklearn Ridge (train rmse)", C, tr, rmse(rd.predict(X))))
         yl, xl = svm_read_problem(str(txt))
-        tl, m = _best(lambda: train(problem(yl, xl), parameter(f"-s 11 -c {C} -p 0 -B 1 -q")),
+        tl, m = best_of(lambda: train(problem(yl, xl), parameter(f"-s 11 -c {C} -p 0 -B 1 -q")),
                       a.repeat)
         w = np.array([m.get_decfun_coef(j + 1) for j in range(X.shape[1])])
         rows.append((name, "liblinear -s 11 (train rmse)", C, tl,
@@ -194,13 +181,13 @@ def main(argv=None) -> int:
             txt.write_bytes(lzma.decompress((DATA / DATASETS[name]).read_bytes()))
         store = a.work / f"{name}.store"
         if not store.exists():
-            subprocess.run(_ooc("ingest_main") + [str(txt), "-o", str(store), "--quiet"],
+            subprocess.run(ooc_cli("ingest_main") + [str(txt), "-o", str(store), "--quiet"],
                            check=True)
         ll_t, ll_acc = _liblinear(txt, f"-s 3 -c {a.C} -B 1 -v {a.k}", a.repeat)
         ll_acc /= 100.0
         rows.append((name, f"liblinear -s 3 -v {a.k}", a.C, ll_t, ll_acc))
         for solver in a.solvers:
-            t, out = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C", str(a.C),
+            t, out = _cli(ooc_cli("train_main") + [str(store), "--cv", str(a.k), "--C", str(a.C),
                                                 "--solver", solver, "--json", "--quiet"],
                           a.repeat)
             rows.append((name, f"ooc-train --cv {a.k} {solver}", a.C, t, out["estimate"]))
@@ -208,18 +195,18 @@ def main(argv=None) -> int:
             ratios.append((f"{name} {solver} acc - liblinear, points",
                            100 * (out["estimate"] - ll_acc)))
             linear_cv(str(store), a.k, solver=solver, C=a.C)  # JIT warm-up, outside the clock
-            tw, rw = _best(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C), a.repeat)
-            tc, rc = _best(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C,
+            tw, rw = best_of(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C), a.repeat)
+            tc, rc = best_of(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C,
                                           warm_start=False), a.repeat)
             rows.append((name, f"linear_cv {solver} warm (API)", a.C, tw, rw.estimate))
             rows.append((name, f"linear_cv {solver} cold (API)", a.C, tc, rc.estimate))
             ratios.append((f"{name} {solver} warm / cold folds (API)", tw / tc))
             if solver in ("dcd", "bm"):  # folds in threads
-                tj, rj = _best(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C,
+                tj, rj = best_of(lambda: linear_cv(str(store), a.k, solver=solver, C=a.C,
                                                  n_jobs=2), a.repeat)
                 rows.append((name, f"linear_cv {solver} --jobs 2 (API)", a.C, tj, rj.estimate))
                 ratios.append((f"{name} {solver} --jobs 2 (API) / liblinear -v", tj / ll_t))
-                t2, out2 = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C",
+                t2, out2 = _cli(ooc_cli("train_main") + [str(store), "--cv", str(a.k), "--C",
                                                       str(a.C), "--solver", solver, "--jobs",
                                                       "2", "--json", "--quiet"], a.repeat)
                 rows.append((name, f"ooc-train --cv {a.k} {solver} --jobs 2", a.C, t2,
@@ -236,7 +223,7 @@ def main(argv=None) -> int:
             tC, found = _liblinear(txt, f"-s 2 -C -B 1 -v {a.k}", 1)
             rows.append((name, f"liblinear -s 2 -C -v {a.k} (best C)", found[0], tC, found[2]))
             for solver in a.solvers:
-                t, out = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C-search",
+                t, out = _cli(ooc_cli("train_main") + [str(store), "--cv", str(a.k), "--C-search",
                                                     "--solver", solver, "--json", "--quiet"],
                               1)
                 rows.append((name, f"ooc-train --cv {a.k} --C-search {solver} (best C)",
@@ -245,7 +232,7 @@ def main(argv=None) -> int:
                 ratios.append((f"{name} {solver} --C-search best acc - liblinear -C's, points",
                                100 * (out["estimate"] - found[2])))
             for solver in a.solvers:
-                t, out = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C", grid,
+                t, out = _cli(ooc_cli("train_main") + [str(store), "--cv", str(a.k), "--C", grid,
                                                     "--solver", solver, "--json", "--quiet"], 1)
                 for r, (_, acc) in zip(out["grid"], ll_each):
                     rows.append((name, f"ooc-train --cv {a.k} {solver} grid", r["C"],
@@ -256,7 +243,7 @@ def main(argv=None) -> int:
                              float("nan")))
                 single = 0.0
                 for c in a.grid:
-                    ts, _ = _cli(_ooc("train_main") + [str(store), "--cv", str(a.k), "--C",
+                    ts, _ = _cli(ooc_cli("train_main") + [str(store), "--cv", str(a.k), "--C",
                                                        f"{c:g}", "--solver", solver, "--json",
                                                        "--quiet"], 1)
                     single += ts

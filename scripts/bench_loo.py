@@ -13,10 +13,10 @@ times are the best of ``--repeat`` runs, JIT warm-up outside.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
+from _bench_data import best_of
 from _kernel_bench_data import ida
 from ooc_learn.kernel import loo_error
 
@@ -51,13 +51,9 @@ def main():
             for seeding in args.seedings:
                 out = {}
                 for method in ("standard", "stopping"):
-                    best = np.inf
-                    for _ in range(args.repeat):  # best of N: short runs swing 3-5x here
-                        t0 = time.perf_counter()
-                        out[method] = loo_error(X, y, kernel=kernel, method=method,
-                                                seeding=seeding, **kw)
-                        best = min(best, time.perf_counter() - t0)
-                    out[method].stats["wall"] = best
+                    wall, out[method] = best_of(lambda: loo_error(
+                        X, y, kernel=kernel, method=method, seeding=seeding, **kw), args.repeat)
+                    out[method].stats["wall"] = wall
                 a, b = out["standard"], out["stopping"]
                 assert a.error == b.error, "standard and stopping LOO disagree"
                 ke = (a.stats["kernel_columns_requested"] / b.stats["kernel_columns_requested"])
