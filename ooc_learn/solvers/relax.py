@@ -42,7 +42,7 @@ from .dcd import dcd_subproblem
 from .tron import L2LossPrimal, tron
 
 __all__ = ["RelaxStats", "RelaxResult", "relax", "relax_in_memory", "truncated_objective",
-           "DualCDConvexSolver", "TronConvexSolver"]
+           "DualCDConvexSolver", "TronConvexSolver", "outer_loop", "STOP"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,30 @@ def truncated_objective(w: np.ndarray, z: np.ndarray, loss: TruncatedLoss, C: fl
     return float(0.5 * np.dot(w, w) + C * loss.value(z).sum())
 
 
+# what an outer step returns to end the loop at the last accepted iterate, unconverged
+STOP = -1
+
+
+def outer_loop(step: Callable[[int], int | None], max_outer: int) -> tuple[int, bool]:
+    """The relaxation's outer loop, shared by :func:`relax` and IBCD.
+
+    ``step(t)`` runs outer iteration t = 1, 2, ...: it fixes the outliers OUT(w_t), solves
+    the convex problem (5) and returns how many rows changed side between OUT(w_t) and the
+    outlier set before it (None where that is not known yet), or ``STOP`` to end at the
+    last accepted iterate. The loop ends when no row changed side (a fixed point) or after
+    ``max_outer`` iterations. Returns ``(iterations accepted, converged)``.
+    """
+    t = 0
+    while t < max_outer:
+        changed = step(t + 1)
+        if changed == STOP:
+            return t, False
+        t += 1
+        if changed == 0:
+            return t, True
+    return t, False
+
+
 def relax(solve_convex: Callable, margins: Callable[[np.ndarray], np.ndarray],
           loss: TruncatedLoss, C: float, w0: np.ndarray, *, max_outer: int = 50,
           warm=None, on_outer=None) -> RelaxResult:
@@ -87,18 +111,19 @@ def relax(solve_convex: Callable, margins: Callable[[np.ndarray], np.ndarray],
                              f"Got {loss!r} instead.", "Use get_loss('hinge', s=1.0).")
     w = np.array(w0, dtype=np.float64)
     z = margins(w)
-    passes = 1
     inlier = loss.inlier(z)
     J = truncated_objective(w, z, loss, C)
     objectives, n_out, inner = [J], [int((~inlier).sum())], []
-    converged = False
-    t = 0
-    while t < max_outer:
+    state = {"w": w, "warm": warm, "J": J, "inlier": inlier, "passes": 1}
+
+    def step(t):
+        w, J, inlier = state["w"], state["J"], state["inlier"]
+        warm = state["warm"]
         for tighten in range(_MAX_TIGHTEN + 1):
             w_new, warm_new, st = solve_convex(w, inlier, warm, tighten)
             inner.append(st)
             z_new = margins(w_new)
-            passes += 1
+            state["passes"] += 1
             J_new = truncated_objective(w_new, z_new, loss, C)
             if J_new <= J * (1 + 1e-12) + 1e-12:
                 break
@@ -107,23 +132,23 @@ def relax(solve_convex: Callable, margins: Callable[[np.ndarray], np.ndarray],
             warm = warm_new
         else:
             log.warning("relax: the inner solver could not decrease J after %d tighter "
-                        "solves; stopping at iteration %d.", _MAX_TIGHTEN, t)
-            break
-        t += 1
-        w, warm, J = w_new, warm_new, J_new
+                        "solves; stopping at iteration %d.", _MAX_TIGHTEN, t - 1)
+            state["warm"] = warm
+            return STOP
         new_inlier = loss.inlier(z_new)
         changed = int(np.count_nonzero(new_inlier != inlier))
-        inlier = new_inlier
-        objectives.append(J)
-        n_out.append(int((~inlier).sum()))
+        state.update(w=w_new, warm=warm_new, J=J_new, inlier=new_inlier)
+        objectives.append(J_new)
+        n_out.append(int((~new_inlier).sum()))
         if on_outer is not None:
-            on_outer(t, {"objective": J, "n_outliers": n_out[-1], "changed": changed,
+            on_outer(t, {"objective": J_new, "n_outliers": n_out[-1], "changed": changed,
                          "inner": st})
-        log.info("relax %d: J %.8g, %d outliers (%d rows changed side)", t, J, n_out[-1],
+        log.info("relax %d: J %.8g, %d outliers (%d rows changed side)", t, J_new, n_out[-1],
                  changed)
-        if changed == 0:
-            converged = True
-            break
+        return changed
+
+    t, converged = outer_loop(step, max_outer)
+    w, warm, inlier, passes = state["w"], state["warm"], state["inlier"], state["passes"]
     return RelaxResult(w, warm, inlier, RelaxStats(t, objectives, n_out, converged, inner,
                                                    passes))
 

@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from ooc_learn.api import ingest_arrays
-from ooc_learn.solvers.active_set import ActiveSet
+from ooc_learn.solvers.ibcd.active_set import ActiveSet
 from ooc_learn.solvers.ibcd import solve_ibcd
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import BudgetExceededError
@@ -184,19 +184,14 @@ def test_spilling_refused_gives_a_clear_error(tmp_path, rng):
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_ibcd_with_a_spilled_active_set_is_optimal_on_all_rows(tmp_path, rng, sparse,
-                                                               monkeypatch):
+def test_ibcd_with_a_spilled_active_set_is_optimal_on_all_rows(tmp_path, rng, sparse):
     # many support vectors (25 % flipped labels) and almost no share of the cap for S:
     # S spills early, and the answer must still satisfy the KKT conditions on every row
     X, y = problem(rng, n=4000, sparse=sparse, flip=0.25)
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True, leaf_size=50,
                        layout="csr" if sparse else "dense") as store:
-        import ooc_learn.solvers.active_set as AS
-
-        with monkeypatch.context() as mp:
-            mp.setattr(AS, "RESIDENT_SHARE", 1e-6)
-            res = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
-                             spill_dir=tmp_path)
+        res = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
+                         spill_dir=tmp_path, resident_share=1e-6)
         assert res.stats["spills"] >= 1 and res.stats["rows_read_back"] > 0
         viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=0.1)
         assert res.stats["S_converged"] and viol < 0.02, viol
@@ -213,7 +208,7 @@ def test_spilling_removes_the_folders_of_killed_runs_only(tmp_path, rng):
     import subprocess
     import sys
 
-    from ooc_learn.solvers.active_set import SPILL_PREFIX
+    from ooc_learn.solvers.ibcd.active_set import SPILL_PREFIX
 
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

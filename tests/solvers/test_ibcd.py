@@ -55,8 +55,7 @@ def full_kkt_violation(store, w, sv_rows, sv_alpha, C, bias=1.0):
                          ids=["default-share", "cut", "exhaustive", "scan", "no-pool"])
 @pytest.mark.parametrize("leaf_size", [None, 50], ids=["default-leaf", "leaf50"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_share,
-                                     monkeypatch):
+def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_share):
     # C = 0.1: dual CD on S converges within its 1000 passes (at C = 1 with 5 % flipped
     # labels it may not, and then IBCD warns, as LIBLINEAR does, that its answer is
     # approximate); a converged IBCD must be eps-optimal on every row of the store
@@ -67,15 +66,15 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
     # the scan first. "scan": every query costs more than a scan (VISIT_COST), so after the
     # first query the scans find the rows. "no-pool": every check scans the store (the pool
     # of rows near the margin is off)
+    tuning = {}
     if query_share == "no-pool":
-        monkeypatch.setattr("ooc_learn.solvers.ibcd_check.POOL_SHARE", 1 << 62)
+        tuning = {"pool_share": 1 << 62}
     elif query_share == "scan":
-        monkeypatch.setattr("ooc_learn.solvers.ibcd.VISIT_COST", 10 ** 12)
+        tuning = {"visit_cost": 1e12}
     elif query_share is not None:
-        monkeypatch.setattr("ooc_learn.solvers.ibcd.QUERY_SHARE", query_share)
-        monkeypatch.setattr("ooc_learn.solvers.ibcd.COST_MODEL", False)
+        tuning = {"query_share": query_share, "cost_model": False}
     if query_share == 2.0:
-        monkeypatch.setattr("ooc_learn.solvers.ibcd.MIN_PRECISION", 0.0)
+        tuning["min_precision"] = 0.0
     X, y = problem(rng, sparse=sparse)
     C, eps = 0.1, 0.01
     extra = {} if leaf_size is None else {"leaf_size": leaf_size}
@@ -83,7 +82,7 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
                        layout="csr" if sparse else "dense") as store:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            res = solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
+            res = solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1, **tuning)
         # the KKT conditions hold on every row, so a row the index missed would show here
         viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C)
         assert viol < 2 * eps, viol
@@ -160,19 +159,19 @@ def test_ibcd_primal_stops_by_liblinears_class_weighted_rule(tmp_path):
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_ibcd_sqhinge_dual_switches_to_tron_where_dual_cd_stalls(tmp_path, rng, sparse,
-                                                                  monkeypatch, capfd):
+                                                                  capfd):
     # LIBLINEAR's -s 1 policy on S: a full solve of S whose dual CD has not converged in
-    # DUAL_SWITCH_ITERS passes finishes by TRON, and S is solved by TRON from then on (the
+    # dual_switch_iters passes finishes by TRON, and S is solved by TRON from then on (the
     # switch happens once). C = 4 with 5 % flipped labels: 3 passes do not converge. The
     # answer is LIBLINEAR -s 2's (the primal on all rows, TRON to |grad| <= 0.01 |grad_0|):
     # objectives within 1e-3 relative, predictions on >= 99.5 % of rows
     liblinear = pytest.importorskip("liblinear.liblinearutil")
-    monkeypatch.setattr("ooc_learn.solvers.ibcd.DUAL_SWITCH_ITERS", 3)
     X, y = problem(rng, n=3000, sparse=sparse)
     C = 4.0
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True,
                        layout="csr" if sparse else "dense") as store:
-        res = solve_ibcd(store, loss="sqhinge", C=C, n=200, eps=0.01, init_sample=300, seed=1)
+        res = solve_ibcd(store, loss="sqhinge", C=C, n=200, eps=0.01, init_sample=300, seed=1,
+                         dual_switch_iters=3)
         Xa, ya, _ = store.read_range(0, store.n_samples)
     assert res.stats["switched_to_primal"] == 1 and res.stats["S_converged"]
     ya = ya.astype(float)
@@ -213,7 +212,7 @@ def test_queries_read_leaves_and_runs_not_whole_blocks_the_cap_would_hold(tmp_pa
     # it, so IBCD's reader reads the leaves (and fetches runs): loading whole blocks made an
     # uncapped run read the store once whatever it needed (generated benchmark store, s = 1,
     # sampled rule: 0.31-0.49 of it per outer iteration, against 0.10-0.14)
-    from ooc_learn.solvers.ibcd import _RowSource
+    from ooc_learn.solvers.ibcd.rows import RowSource
     from ooc_learn.storage.store import open_store
 
     X, y = problem(rng, n=6000, d=10)
@@ -223,7 +222,7 @@ def test_queries_read_leaves_and_runs_not_whole_blocks_the_cap_would_hold(tmp_pa
         assert st.block_offsets[2] < 2100 < 2150 <= st.block_offsets[3] <= 3000
         assert st.block_offsets[4] < 4005 < 4007 < st.block_offsets[5]
         assert st.reads_whole_block(2) and not st.block_is_cached(2)
-        src = _RowSource(st)
+        src = RowSource(st)
         r0 = st.rows_read
         XL, yL, _ = src.read_range(2100, 2150)
         assert st.rows_read - r0 == 50 and not st.block_is_cached(2)
@@ -495,22 +494,23 @@ def test_sampled_rule_counts_the_pivots_a_query_traversed(tmp_path, rng, monkeyp
 @pytest.mark.parametrize("cost_model", [False, True, "skip-full"],
                          ids=["index", "cost-model", "skip-full"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_ibcd_where_violators_are_dense(tmp_path, rng, sparse, cost_model, monkeypatch):
+def test_ibcd_where_violators_are_dense(tmp_path, rng, sparse, cost_model):
     # 30 % flipped labels and the squared hinge: nearly every row is a support vector. With
     # the index alone, it finds violators densely and the queries double in size
-    # (DENSE_QUERY); with the cost model, a scan finds them cheaper and takes over.
+    # (dense_query); with the cost model, a scan finds them cheaper and takes over.
     # "skip-full": quick solves of one pass leave a spread above most violations, so checks
     # that still find |S| / 2 violators admit them without the full solve (once a full solve
     # has converged). Every way the answer is the full problem's optimum (in-memory dual CD
     # to 1e-6 relative)
-    monkeypatch.setattr("ooc_learn.solvers.ibcd.COST_MODEL", bool(cost_model))
+    tuning = {"cost_model": bool(cost_model)}
     if cost_model == "skip-full":
-        monkeypatch.setattr("ooc_learn.solvers.ibcd.QUICK_ITERS", 1)
+        tuning["quick_iters"] = 1
     X, y = problem(rng, sparse=sparse, flip=0.3)
     C = 0.1
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True,
                        layout="csr" if sparse else "dense") as store:
-        res = solve_ibcd(store, C=C, n=50, eps=0.01, init_sample=100, seed=1, loss="sqhinge")
+        res = solve_ibcd(store, C=C, n=50, eps=0.01, init_sample=100, seed=1, loss="sqhinge",
+                         **tuning)
         if cost_model == "skip-full":
             assert res.stats["full_solves_skipped"] >= 1
         elif cost_model:

@@ -1,11 +1,14 @@
-"""IBCD's check (ibcd_check): the scan, and the pool of rows near a boundary that a scan read
+"""IBCD's check (ooc_learn.solvers.ibcd.check): the scan, and the pool of rows near a boundary that a scan read
 but did not admit."""
 
 import numpy as np
 import pytest
 
 from ooc_learn.api import ingest_arrays
-from ooc_learn.solvers import ibcd, ibcd_check
+from ooc_learn.solvers import ibcd
+from ooc_learn.solvers.ibcd import check as ibcd_check
+from ooc_learn.solvers.ibcd.config import IBCDConfig
+from ooc_learn.solvers.ibcd.rows import RowSource
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.store import open_store
 
@@ -23,7 +26,7 @@ def _brute(X, y, w, w_t, low, in_S, n, k, bias=1.0):
     worst = float((1.0 - m[viol]).max()) if viol.any() else 0.0
     v = np.flatnonzero(viol)
     admitted = v[np.lexsort((v, key[v]))][:n]
-    near = np.flatnonzero(~in_S & ~viol & (key < ibcd_check.POOL_BAND))
+    near = np.flatnonzero(~in_S & ~viol & (key < IBCDConfig.pool_band))
     pool = near[np.lexsort((near, key[near]))][:k]
     return np.sort(admitted), worst, int(viol.sum()), pool
 
@@ -43,7 +46,7 @@ def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, r
     in_S = rng.random(Xa.shape[0]) < 0.1
     # a cap small enough that the pass takes many chunks and the running selection merges
     with open_store(tmp_path / "s", memory="300K") as st:
-        src = ibcd._RowSource(st)
+        src = RowSource(st)
         for n, k in [(40, 0), (40, 150), (5000, 0)]:
             rows, XN, yN, worst, examined, n_viol, pool = ibcd_check.scan_rows(
                 src, w, w_t, low, in_S, 1.0, n, k)
@@ -99,7 +102,7 @@ def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse, monkeypatch):
+def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse):
     # a fixed problem on which checks take rows from the pool; the answer is eps-optimal on
     # every row and its objective is the pool-less run's (1e-3 relative). Problem seed 1:
     # both layouts hit the pool there (seed 0 stopped doing so on CSR when index nodes of up
@@ -111,8 +114,8 @@ def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse, monkeypatc
         res = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
         assert res.stats["pool_hits"] >= 1
         assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < 2 * eps
-        monkeypatch.setattr(ibcd_check, "POOL_SHARE", 1 << 62)
-        ref = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1)
+        ref = ibcd.solve_ibcd(store, C=C, n=200, eps=eps, init_sample=500, seed=1,
+                              pool_share=1 << 62)
         assert ref.stats["pool_hits"] == 0
         Xa, ya, _ = store.read_range(0, store.n_samples)
 

@@ -28,12 +28,12 @@ from numba import njit
 from ooc_learn.storage.budget import MemoryBudget, format_size
 from ooc_learn.storage.errors import BudgetExceededError
 
+from .config import IBCDConfig
+
 __all__ = ["ActiveSet"]
 
 # spill folders are named SPILL_PREFIX + the owner's pid + "-" + a random part
 SPILL_PREFIX = ".ooc-ibcd-spill-"
-# share of the cap S may hold in memory before it spills: the rest is the caches' floor
-RESIDENT_SHARE = 0.8
 # per-row state kept in memory: row id, label, norm, alpha (8 bytes each), CSR offset (8)
 STATE_BYTES = 40
 
@@ -54,7 +54,7 @@ class ActiveSet:
         directory). ``None`` with ``can_spill=False`` never spills.
     resident_share : float, optional
         The share of the cap S may hold in memory before spilling (default
-        ``RESIDENT_SHARE``).
+        ``IBCDConfig.resident_share``).
     """
 
     def __init__(self, n_features: int, sparse: bool, budget: MemoryBudget, *,
@@ -80,7 +80,7 @@ class ActiveSet:
             self.Xbuf = np.empty((0, self.d), np.float32)
         self.can_spill = bool(can_spill)
         self.spill_dir = spill_dir
-        self.resident_share = float(RESIDENT_SHARE if resident_share is None
+        self.resident_share = float(IBCDConfig.resident_share if resident_share is None
                                     else resident_share)
         self.spilled = False
         self._dir: Path | None = None

@@ -25,17 +25,14 @@ import numpy as np
 from ooc_learn.storage.resources import release_free_heap
 from ooc_learn.storage.store import matrix_nbytes
 
-from ._common import margins, rows_in_order
+from .._common import margins, rows_in_order
+from .config import IBCDConfig
 
 __all__ = ["Answer", "Checker", "Nearest", "Pool", "reserve_rows", "scan_rows"]
 
 # rows a selection copies at a time into its answer (the one temporary beside it)
 SELECT_STEP = 1024
 
-# the pool: rows within POOL_BAND of a boundary, at most IBCD's n of them in 1/POOL_SHARE of
-# the cap (twice that while the scan's running selection holds them)
-POOL_BAND = 1.0
-POOL_SHARE = 8
 # the fewest rows a check brings back where the cap holds fewer (more checks follow)
 MIN_CHECK_ROWS = 64
 
@@ -76,17 +73,15 @@ class Checker:
     scan. The rows of an answer stay reserved from the budget until :meth:`drop_answer`
     (they have joined S)."""
 
-    def __init__(self, rows_src, in_S, *, low: float, bias: float, pool_rows: int, stats):
+    def __init__(self, rows_src, in_S, *, low: float, cfg: IBCDConfig, stats):
         self.src, self.store = rows_src, rows_src.store
         self.budget = self.store.budget
-        self.in_S, self.low, self.bias = in_S, low, bias
-        self.pool_rows = pool_rows
+        self.in_S, self.low, self.bias = in_S, low, cfg.bias
+        self.pool_rows, self.pool_band = cfg.n, cfg.pool_band
         self.stats = stats
-        self.pool = Pool(self.budget)
+        self.pool = Pool(self.budget, cfg.pool_share)
         self.row_bytes = max(1, self.store.estimated_bytes(1))
         self.held = 0  # reserved for the last answer until its rows join S
-        for k in ("pool_hits", "full_checks", "rows_examined"):
-            stats.setdefault(k, 0)
 
     def clear(self) -> None:
         self.drop_answer()
@@ -107,7 +102,7 @@ class Checker:
         got = self.pool.take(w, w_t, self.low, self.bias, self.in_S, want, thresh)
         if got is None:
             return None
-        self.stats["pool_hits"] += 1
+        self.stats.pool_hits += 1
         return Answer(*got, "pool")
 
     def _reserve_selection(self, want: int) -> int:
@@ -137,32 +132,33 @@ class Checker:
                                     room=64 * (self.row_bytes + 16))
                   if keep_pool and self.pool.wanted else 0)
         rows, XN, yN, worst, examined, n_viol, pool = scan_rows(
-            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool)
+            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band)
         self._keep_answer(XN, rows)
         # a pool only where the scan found at most twice the violators it may admit (else
         # the next scan finds them anyway, and the pool's rows are copied for nothing)
         self.pool.wanted = n_viol <= 2 * want
         self.pool.hold(pool if self.pool.wanted else None)
         release_free_heap()  # the check and the solve before it freed many arrays
-        self.stats["full_checks"] += 1
-        self.stats["rows_examined"] += examined
+        self.stats.full_checks += 1
+        self.stats.rows_examined += examined
         return Answer(rows, XN, yN, worst, examined, n_viol, "scan")
 
 
-def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0):
+def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
+              pool_band=IBCDConfig.pool_band):
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
     avoids its per-leaf overhead). Returns the (at most ``n``) rows satisfying eq. 10 that
     violate it most, with their ``X`` and ``y``, the largest violation 1 - y w^T x over all
     rows (0 when none), the number of rows examined, the number of rows satisfying eq. 10,
-    and the pool: up to ``pool_rows`` of the other rows within POOL_BAND of a boundary,
+    and the pool: up to ``pool_rows`` of the other rows within ``pool_band`` of a boundary,
     nearest first, as ``(rows, X, y)`` (or None). Rows are copied out of the chunks as the
     pass goes (no second read)."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
     truncated = math.isfinite(low)
     admit = Nearest(n, 0.0)
-    near = Nearest(pool_rows, POOL_BAND)
+    near = Nearest(pool_rows, pool_band)
     worst = 0.0
     n_viol = examined = 0
     for a, X, y, _ in store.iter_chunks(chunk, ids=False):
@@ -263,12 +259,13 @@ def _select(parts, k):
 
 
 class Pool:
-    """Rows a check found near the margin that did not join S (see POOL_BAND), held within a
-    reservation from the budget until the next check replaces them; dropped when S needs the
-    room."""
+    """Rows a check found near the margin that did not join S (``IBCDConfig.pool_band``),
+    held within a reservation from the budget until the next check replaces them; dropped
+    when S needs the room."""
 
-    def __init__(self, budget):
+    def __init__(self, budget, share: int = IBCDConfig.pool_share):
         self.budget = budget
+        self.share = int(share)
         self.rows = np.empty(0, np.int64)
         self.X = self.y = None
         self.nbytes = 0  # reserved: what the pool holds, or what a check gathering it may
@@ -285,11 +282,11 @@ class Pool:
 
     def reserve(self, k: int, row_bytes: int, room: int = 0) -> int:
         """Drop the pool and reserve room for a check to gather the next one: ``k`` rows in
-        at most 1/POOL_SHARE of the cap, twice that while the check's running selection
+        at most 1 / ``share`` of the cap, twice that while the check's running selection
         holds them (halved until the budget gives it with ``room`` bytes left beside it).
         Returns how many rows to gather."""
         self.clear()
-        k = min(k, self.budget.limit // POOL_SHARE // row_bytes)
+        k = min(k, self.budget.limit // self.share // row_bytes)
         while k and not self.budget.try_reserve(2 * k * row_bytes + room):
             k //= 2
         if k:

@@ -1,0 +1,212 @@
+"""The solves of Algorithm 1: the block problem (11) and problem (13) on the active set S.
+
+Both run dual CD on rows of S with w kept equal to sum alpha_i y_i [x_i, bias] (eq. 8), so a
+block's solve sees every other row of S (and of the data: their alpha is 0) through w. A
+spilled S (§4.2) is read back a window at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ooc_learn.losses import get_loss
+from ooc_learn.storage.resources import release_free_heap
+
+from .. import _kernels as K
+from .._common import kernel_args, margins
+from ..dcd import dcd_subproblem
+from ..tron import L2LossPrimal, tron
+
+__all__ = ["S_margins", "drop_outliers", "objective_on_S", "primal_eps", "prune_inactive",
+           "solve_S", "solve_block"]
+
+
+def S_margins(S, w, bias) -> np.ndarray:
+    """y_i [x_i, bias]^T w over S, window by window when S is spilled."""
+    y = S.state()[0]
+    out = np.empty(S.m)
+    for a, b, X in S.windows():
+        out[a:b] = margins(X, y[a:b], w, bias)
+    return out
+
+
+def objective_on_S(S, w, base_loss, C, bias) -> float:
+    """1/2|w|^2 + C sum over S of L(y w^T x): rows outside S have zero loss at a solution."""
+    if S.m == 0:
+        return 0.5 * float(w @ w)
+    z = S_margins(S, w, bias)
+    return 0.5 * float(w @ w) + C * float(np.sum(base_loss.value(z)))
+
+
+def drop_outliers(st, w_t, low) -> int:
+    """Remove the rows of S that are outliers at w_t (eq. 5), taking their alpha out of w;
+    returns how many left."""
+    S, w, bias = st.S, st.w, st.cfg.bias
+    keep = S_margins(S, w_t, bias) >= low
+    removed = int((~keep).sum())
+    if not removed:
+        return 0
+    y, _, alpha = S.state()
+    # w -= sum over leaving rows of alpha y [x, bias], without a float64 copy of X
+    delta = np.zeros_like(w)
+    for a, b, X in S.windows():
+        out = np.flatnonzero(~keep[a:b])
+        if out.size:
+            K.rows_tdot(*kernel_args(X), float(bias), out,
+                        -(alpha[a:b][out] * y[a:b][out]), delta)
+    w += delta
+    st.in_S[S.rows[: S.m][~keep]] = False
+    S.keep(keep)
+    return removed
+
+
+def prune_inactive(st) -> None:
+    """Drop the rows of S at alpha = 0 with y w^T x >= 1 (the check brings back any that
+    violate again)."""
+    S = st.S
+    alpha = S.state()[2]
+    keep = (alpha > 0) | (S_margins(S, st.w, st.cfg.bias) < 1.0)
+    if keep.all():
+        return
+    st.in_S[S.rows[: S.m][~keep]] = False
+    st.stats.pruned += int((~keep).sum())
+    S.keep(keep)
+    release_free_heap()
+
+
+def primal_eps(cfg, y) -> float:
+    """TRON's relative tolerance by LIBLINEAR's -s 2 rule for a problem with labels ``y``."""
+    pos = int((y > 0).sum())
+    return cfg.primal_eps * max(min(pos, len(y) - pos), 1) / max(len(y), 1)
+
+
+def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
+    """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
+    ``max_iter`` dual CD passes; returns the spread reached (0 when converged).
+
+    A resident S: dual CD with shrinking. With the primal block solver (squared hinge) TRON
+    instead; with the dual one too, once dual CD has not converged in ``dual_switch_iters``
+    passes of a solve a stop may rest on (LIBLINEAR's ``-s 1``), and from then on.
+
+    A spilled S is solved by rounds of a working set: one pass over its windows computes
+    every projected gradient; if the spread is below ``eps`` S is solved; else the rows that
+    can move (alpha > 0, or a violated bound) are read back and solved by dual CD with
+    shrinking while the others stay fixed in w, a window at a time in S's order (block
+    minimisation over S, Yu et al. 2010) in even rounds and the most violating rows of all
+    of S in one window in odd rounds (which finishes where the sweep zigzags between
+    windows). At most ``max_rounds`` rounds (default: ``spilled_rounds`` on the way,
+    ``spilled_final_rounds`` for a solve a stop rests on, which also ends once the spread
+    has not fallen for ``spilled_stall`` rounds).
+    """
+    cfg, S, w, stats = st.cfg, st.S, st.w, st.stats
+    final = max_iter >= cfg.max_iters
+    if max_rounds is None:
+        max_rounds = cfg.spilled_final_rounds if final else cfg.spilled_rounds
+    y, sqn, alpha = S.state()
+    solver = cfg.block_solver
+    if solver == "dual" and stats.switched_to_primal:
+        # dual CD stalled on S once: it stalls again on the S that follows
+        solver = "primal"
+    if solver == "dual" and not S.spilled:
+        switch = max_iter > cfg.dual_switch_iters and get_loss(cfg.loss).base().name == "sqhinge"
+        res = dcd_subproblem(S.X, y, alpha, w, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
+                             eps=cfg.eps,
+                             max_iter=cfg.dual_switch_iters if switch else max_iter,
+                             shrinking=True, rng=st.draw_seed(), sqnorms=sqn)
+        if res.converged or not switch:
+            stats.S_converged = bool(res.converged)
+            return 0.0 if res.converged else float(res.pg_max - res.pg_min)
+        stats.switched_to_primal += 1
+        solver = "primal"
+    if solver == "primal" and not S.spilled:
+        # the L2 primal by TRON on all of S (rows outside S have alpha = 0: v_B̄ = 0); alpha
+        # from the KKT conditions of (16)
+        prob = L2LossPrimal(S.X, y, C=cfg.C, loss="sqhinge", bias=cfg.bias)
+        res = tron(prob, w.copy(), eps=primal_eps(cfg, y), max_iter=max_iter)
+        w[:] = res.w
+        alpha[:] = prob.dual(res.w)
+        stats.S_converged = bool(res.stats.converged)
+        return 0.0
+    base = get_loss(cfg.loss).base()
+    upper, diag = base.dual_upper(cfg.C), base.dual_diag(cfg.C)
+    rounds, last, best, since_best = 0, np.inf, np.inf, 0
+    while True:
+        G = S_margins(S, w, cfg.bias) - 1.0 + diag * alpha
+        PG = np.where(alpha <= 0, np.minimum(G, 0), np.where(alpha >= upper, np.maximum(G, 0), G))
+        spread = float(PG.max() - PG.min())
+        stats.spilled_rounds += 1
+        best, since_best = (spread, 0) if spread < 0.99 * best else (best, since_best + 1)
+        if spread < cfg.eps or rounds >= max_rounds or (final and since_best >= cfg.spilled_stall):
+            stats.S_converged = spread < cfg.eps
+            # like the in-memory solve: the spread its last (working-set) pass left
+            return 0.0 if spread < cfg.eps else min(spread, last)
+        can_move = (alpha > 0) | (PG != 0)
+        cap = S.window_rows()
+        worst = 0.0
+        if rounds % 2 == 0:
+            blocks = (a + np.flatnonzero(can_move[a:a + cap]) for a in range(0, S.m, cap))
+        else:
+            free = np.flatnonzero(can_move)
+            if free.size > cap:
+                free = np.sort(free[np.argsort(-np.abs(PG[free]), kind="stable")[:cap]])
+            blocks = (free,)
+        for B in blocks:
+            if B.size:
+                res = solve_block(st, S, B, iters=max_iter, solver="dual", shrinking=True)
+                if not res.converged:
+                    worst = max(worst, float(res.pg_max - res.pg_min))
+        rounds += 1
+        last = worst
+
+
+def solve_block(st, S, B, *, iters: int, solver: str, shrinking: bool = False):
+    """The block problem (11) on the rows ``B`` of ``S`` (positions), the rest of S fixed
+    in w: dual CD (``iters`` passes), or TRON on its primal (16). Returns dual CD's state
+    (None for TRON)."""
+    cfg, w = st.cfg, st.w
+    if S.spilled:
+        return _solve_block_spilled(st, S, B, iters=iters, solver=solver, shrinking=shrinking)
+    X, y, sqn, alpha = S.view()
+    if solver == "primal":
+        # eq. (16): the rows outside B enter through v_B̄ = w - sum_{l in B} alpha_l y_l x_l
+        XB, yB = X[B], y[B]
+        coef = alpha[B] * yB
+        v = w.copy()
+        v[: S.d] -= np.asarray(XB.T @ coef).ravel()
+        v[S.d] -= cfg.bias * coef.sum()
+        prob = L2LossPrimal(XB, yB, C=cfg.C, loss="sqhinge", bias=cfg.bias, v_fixed=v)
+        res = tron(prob, w.copy(), eps=primal_eps(cfg, yB), max_iter=iters)
+        w[:] = res.w
+        alpha[B] = prob.dual(res.w)
+        st.stats.block_updates += len(B)
+        return None
+    res = dcd_subproblem(X, y, alpha, w, rows=B, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
+                         eps=cfg.eps, max_iter=iters, shrinking=shrinking,
+                         rng=st.draw_seed(), sqnorms=sqn)
+    st.stats.block_updates += res.updates
+    return res
+
+
+def _solve_block_spilled(st, S, B, *, iters, solver, shrinking):
+    """The block problem when S is on disk: B's rows are read back (reserved first: a run
+    read and the block coexist), solved as a small problem, and their alpha written back."""
+    y, sqn, alpha = S.state()
+    with S.budget.reservation(2 * S.bytes_of(B), "IBCD block"):
+        sub = _Block(S.take(B), y[B], sqn[B], alpha[B].copy())
+        res = solve_block(st, sub, np.arange(B.size, dtype=np.int64), iters=iters,
+                          solver=solver, shrinking=shrinking)
+        alpha[B] = sub.alpha
+    return res
+
+
+class _Block:
+    """Rows read back from a spilled S, shaped like a resident active set."""
+
+    spilled = False
+
+    def __init__(self, X, y, sqn, alpha):
+        self.X, self.y, self.sqn, self.alpha = X, y, sqn, alpha
+        self.d = X.shape[1]
+
+    def view(self):
+        return self.X, self.y, self.sqn, self.alpha
