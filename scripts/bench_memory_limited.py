@@ -65,9 +65,9 @@ sys.path.insert(0, str(HERE))
 from _bench_data import DATA, read_idx  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
-# 10x-288: the same 320 MiB cgroup with --memory 288M. --memory is the whole process, whose
-# fixed part (interpreter, numba and its kernels, h5py) is 185-217 MiB here (ooc-train: 197,
-# 217 with a text --test): 224M leaves the buffers ~27 MiB, 288M ~91 MiB (1/34 of the data)
+# 10x-288: the same 320 MiB cgroup with --memory 288M: --memory is the whole process, so the
+# 64 MiB more all go to the working share beside the fixed part (interpreter, numba and its
+# kernels, h5py); its size when this setting was added is in docs/bench-log.md
 SETTINGS = {"1g": (1 * GiB, "768M"), "10x": (320 * MiB, "224M"),
             "10x-288": (320 * MiB, "288M")}
 TOPS = (0, 2, 3, 4, 6)                    # T-shirt, pullover, dress, coat, shirt

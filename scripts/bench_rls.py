@@ -21,15 +21,13 @@ LOO table (20-value lambda grid ``LAMS``):
 
 Ratios: ``20LOO/fit`` = loo20 / fit (our lean training, no U); ``20LOO/fitU (paper)`` =
 loo20 / fitU, the target "20-lambda LOO <= 1.3x one training" with training as the paper's
-Section 6.1 counts it (O(m n^2) including U, then O(m n) per lambda): 0.97..1.10 measured on
-the four sets, n = 500..2000 (cpusmall n = 1000 once read 1.28 on a loaded machine, 1.03 rerun).
+Section 6.1 counts it (O(m n^2) including U, then O(m n) per lambda). Results of past runs,
+dated: ``docs/bench-log.md``.
 
 Why ``20LOO/fit`` cannot reach 1: every LOO needs U = R^T V (m x n), one m n^2 GEMM (2 m n^2
 flops), while the training itself is a triangular solve (m n^2) and a rank-k update (m n^2)
 plus the n^3 eigendecomposition; so fit + LOO is about (4 m n^2 + ...) / (2 m n^2 + ...) of a
-fit. Measured (cpusmall, n = 1000, CPU s, one thread): kernel rows 0.04, trsm 0.17, dsyrk 0.19,
-eigh 0.12, rest 0.05 = fit 0.57; the GEMM alone 0.30 (55 GFLOP/s, BLAS peak) and the 20-lambda
-passes 0.035, so 20LOO/fit >= 1.5 whatever the per-lambda work. The hat diagonal
+fit, whatever the per-lambda work. The hat diagonal
 h_i(lam) = sum_j U_ij^2 / (Lam_j + lam) needs every entry of U for a lambda path (a Cholesky
 per lambda would cost m n^2 each). The paper's Section 6.1 claim is ``20LOO/1LOO`` ~ 1 (the
 20-lambda selection costs about one LOO run: "training" there includes building the caches U,

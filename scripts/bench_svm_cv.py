@@ -13,8 +13,8 @@ process), for our methods and the peers alike; "init s" / "train s" are always w
 runs cross_val_score(SVC) with a PredefinedSplit of the same folds.
 
 All solvers run on one thread: the libsvm-official wheel is built with OpenMP, and on a loaded
-machine its spinning threads made it 10-100x slower than one thread (german: 21.7 s vs 0.25 s
-for the same 10 folds), so OMP_NUM_THREADS defaults to 1 here, as for our SMO and sklearn.
+machine its spinning threads made it 10-100x slower than one thread (``docs/bench-log.md``),
+so OMP_NUM_THREADS defaults to 1 here, as for our SMO and sklearn.
 ATO's path costs O(|free SV|^3) per step; ``--ato-max-n`` skips it on larger sets.
 ``--phases`` adds the SMO iterations of rounds 1..k-1 (round 0 is a cold start for every
 method) split by the pair gap: > 1, 1..0.1, 0.1..0.01, 0.01..tol.

@@ -31,66 +31,12 @@ Usage::
     # the paper's setting: ramp loss, sampled stop (no certifying scan; n_e counts the
     # instances a query traversed, pivots included), each IBCD solver over 3 seeds and again
     # under the 1/10 cap (~10 min, LIBLINEAR's L2-dual on the generated store ~100 s of it).
-    # Measured, means over seeds 0-2 (worst seed's accuracy gap in brackets):
-    #   Fashion-MNIST: acc - LL L1 -0.12 (-0.16), L2-dual -0.07 (-0.14), L2-primal -0.14
-    #   (-0.19); capped -0.12 / -0.02 / -0.03. t/t_LL 0.34 / 0.15 / 0.85 (capped 0.28 / 0.12
-    #   / 0.72). Read per outer iteration 0.16-0.20 (capped 0.24-0.26). Capped / uncapped
-    #   time 0.83-0.85.
-    #   generated: acc - LL -0.01 / -0.00 / -0.02 (worst -0.10 capped L2-dual). t/t_LL 0.09 /
-    #   0.02 / 0.56 (capped 0.05 / 0.02 / 0.92). Read per outer iteration capped 0.24 / 0.24
-    #   / 0.31. Capped / uncapped time 0.59 / 1.11 / 1.66.
-    # L2-primal misses the time target: its queries are most of its time (1.44 of 1.71 s on
-    # the generated store), the index's best-first loop at ~25 us a node in Python. With
-    # node records decoded by one struct call (after the table above), a rerun of its rows:
-    # t/t_LL Fashion-MNIST 0.66 (capped 0.65), generated 0.50 (capped 0.83, 1.64x uncapped,
-    # the queries' leaf reads going to the store). The
-    # paper's own threshold n / |D| (0.0167 on Fashion-MNIST, 0.0024 generated) rarely fires
-    # and the scans take over.
-    # Session 10 (numba search loop, w_0's sample sized from the cap, 128 KB node slices),
-    # L1 / L2-dual / L2-primal:
-    #   Fashion-MNIST: acc - LL -0.08 / -0.06 / -0.16 (worst -0.21 L2-primal); capped -0.16
-    #   (worst -0.28) / -0.01 / -0.04. t/t_LL 0.24 / 0.14 / 0.55 (capped 0.25 / 0.12 / 0.52).
-    #   Read per outer iteration 0.14-0.16 (capped 0.46 / 0.24 / 0.24). Capped / uncapped
-    #   time 1.04 / 0.83 / 0.93.
-    #   generated: acc - LL -0.00 / -0.02 / -0.02 (worst -0.12 capped L1). t/t_LL 0.02 /
-    #   0.00 / 0.18 (capped 0.02 / 0.00 / 0.25). Read per outer iteration 0.17 / 0.50 / 0.42
-    #   (capped 0.26 / 0.25 / 0.36). Capped / uncapped time 0.72 / 1.75 / 1.38 (0.27 -> 0.47
-    #   s and 0.40 -> 0.56 s: capped queries go through the Python loop and read slices)
-    # Session 11 (roots cached apart; a cut query keeps the index asked under the sampled
-    # rule where the scan would read the store):
-    #   Fashion-MNIST: acc - LL -0.08 / -0.06 / -0.16 (worst -0.21 L2-primal); capped -0.16
-    #   (worst -0.24) / -0.03 / -0.04. t/t_LL 0.21 / 0.12 / 0.60 (capped 0.17 / 0.12 / 0.62;
-    #   LIBLINEAR L2-primal 1.47 s, ours 0.65-0.88 s across runs). Read per outer iteration
-    #   0.14-0.16 (capped 0.30 / 0.24 / 0.24). Capped / uncapped time 0.83 / 1.05 / 1.03.
-    #   generated: acc - LL -0.00 / -0.02 / -0.02 (worst -0.11 capped L1). t/t_LL 0.02 /
-    #   0.00 / 0.13 (capped 0.01 / 0.00 / 0.16). Read per outer iteration 0.17 / 0.50 / 0.42
-    #   (capped 0.26 / 0.25 / 0.36). Capped / uncapped time 0.59 / 1.04 / 1.20 (three runs
-    #   of the same paths: L2-dual 1.04-1.56, L2-primal 1.17-1.37; 0.3 s runs)
-    # Session 12 (gather reads scattered rows straight from the file into results allocated
-    # once, the index's margins vectorised, QUERY_SHARE 0.1 -> 0.05):
-    #   Fashion-MNIST: acc - LL -0.08 / -0.07 / -0.12 (worst -0.16); capped -0.15 (worst
-    #   -0.17) / +0.01 / -0.07. t/t_LL 0.22 / 0.09 / 0.50 (capped 0.12 / 0.07 / 0.31;
-    #   LIBLINEAR L2-primal 1.39 s, ours 0.70 s; 0.53 in the run before). Read per outer
-    #   iteration 0.17 / 0.18 / 0.17 (capped 0.17 / 0.13 / 0.14). Capped / uncapped time
-    #   0.57 / 0.78 / 0.61.
-    #   generated: acc - LL -0.02 / -0.01 / -0.01 (worst -0.10 capped L1). t/t_LL 0.02 /
-    #   0.00 / 0.19 (capped 0.01 / 0.00 / 0.11). Read per outer iteration 0.13 / 0.49 / 0.31
-    #   (capped 0.14 / 0.15 / 0.20; uncapped, the store fits the cap and is read once, 1.0-1.08
-    #   of it, in 2-4 outer iterations). Capped / uncapped time 0.45 / 0.72 / 0.61.
-    # Session 13 (IBCD's queries read leaves and fetch runs, not blocks the cap would hold):
-    #   Fashion-MNIST: acc - LL -0.08 / -0.07 / -0.12 (worst -0.16); capped -0.15 (worst
-    #   -0.17) / +0.01 / -0.07. t/t_LL 0.21 / 0.07 / 0.36 (capped 0.11 / 0.06 / 0.28;
-    #   LIBLINEAR L2-primal 1.28 s, ours 0.46 s). Read per outer iteration 0.17 / 0.18 /
-    #   0.17 (capped 0.17 / 0.13 / 0.14). Capped / uncapped time 0.54 / 0.89 / 0.77.
-    #   generated: acc - LL -0.03 / -0.01 / -0.01 (worst -0.10 capped L1). t/t_LL 0.02 /
-    #   0.00 / 0.23 (capped 0.01 / 0.00 / 0.13). Read per outer iteration 0.10 / 0.14 / 0.14
-    #   (capped 0.13 / 0.14 / 0.18). Capped / uncapped time 0.50 / 0.66 / 0.58. Every
-    #   target met in this run.
     python scripts/bench_train.py --sets fashion generated --truncate 1 --sample-eps 0.05 \
         --seeds 3 --cap-all --solvers "ibcd L1-dual" "ibcd L2-dual" "ibcd L2-primal"
 
 The capped/uncapped ratio of one run moves by +-30 % with the load on a 2-core machine;
 repeat the two IBCD rows (``--solvers "ibcd L1-dual"``) before reading a ratio near 1.1.
+Results of past runs, dated: ``docs/bench-log.md``.
 """
 
 from __future__ import annotations
