@@ -142,8 +142,11 @@ def test_source_is_read_once_and_store_written_once(tmp_path, rng, kind):
         assert st["bytes_written"] <= 2.2 * st["store_bytes"], st["bytes_written"] / on_disk
         # the buckets hold about what the store holds (a dense source's rows stay dense)
         assert st["bucket_bytes"] <= 1.1 * st["store_bytes"]
-        for key in ("io_read_bytes", "io_write_bytes"):
-            assert st[key] is None or st[key] >= 0
+        # the kernel's own count (/proc/self/io, where there is one): what reached the disk
+        # layer is at most what ingest wrote through it, plus the page-aligned tails of its
+        # files and HDF5's metadata
+        if st["io_write_bytes"] is not None:
+            assert st["io_write_bytes"] <= st["bytes_written"] + (8 << 20)
 
 
 def test_sha256_of_a_source_parsed_in_many_chunks(tmp_path, rng):
