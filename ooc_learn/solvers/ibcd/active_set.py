@@ -101,9 +101,8 @@ class ActiveSet:
 
     def _caps_for(self, need_rows: int, need_nnz: int) -> tuple[int, int]:
         # grow by half: the copy holds old + new, so doubling would need 3x the content;
-        # from at least 1024 rows, or what 1/8 of the cap holds where that is fewer (1024
-        # rows of 600 features took 2.5 MB of a 3 MB cap for 338 rows, and the check that
-        # followed could not have its 64 rows)
+        # from at least 1024 rows, or what 1/8 of the cap holds where that is fewer (under
+        # a small cap, 1024 rows would leave the check that follows no room for its rows)
         floor = min(1024, self.budget.limit // 8 // max(1, self._bytes_for(1, 0)))
         cap_rows = max(self._cap_rows, floor, 1)
         while cap_rows < need_rows:
@@ -126,8 +125,7 @@ class ActiveSet:
         bytes held after, largest old array). One array at a time, each old buffer dropped
         once copied: at any moment the new arrays plus at most one old one are held (new >=
         old for each), so the grown S and its largest old array are paid for until the copy
-        ends (all of old and new at once failed a 16 MB cap with a spilled S of 140k rows
-        that the grown state fitted)."""
+        ends (all of old and new at once can fail a cap that the grown state fits)."""
         m = self.m
         plan = [(name, cap_rows, m) for name in ("rows", "y", "sqn", "alpha")]
         plan.append(("indptr", cap_rows + 1, m + 1))
@@ -327,8 +325,7 @@ class ActiveSet:
     def _new_folder(self, base) -> Path:
         """A private spill folder under ``base`` (named after this process) with empty row
         files; the folders of runs whose process is gone (a killed run cannot remove its
-        own: 13 of them, up to 139 MB each, had piled up beside a benchmark's stores) are
-        removed first."""
+        own) are removed first."""
         from ooc_learn.storage.resources import remove_dead_owned
 
         remove_dead_owned(base, SPILL_PREFIX)

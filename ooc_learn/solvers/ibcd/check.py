@@ -207,8 +207,7 @@ class Nearest:
         if self.count + c.size > 2 * self.k:
             # merged before this chunk's rows are copied (then count > k): the parts never
             # pass 2k rows, and a merge holds them beside its k-row answer, 3k in all, the
-            # check's reservation (merged after, they reached 3k beside the answer: an exact
-            # 1g run's RSS passed the cap by 17-63 MiB there)
+            # check's reservation (merged after, they would reach 3k beside the answer)
             self.parts = [_select(self.parts, self.k)]
             self.count = self.k
             self.top = min(self.top, float(self.parts[0][1].max()))
@@ -239,8 +238,7 @@ def _select(parts, k):
     dense = isinstance(parts[0][2], np.ndarray)
     if dense:
         # straight into the answer, a slice of rows at a time: copies of whole parts beside
-        # it took a fourth copy of the selection (an exact 1g run's RSS passed the cap by
-        # 63 MiB there, with three reserved)
+        # it would take a fourth copy of the selection, beyond the three reserved
         X = np.empty((sel.size,) + parts[0][2].shape[1:], parts[0][2].dtype)
         y = np.empty(sel.size, parts[0][3].dtype)
     pieces = []
