@@ -1,0 +1,143 @@
+"""``ooc-info`` (a store, a sharded store's manifest or a model) and ``ooc-check``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ooc_learn.storage.errors import OOCError
+
+from .common import add_common, command_budget, run_command
+
+
+def _info_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ooc-info", description="Print what a store or a model file holds.",
+        epilog="examples:  ooc-info train.store   ooc-info model.npz --json")
+    p.add_argument("store", metavar="STORE|MODEL")
+    add_common(p)
+    return p
+
+
+def _model_info(path) -> dict:
+    from ooc_learn.model import load_model, model_format
+
+    m = load_model(path)
+    meta, stats = m.meta, m.meta.get("stats", {})
+    task = "regression" if m.regression else ("multiclass" if m.multiclass else "binary")
+    info = {"model": str(path), "format": model_format(path), "task": task,
+            "n_features": int(m.n_features_in_), "classes": m.classes_.tolist(),
+            **{k: meta.get(k) for k in ("solver", "loss", "C", "s", "bias", "epsilon", "eps",
+                                        "store", "store_fingerprint")},
+            "train": {k: stats.get(k) for k in ("seconds", "rows_read", "outer_iterations",
+                                                "converged", "n_sv", "objective")},
+            "test": meta.get("test")}
+    lines = [f"model        {info['model']} ({info['format']})",
+             f"task         {task}, {info['n_features']} features"
+             + (f", classes {info['classes']}" if info["classes"] else ""),
+             f"trained      {info['solver']}/{info['loss']} C={info['C']}"
+             + ("" if info["s"] is None else f" truncate {info['s']}")
+             + f" bias {info['bias']} eps {info['eps']}",
+             f"on store     {info['store']} (fingerprint {info['store_fingerprint']})",
+             "training     " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in info["train"].items() if v is not None)]
+    test = info["test"]
+    if test:
+        lines.append("on record    " + ", ".join(
+            f"{k} {v:.2%}" if k == "accuracy" else f"{k} {v:.6g}" if isinstance(v, float)
+            else f"{k} {v}" for k, v in test.items()))
+    return {"json": info, "text": "\n".join(lines)}
+
+
+def _info_body(args):
+    from ooc_learn.model import is_model_file
+    from ooc_learn.storage.budget import format_size
+    from ooc_learn.storage.store import open_store
+
+    if os.path.isfile(args.store) and is_model_file(args.store):
+        return _model_info(args.store)
+    from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
+
+    if is_sharded_store(args.store):
+        sh = ShardedStore(args.store)
+        info = dict(sh.manifest, store=str(sh.path), shards=[
+            dict(s, path=str(sh.shard_path(k)), present=os.path.isdir(sh.shard_path(k)))
+            for k, s in enumerate(sh.shards)])
+        lines = [f"sharded store {info['store']}",
+                 f"rows         {sh.n_samples}",
+                 f"features     {sh.n_features}",
+                 f"layout       {sh.layout}",
+                 f"task         {sh.task}  labels {json.dumps(sh.label_map)}",
+                 f"shards       {sh.n_shards}"]
+        for k, s in enumerate(info["shards"]):
+            lines.append(f"shard {k:<6} {s['n_samples']} rows, {s['n_blocks']} blocks  "
+                         f"{s['path']}{'' if s['present'] else '  (not on this machine)'}")
+        return {"json": info, "text": "\n".join(lines)}
+    with open_store(args.store, memory=command_budget(args)) as store:
+        info = store.info()
+    meta = info["metadata"]
+    lines = [f"store        {info['store']}",
+             f"rows         {info['n_samples']}",
+             f"features     {info['n_features']}",
+             f"layout       {info['layout']} (nnz {info['nnz']}, density "
+             f"{meta.get('density', 0):.4f})",
+             f"task         {info['task']}  labels {json.dumps(meta.get('label_map', {}))}",
+             f"blocks       {info['n_blocks']} ({info['block_rows']['min']}-"
+             f"{info['block_rows']['max']} rows)",
+             f"index        {'yes' if info['has_index'] else 'no'}",
+             f"data.h5      {info['data_bytes']} bytes",
+             f"memory       a block {format_size(info['memory']['block_bytes'], up=True)}, "
+             f"every row {format_size(info['memory']['all_rows_bytes'], up=True)} (data "
+             f"alone: --memory also holds the process, ~150M)"]
+    for s in meta.get("sources", []):
+        lines.append(f"source       {s.get('name')}  {s.get('rows')} rows  "
+                     f"{s.get('bytes')} bytes  sha256 {s.get('sha256')}")
+    return {"json": info, "text": "\n".join(lines)}
+
+
+def info_main(argv=None) -> int:
+    return run_command("ooc-info", _info_parser(), _info_body, argv)
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ooc-check",
+        description="Verify a store: its header, every block against its digest, the row "
+                    "pointers and column indices, and the index's files and records. Exit 0 "
+                    "when whole, 2 when damaged (one line for each fault).",
+        epilog="example:  ooc-check a9a.store --json")
+    p.add_argument("store", metavar="STORE")
+    add_common(p)
+    return p
+
+
+def _check_body(args):
+    from tqdm.auto import tqdm
+
+    from ooc_learn.storage.errors import StoreFormatError
+    from ooc_learn.storage.store import REBUILD_HINT, open_store
+
+    with open_store(args.store, memory=command_budget(args)) as store:
+        with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
+                  leave=False) as bar:
+            problems = store.verify(progress=lambda b: bar.update(1))
+        if store.has_index:
+            from ooc_learn.index.forest import open_forest
+
+            try:
+                with open_forest(store) as forest:
+                    forest.verify()
+            except OOCError as exc:
+                problems.append(exc.message)
+    if problems:
+        raise StoreFormatError("\n".join(problems), REBUILD_HINT)
+    out = {"store": args.store, "ok": True, "digests": store.has_digests,
+           "blocks": store.n_blocks}
+    return {"json": out, "text": f"{args.store}: whole ({store.n_blocks} blocks, "
+            + ("digests checked)" if store.has_digests else
+               "structure only: written before block digests)")}
+
+
+def check_main(argv=None) -> int:
+    return run_command("ooc-check", _check_parser(), _check_body, argv)
