@@ -45,7 +45,7 @@ def damaged(store: Path, out: Path, i: int, rng):
     import h5py
 
     from ooc_learn import _corrupt as C
-    from ooc_learn.storage.store import HASHED
+    from ooc_learn.storage.integrity import HASHED
 
     dst = out / f"{store.name}-{i:05d}"
     shutil.copytree(store, dst)

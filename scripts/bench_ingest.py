@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc_learn.storage.resources import measure_command
+from ooc_learn.storage.measure import measure_command
 
 from _bench_data import fashion_mnist
 

@@ -1,10 +1,10 @@
 """Streaming readers of binary array sources for ingest: ``.npy``, ``.npz`` and idx (MNIST).
 
-Split out of :mod:`parsers` (which dispatches here from ``iter_chunks``). A ``.npy`` file is
-memory-mapped and read a row range at a time (or read sequentially when compressed); an
-``.npz`` archive is read member by member with :class:`_NpyReader`, either a dense ``X`` with
-``y``, or a CSR matrix saved by ``scipy.sparse.save_npz`` plus ``y``. Every chunk is checked
-for finite values and canonical CSR structure and returned as a :class:`RawChunk`.
+:mod:`parsers` dispatches here from ``iter_chunks``. A ``.npy`` file is read in order, a row
+range at a time (compressed or not); an ``.npz`` archive is read member by member with
+:class:`_NpyReader`, either a dense ``X`` with ``y``, or a CSR matrix saved by
+``scipy.sparse.save_npz`` plus ``y``. Every chunk is checked for finite values and canonical
+CSR structure and returned as a :class:`RawChunk`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 
 from . import _parse_kernels as K
 from .errors import IngestError
-from .parsers import (IDX_TYPES, INDEX_SENTINEL, RawChunk, _label_index, _read_full,
-                      is_idx_head, open_binary)
+from .source_io import (IDX_TYPES, INDEX_SENTINEL, RawChunk, is_idx_head, label_index,
+                        open_binary, read_full)
 
 __all__ = ["iter_npy", "iter_npz", "iter_idx", "idx_labels_path"]
 
@@ -67,12 +67,11 @@ def iter_npy(path, chunk_bytes: int, label_column) -> Iterator[RawChunk]:
     with open_binary(p) as f:
         reader = _NpyReader(f, p, "the .npy array", 2)  # checks dtype and shape first
         n, width = reader.shape
-        lab = _label_index(p, label_column, None, width)
+        lab = label_index(p, label_column, None, width)
         keep = [j for j in range(width) if j != lab]
         step = max(1, chunk_bytes // max(1, width * reader.dtype.itemsize))
         # read in order, a chunk at a time, compressed or not: a memory map would leave every
-        # page it touched resident (a 3.2 GB source under a 768M cap peaked at 1.1 GB RSS,
-        # 661 MB of it the map's pages, beside the bucket buffers)
+        # page it touched resident, beside the bucket buffers, under the memory cap
         for a in range(0, n, step):
             block = reader.read(min(step, n - a))
             yield _dense_chunk(block[:, lab], block[:, keep], a, f.raw_tell(), p)
@@ -100,7 +99,7 @@ class _NpyReader:
 
     def read(self, rows: int) -> np.ndarray:
         nbytes = rows * self.row_items * self.dtype.itemsize
-        data = _read_full(self.fp, nbytes)
+        data = read_full(self.fp, nbytes)
         if len(data) != nbytes:
             raise IngestError(f"{self.what} ends early (truncated file)",
                               "Re-create the file.", path=self.path)
@@ -227,11 +226,11 @@ def idx_labels_path(images) -> Path | None:
 
 
 def _idx_header(f, p: str, what: str) -> tuple[np.dtype, tuple]:
-    head = bytes(_read_full(f, 4))
+    head = bytes(read_full(f, 4))
     if not is_idx_head(head):
         raise IngestError(f"{what} is not an idx file (its first bytes are {head!r})",
                           "Pass the MNIST-format files as downloaded (gzip'd or not).", path=p)
-    dims = np.frombuffer(bytes(_read_full(f, 4 * head[3])), ">u4")
+    dims = np.frombuffer(bytes(read_full(f, 4 * head[3])), ">u4")
     if dims.size != head[3]:
         raise IngestError(f"{what} ends inside its header (truncated file)",
                           "Download the file again.", path=p)
@@ -273,8 +272,8 @@ def _idx_rows(p: str, labels_at: Path, dtype, ldtype, n: int, width: int,
         step = max(1, chunk_bytes // max(1, width * dtype.itemsize))
         for a in range(0, n, step):
             m = min(step, n - a)
-            raw = _read_full(f, m * width * dtype.itemsize)
-            lab = _read_full(g, m * ldtype.itemsize)
+            raw = read_full(f, m * width * dtype.itemsize)
+            lab = read_full(g, m * ldtype.itemsize)
             if len(raw) != m * width * dtype.itemsize or len(lab) != m * ldtype.itemsize:
                 raise IngestError(f"the idx data end before row {a + m} of {n} (truncated "
                                   "file)", "Download the files again.", path=p)

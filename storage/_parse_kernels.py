@@ -1,4 +1,9 @@
-"""Numba kernels of the streaming source parsers (driven by ``storage/parsers.py``).
+"""Numba kernels of the streaming source parsers (driven by :mod:`.text_parser` and
+:mod:`._array_sources`). One module over 500 lines on purpose: the kernels call each other (the
+number scanners are inlined into both line loops, ``_sort_row`` serves the LIBSVM loop and the
+array row check, all share the state offsets and status codes), and numba's on-disk cache
+(``cache=True``) checks only the source file of the kernel it loads, so a kernel split from its
+callees would go on loading stale compiled code after they change.
 
 Pure functions over a ``uint8`` view of decompressed text and preallocated output arrays.
 Each text kernel parses whole lines from ``st[ST_POS]`` up to ``end`` and keeps its cursor and
@@ -6,8 +11,8 @@ counters in the int64 state vector ``st`` (offsets ``ST_*``), so the driver can 
 it stops for one of two reasons: a bad token (status > 0, the token is located by ``ST_ERR_*``)
 or a full slow-token buffer (``SLOW_FULL``).
 
-The number scanners are inlined into the line loops (numba ``inline="always"``): about 15%
-faster parsing for a few seconds more of one-time compilation.
+The number scanners are inlined into the line loops (numba ``inline="always"``): faster
+parsing, paid for once in compilation time.
 
 Numbers are converted exactly. A decimal ``m * 10**e`` with integer ``m < 2**53`` and
 ``|e| <= 22`` is one correctly rounded multiply or divide of two exact doubles, so it equals
@@ -260,8 +265,8 @@ def _fail(st, code, line, a, b, col, extra):
 def _argsort(keys):
     """A permutation that sorts ``keys`` (heapsort: O(n log n), not stable).
 
-    Written out because ``np.argsort`` compiles numba's merge sort, a second or more of the
-    parser's first run; equal keys are a duplicate feature, which the caller refuses anyway.
+    Written out because ``np.argsort`` compiles numba's merge sort into the parser's first
+    run; equal keys are a duplicate feature, which the caller refuses anyway.
     """
     n = keys.shape[0]
     order = np.arange(n)
@@ -601,9 +606,8 @@ def sort_check_rows(indptr, indices, values, n_cols):
 def dense_to_csr(X, indptr):
     """The nonzeros of the float32 rows ``X`` as CSR: ``indptr`` (len m + 1) is filled, and
     ``(indices int64, values float32)`` returned. Two branch-free passes over X (count, then
-    copy every entry and advance past the nonzero ones), where the mask, nonzero and
-    fancy-index route made five (a 3.2 GB dense .npy: 5.8 s in np.nonzero alone; 4000 rows
-    of 784 at half density: 41 -> 2.7 ms)."""
+    copy every entry and advance past the nonzero ones), where a mask, ``np.nonzero`` and
+    fancy indexing make five."""
     m, d = X.shape
     indptr[0] = 0
     for i in range(m):

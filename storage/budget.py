@@ -28,7 +28,8 @@ import time
 from typing import Callable
 
 from .errors import BudgetExceededError, ParameterError
-from .resources import check_stop, current_rss_bytes, peak_rss_bytes
+from .resources import current_rss_bytes, peak_rss_bytes
+from .stop import check_stop
 
 __all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes",
            "current_rss_bytes", "LATE_LOAD_BYTES", "late_load_bytes", "MIN_WORKING_BYTES"]
@@ -36,12 +37,9 @@ __all__ = ["MemoryBudget", "parse_size", "format_size", "default_memory_bytes",
 # What a command's process takes after its budget is made that does not grow with the data:
 # its own numba kernels as they load from the cache, with the pages of LLVM that loading them
 # faults back in (numba's compiler itself is set up, and its set-up pages handed back, before
-# the fixed part is measured: see ooc_learn._jit and resources.release_compiler_pages), h5py's
-# and lmdb's handles. Measured as peak RSS minus the RSS when the budget was made, on a
-# 3000-row store with a warm kernel cache: ooc-index and ooc-predict of a store 2-3 MiB;
-# ooc-train 17-25 MiB (dual CD, IBCD), cross-validation 17-27 MiB; reading a text file adds the
-# parsers' (ooc-ingest and ooc-predict of an svmlight file 34 MiB, ooc-train --solver ibcd
-# --test FILE 35 MiB).
+# the fixed part is measured: see storage.jit and resources.release_compiler_pages), h5py's
+# and lmdb's handles. Each part bounds, with room to spare, a command's peak RSS minus its RSS
+# when the budget was made; reading a text file adds the parsers' part.
 LATE_LOAD_PARTS = {"base": 16 << 20, "solvers": 14 << 20, "parsers": 20 << 20}
 # ... all of them: the allowance when nothing says which load
 LATE_LOAD_BYTES = sum(LATE_LOAD_PARTS.values())
@@ -55,7 +53,8 @@ def late_load_bytes(*, solvers: bool = True, parsers: bool = True) -> int:
 
 # The least a run needs beyond the fixed part: w and a few blocks of rows
 MIN_WORKING_BYTES = 8 << 20
-# A process budget reads its RSS at most this often (seconds; /proc/self/statm costs ~5 us)
+# A process budget reads its RSS at most this often (seconds; a reading is one small read of
+# /proc/self/statm)
 RSS_PERIOD = 0.005
 # ... and keeps this much of the cap free of it: the temporaries of one step (a block's
 # margins, a fetch's parts) that are made without a reservation
@@ -116,18 +115,17 @@ def default_memory_bytes() -> int:
 
 def _load_libraries() -> None:
     """Import what every command loads and set numba's compiler up (one cached kernel,
-    ``ooc_learn._jit``), so that a process budget's RSS reading holds them; hand the pages
+    ``storage.jit``), so that a process budget's RSS reading holds them; hand the pages
     of LLVM that only the set-up needed back to the kernel, before it (the import's) and
-    after it (the set-up's): the peak RSS of the start falls from 171 to 152 MiB here and the
-    RSS left from 171 to 105 MiB (see ``resources.release_compiler_pages``)."""
+    after it (the set-up's), which lowers both the start's peak RSS and the RSS it leaves
+    (see ``resources.release_compiler_pages``)."""
     import h5py  # noqa: F401
     import lmdb  # noqa: F401
     import numba  # noqa: F401
     import numpy  # noqa: F401
     import scipy.sparse  # noqa: F401
 
-    from ooc_learn._jit import start_jit
-
+    from .jit import start_jit
     from .resources import release_compiler_pages
 
     release_compiler_pages()
@@ -243,10 +241,8 @@ class MemoryBudget:
         caches are empty: a run does not stop for memory a lesson took.
 
         The lesson rises at once and falls with a half-life of LESSON_HALF_LIFE seconds to
-        what the RSS shows: a transient is not a fixed part. (It was one-way: the moment an
-        exact IBCD run at --memory 768M spilled its 400 MB active set, the RSS still held the
-        buffers the account had released; the lesson took 300 MB for good, the working share
-        fell from 552 to 229 MiB, and the RSS stayed at 460 MiB for the rest of the run.)
+        what the RSS shows: a transient is not a fixed part, and buffers the account released
+        while the RSS still held them do not shrink the working share for the rest of a run.
         """
         now = time.monotonic()
         excess = self._rss - self._fixed0 - self._used
@@ -295,7 +291,7 @@ class MemoryBudget:
 
     def try_reserve(self, nbytes: int, *, evict: bool = True) -> bool:
         """Reserve ``nbytes`` if it fits (after evicting cache entries); return success."""
-        check_stop()  # a safe point for SIGINT / SIGTERM (see resources.request_stop)
+        check_stop()  # a safe point for SIGINT / SIGTERM (see stop.request_stop)
         nbytes = int(nbytes)
         with self._lock:
             if nbytes > self._free_now() and evict:

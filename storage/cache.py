@@ -143,8 +143,8 @@ class LRUCache:
         return freed
 
     def clear(self) -> None:
-        """Drop every entry, their memory returned to the budget at once (closing the index
-        of an IBCD run dropped 19,000 entries one by one)."""
+        """Drop every entry, their memory returned to the budget at once, not entry by entry
+        (closing an index drops many entries)."""
         with self._lock:
             self.budget.release(self._bytes)
             self._bytes = 0

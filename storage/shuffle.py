@@ -127,8 +127,8 @@ class BucketWriter:
         self.bytes_written = 0
         self._pending: list[list] = [[] for _ in range(self.n_buckets)]
         self._pending_bytes = 0
-        # bucket files stay open between flushes where the process may hold that many
-        # (reopening 1024 files per flush was 11 % of a 3.2 GB ingest at --memory 224M)
+        # bucket files stay open between flushes where the process may hold that many:
+        # reopening every bucket file at every flush is slow
         self._files: dict = {}
         self._max_open = max(0, _open_files_allowed() - 256)
 
@@ -240,8 +240,8 @@ def _concat(group):
 
 
 def _write_record(fd: int, lab, rid, nz, ind, val) -> int:
-    """Write one record, dense when that is smaller than CSR, with one system call (writev;
-    a buffered file object made two or three per ~10 KB record); return the bytes written."""
+    """Write one record, dense when that is smaller than CSR, with one system call (writev,
+    where a buffered file object makes two or three); return the bytes written."""
     m, nnz = lab.shape[0], ind.shape[0]
     width = int(ind.max()) + 1 if nnz else 0
     if nnz and 4 * m * width <= 4 * m + 8 * nnz:
@@ -370,8 +370,7 @@ def read_bucket(path, layout: str, n_features: int, base: int, counter=None):
 
     The file is read with one call and its records are decoded from that buffer straight
     into the outputs: a record costs a few array views, where :func:`iter_records` and
-    :meth:`Record.rows` cost two reads and an array of its own (a 3.2 GB ingest at --memory
-    224M wrote 340k records of ~10 KB; five reads and a conversion each took 48 s of pass 3).
+    :meth:`Record.rows` cost two reads and an array of its own.
     ``counter(nbytes)`` sees the bytes read."""
     buf = np.fromfile(path, np.uint8)
     if counter is not None:

@@ -1,337 +1,37 @@
-"""Read and write the block store (see :mod:`ooc_learn.storage.format` for the layout).
+"""Read the block store (see :mod:`ooc_learn.storage.format` for the layout; ``writer.py``
+writes it).
 
-:class:`StoreWriter` fills a preallocated ``data.h5`` block by block (blocks must come in
-order); :class:`Store` reads blocks, row ranges and row gathers through an LRU block cache that
-reserves from the run's :class:`MemoryBudget`.
+:class:`Store` reads blocks, row ranges and row gathers through an LRU block cache that
+reserves from the run's :class:`MemoryBudget`, checking each whole-block read against its
+digest (``integrity.py``). The file is longer than our ~500 lines because :class:`Store` is one
+object: every read path shares the open file, its direct slicers, the block cache, the
+one-vs-rest label view and the digest checks, and splitting it would pass them all around.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
 import h5py
 import numpy as np
 import scipy.sparse as sp
-import xxhash
 
+from .arrays import Slicer, rows_nbytes, rows_one_by_one, run_bounds
 from .budget import MemoryBudget
 from .cache import LRUCache
 from .errors import (BudgetExceededError, ClosedError, IndexStateError, ParameterError,
                      StoreFormatError)
-from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, META_FILE, TMP_MARKER
-from .resources import check_stop
+from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, TMP_MARKER
+from .integrity import HASHED, REBUILD_HINT, check_columns, check_row_pointers, digest
+from .stop import check_stop
 
-__all__ = ["Store", "StoreWriter", "open_store", "is_store", "rewrite_block_order",
-           "matrix_nbytes", "stack_rows", "rows_one_by_one"]
+__all__ = ["Store", "open_store", "open_data", "is_store"]
 
 # Store.iter_chunks' smallest range when the cap holds less than the rows asked
 CHUNK_MIN_ROWS = 16
-# Store.gather reads wanted rows at most this far apart with one call (run_bounds)
-RUN_GAP = 16
-# the datasets whose slices of each block carry an xxh3-64 digest (``block_hash``, one row a
-# block, written at ingest): checked on every whole-block read and by ``verify``. xxh3 hashes
-# at ~15 GB/s here (zlib's CRC-32 at 2): the check costs a few % of a read from page cache
-HASHED = {"dense": ("X", "y", "row_id", "sqnorm"),
-          "csr": ("indptr", "indices", "data", "y", "row_id", "sqnorm")}
-REBUILD_HINT = "Re-create the store from its source: ooc-ingest SOURCE -o STORE --overwrite"
-
-
-def digest(a: np.ndarray) -> int:
-    """xxh3-64 of an array's bytes (C order)."""
-    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(a))
-
-
-def block_digests(parts: dict, layout: str) -> list[int]:
-    """The digests of one block's slices of the datasets (``HASHED[layout]``, in order)."""
-    return [digest(parts[k]) for k in HASHED[layout]]
-
-
-def check_row_pointers(path, indptr: np.ndarray, nnz: int, where: str) -> None:
-    """Refuse CSR row pointers that decrease or leave ``0:nnz`` (read from a damaged file,
-    they would index out of bounds in the kernels)."""
-    if indptr.size and (indptr[0] < 0 or indptr[-1] > nnz or np.any(np.diff(indptr) < 0)):
-        raise StoreFormatError(f"{path}: the row pointers of {where} are damaged (decreasing "
-                               f"or outside 0:{nnz}).", REBUILD_HINT)
-
-
-def check_columns(path, indices: np.ndarray, d: int, where: str) -> None:
-    """Refuse CSR column indices outside ``0:d`` (see :func:`check_row_pointers`)."""
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= d):
-        raise StoreFormatError(f"{path}: {where} holds a column index outside 0:{d} (the "
-                               "file is damaged).", REBUILD_HINT)
-
-
-def matrix_nbytes(X) -> int:
-    """Bytes held by a dense array or a CSR matrix (its data, indices and indptr)."""
-    if sp.issparse(X):
-        return int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
-    return int(X.nbytes)
-
-
-def stack_rows(mats):
-    """Dense arrays or CSR matrices stacked by rows (one part is returned as is)."""
-    if len(mats) == 1:
-        return mats[0]
-    if sp.issparse(mats[0]):
-        return sp.vstack(mats, format="csr")
-    return np.concatenate(mats)
-
-
-def _nbytes(X, y, row_ids) -> int:
-    return matrix_nbytes(X) + int(y.nbytes + (0 if row_ids is None else row_ids.nbytes))
-
-
-def run_bounds(rows: np.ndarray, gap: int = RUN_GAP) -> list[tuple[int, int]]:
-    """Index bounds ``(i, j)`` of the runs of sorted ``rows`` at most ``gap`` apart: each run
-    is read with one call (a few unwanted rows in between cost less than another call)."""
-    cuts = (np.flatnonzero(np.diff(rows) > gap) + 1).tolist()
-    return list(zip([0] + cuts, cuts + [len(rows)]))
-
-
-class _Slicer:
-    """Row slices ``[a:b]`` of one contiguous, uncompressed HDF5 dataset read straight from
-    the file with ``os.preadv`` into a fresh array: one system call, none of h5py's
-    per-call selection work (~15 us, most of a 16-row leaf read's cost). The file is only
-    read, and what a read returns lives in this process's heap like any other array (no
-    mapping that would count in RSS)."""
-
-    __slots__ = ("fd", "offset", "dtype", "row_shape", "row_bytes", "n")
-
-    def __init__(self, fd: int, ds):
-        self.fd = fd
-        self.offset = int(ds.id.get_offset())
-        self.dtype = ds.dtype
-        self.row_shape = tuple(ds.shape[1:])
-        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * ds.dtype.itemsize
-        self.n = int(ds.shape[0])
-
-    @classmethod
-    def of(cls, fd: int, ds):
-        """A slicer for ``ds``, or ``ds`` itself when it is not stored as plain bytes."""
-        try:
-            plain = (ds.chunks is None and ds.compression is None and ds.dtype.isnative
-                     and ds.dtype.kind in "fiub" and ds.id.get_offset() is not None)
-        except Exception:  # an HDF5 build that cannot say: keep h5py's reads
-            plain = False
-        return cls(fd, ds) if plain else ds
-
-    def _read_into(self, buf: memoryview, row: int) -> None:
-        """Fill ``buf`` with the bytes from row ``row`` on (preadv may return fewer)."""
-        got, want = 0, len(buf)
-        while got < want:
-            k = os.preadv(self.fd, [buf[got:]], self.offset + row * self.row_bytes + got)
-            if k <= 0:
-                raise StoreFormatError(f"data.h5 ends before row {row} of one of its "
-                                       "datasets (the file is truncated).", REBUILD_HINT)
-            got += k
-
-    def take(self, rows) -> np.ndarray:
-        """Rows at the positions ``rows`` (in range), one read each into one array."""
-        out = np.empty((len(rows),) + self.row_shape, self.dtype)
-        if out.nbytes:
-            buf, rb = memoryview(out).cast("B"), self.row_bytes
-            for i, r in enumerate(rows):
-                self._read_into(buf[i * rb:(i + 1) * rb], int(r))
-        return out
-
-    def take_runs(self, rows: np.ndarray, runs, out: np.ndarray) -> int:
-        """Rows at the sorted positions ``rows`` (in range) into ``out`` (C-contiguous, one
-        row each), one read per run (``run_bounds``): a run of consecutive rows is read
-        straight into ``out``. Returns how many rows were read."""
-        if not out.nbytes:
-            return 0
-        buf, rb = memoryview(out).cast("B"), self.row_bytes
-        # steps other than +1 before each position (a repeat is one): a run without any
-        # is consecutive rows
-        odd = np.r_[0, np.cumsum(np.diff(rows) != 1)].tolist()
-        pos = rows.tolist()
-        read = 0
-        for i, j in runs:
-            r0, r1 = pos[i], pos[j - 1] + 1
-            read += r1 - r0
-            if odd[j - 1] == odd[i]:
-                self._read_into(buf[i * rb:j * rb], r0)
-            else:
-                np.take(self[r0:r1], rows[i:j] - r0, axis=0, out=out[i:j])
-        return read
-
-    def __getitem__(self, sl: slice) -> np.ndarray:
-        a, b, _ = sl.indices(self.n)
-        out = np.empty((max(a, b) - a,) + self.row_shape, self.dtype)
-        if out.nbytes:
-            self._read_into(memoryview(out).cast("B"), a)
-        return out
-
-
-def rows_one_by_one(read_range, rows):
-    """``(X, y)`` of the rows ``rows`` (in that order), one ``read_range(r, r + 1)`` each:
-    for scattered rows where nothing reads them faster (a CSR store, an in-memory provider)."""
-    parts = [read_range(int(r), int(r) + 1) for r in rows]
-    if not parts:
-        X, y, _ = read_range(0, 0)
-        return X, y
-    return stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-
-_SPOOL_INDICES, _SPOOL_DATA = ".indices.spool", ".data.spool"
-_SPOOL_PIECE = 1 << 21  # entries copied at a time (8 MiB of either array)
-
-
-class StoreWriter:
-    """Write ``data.h5`` of a new store, block after block.
-
-    Datasets are preallocated with the final sizes (known after the shuffle's first pass) and
-    use HDF5's contiguous layout: every block, leaf or row range is then one direct read.
-    A store whose ``nnz`` is not known up front (``nnz=None``: a shard of a sharded ingest,
-    whose blocks' entries are counted only as they are written) counts them; a CSR one spools
-    its entries to two raw files beside ``data.h5`` and copies them in at :meth:`finish`
-    (``spooled_bytes``: the bytes spooled, written once more and read back once).
-    """
-
-    def __init__(self, directory, *, n_samples: int, n_features: int, nnz: int, layout: str,
-                 block_offsets, task: str, metadata: dict):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.n_samples, self.n_features = int(n_samples), int(n_features)
-        self.nnz = None if nnz is None else int(nnz)
-        self._spool = None
-        self.spooled_bytes = 0
-        self.layout, self.task, self.metadata = layout, task, metadata
-        self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
-        self._next_block = 0
-        self._nnz_pos = 0
-        self._hashes = np.zeros((len(self.block_offsets) - 1, len(HASHED[layout])), np.uint64)
-        n, d = self.n_samples, self.n_features
-        f = self._file = h5py.File(self.directory / DATA_FILE, "w", libver="latest",
-                                       rdcc_nbytes=0)
-        f.create_dataset("y", (n,), dtype=np.float32)
-        f.create_dataset("row_id", (n,), dtype=np.int64)
-        f.create_dataset("sqnorm", (n,), dtype=np.float32)
-        f.create_dataset("block_offsets", data=self.block_offsets)
-        if layout == "dense":
-            f.create_dataset("X", (n, d), dtype=np.float32)
-        elif layout == "csr":
-            f.create_dataset("indptr", (n + 1,), dtype=np.int64)
-            if self.nnz is None:
-                self._spool = (open(self.directory / _SPOOL_INDICES, "wb"),
-                               open(self.directory / _SPOOL_DATA, "wb"))
-            else:
-                f.create_dataset("indices", (self.nnz,), dtype=np.int32)
-                f.create_dataset("data", (self.nnz,), dtype=np.float32)
-            f["indptr"][0:1] = 0
-        else:  # pragma: no cover - callers validate
-            raise ParameterError(f"Unknown layout {layout!r}.")
-
-    def write_block(self, b: int, X, y, row_ids, sqnorm=None) -> None:
-        """Write block ``b`` (blocks in order). ``X`` dense float32 or CSR with sorted indices."""
-        if b != self._next_block:
-            raise ValueError(f"blocks must be written in order: expected {self._next_block}, got {b}")
-        start, stop = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
-        if X.shape[0] != stop - start:
-            raise ValueError(f"block {b} has {X.shape[0]} rows, expected {stop - start}")
-        f = self._file
-        parts = {"y": np.asarray(y, dtype=np.float32), "row_id": np.asarray(row_ids, np.int64),
-                 "sqnorm": np.asarray(row_sqnorms(X) if sqnorm is None else sqnorm, np.float32)}
-        if self.layout == "dense":
-            parts["X"] = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float32)
-            if self.nnz is None:  # counted as the blocks come (a shard's)
-                self._nnz_pos += int(np.count_nonzero(parts["X"]))
-        else:
-            X = sp.csr_matrix(X) if not sp.issparse(X) else X
-            a = self._nnz_pos
-            nb = int(X.indptr[-1])
-            parts["indptr"] = X.indptr.astype(np.int64) + a  # the block's rows' pointers
-            parts["indices"] = X.indices.astype(np.int32, copy=False)
-            parts["data"] = X.data.astype(np.float32, copy=False)
-            if nb and self._spool is not None:
-                parts["indices"].tofile(self._spool[0])
-                parts["data"].tofile(self._spool[1])
-            elif nb:
-                f["indices"][a:a + nb] = parts["indices"]
-                f["data"][a:a + nb] = parts["data"]
-            f["indptr"][start + 1:stop + 1] = parts["indptr"][1:]
-            self._nnz_pos = a + nb
-        for name in ("y", "row_id", "sqnorm") + (("X",) if self.layout == "dense" else ()):
-            f[name][start:stop] = parts[name]
-        self._hashes[b] = block_digests(parts, self.layout)
-        self._next_block += 1
-
-    def finish(self) -> None:
-        """Stamp the attributes, mark complete (last), close, and write ``meta.json``."""
-        if self._next_block != len(self.block_offsets) - 1:
-            raise ValueError("not every block was written")
-        f = self._file
-        if self.nnz is None:  # a shard's entries, counted in write_block
-            self.nnz = self.metadata["nnz"] = self._nnz_pos
-        if self._spool is not None:
-            self._copy_spool()
-        attrs = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-                 "n_samples": self.n_samples, "n_features": self.n_features,
-                 "nnz": self.nnz if self.layout == "csr" else self._dense_nnz(),
-                 "n_blocks": len(self.block_offsets) - 1, "layout": self.layout,
-                 "task": self.task}
-        for k, v in attrs.items():
-            f.attrs[k] = v
-        f.attrs["metadata"] = json.dumps(self.metadata)
-        f.create_dataset("block_hash", data=self._hashes)
-        f["block_hash"].attrs["datasets"] = json.dumps(HASHED[self.layout])
-        f.flush()
-        f.attrs["complete"] = True
-        f.close()
-        meta = dict(attrs, metadata=self.metadata)
-        with open(self.directory / META_FILE, "w") as fh:
-            json.dump(meta, fh, indent=1)
-
-    def _copy_spool(self) -> None:
-        """The spooled entries into contiguous datasets, a bounded piece at a time."""
-        for fh in self._spool:
-            fh.close()
-        self._spool = None
-        nnz = self.nnz
-        f = self._file
-        for name, spool, dtype in (("indices", _SPOOL_INDICES, np.int32),
-                                   ("data", _SPOOL_DATA, np.float32)):
-            ds = f.create_dataset(name, (nnz,), dtype=dtype)
-            path = self.directory / spool
-            with open(path, "rb") as fh:
-                for a in range(0, nnz, _SPOOL_PIECE):
-                    piece = np.fromfile(fh, dtype=dtype, count=min(_SPOOL_PIECE, nnz - a))
-                    ds[a:a + piece.shape[0]] = piece
-            self.spooled_bytes += path.stat().st_size
-            path.unlink()
-
-    def _dense_nnz(self) -> int:
-        return int(self.metadata.get("nnz", 0))
-
-    def abort(self) -> None:
-        try:
-            self._file.close()
-        except Exception:
-            pass
-        for fh in self._spool or ():
-            fh.close()
-
-
-def row_sqnorms(X) -> np.ndarray:
-    """Squared Euclidean norm of every row, computed in float64, returned as float32."""
-    if sp.issparse(X):
-        X = X.tocsr()
-        d = X.data.astype(np.float64)
-        d *= d
-        sq = np.zeros(X.shape[0], np.float64)
-        rows = np.flatnonzero(np.diff(X.indptr))
-        if rows.size:  # consecutive non-empty rows: each segment is one row's entries
-            sq[rows] = np.add.reduceat(d, X.indptr[rows])
-    else:
-        X64 = np.asarray(X, dtype=np.float64)
-        sq = np.einsum("ij,ij->i", X64, X64)
-    return sq.astype(np.float32)
-
-
 # One block cache per store file and budget, shared by every Store open on them: the
 # one-vs-rest classes of a multiclass store (each its own view, trained in threads under one
 # budget) read each block once between them instead of once each. (id(budget), file key) ->
@@ -441,12 +141,11 @@ class Store:
         # writer's layout); h5py otherwise
         self._fd = os.open(data, os.O_RDONLY) if hasattr(os, "preadv") else None
         if self._fd is not None:
-            self._ds = {k: _Slicer.of(self._fd, v) for k, v in self._ds.items()}
+            self._ds = {k: Slicer.of(self._fd, v) for k, v in self._ds.items()}
         # shared with every other view of this file under this budget (_acquire_block_cache):
         # entries keep the stored labels; a one-vs-rest view maps them as they leave
         self._cache, self._cache_key = _acquire_block_cache(self.budget, data,
                                                             f"blocks of {self.path.name}")
-        self._index = None
         self.rows_read = 0
         self.bytes_read = 0
         self.stored_task = self.task
@@ -563,8 +262,6 @@ class Store:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        if self._index is not None and hasattr(self._index, "close"):
-            self._index.close()
         _release_block_cache(self.budget, self._cache_key, self._cache)
         self._file.close()
         if getattr(self, "_fd", None) is not None:
@@ -583,6 +280,11 @@ class Store:
             self.close()
         except Exception:
             pass
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed store raises :class:`ClosedError`)."""
+        return getattr(self, "_closed", True)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -664,7 +366,7 @@ class Store:
         if not stored_labels:
             y = self.labels_out(y)
         self.rows_read += stop - start
-        nb = _nbytes(X, y, row_ids)
+        nb = rows_nbytes(X, y, row_ids)
         self.bytes_read += nb
         return X, y, row_ids
 
@@ -678,7 +380,7 @@ class Store:
                           or np.any(np.diff(rows) < 0)):
             raise IndexError(f"row positions must be sorted and in 0:{self.n_samples}")
         Xs, ys = self._ds.get("X"), self._ds["y"]
-        if self.layout == "dense" and isinstance(Xs, _Slicer) and isinstance(ys, _Slicer):
+        if self.layout == "dense" and isinstance(Xs, Slicer) and isinstance(ys, Slicer):
             X, y = Xs.take(rows), ys.take(rows)
             self.rows_read += rows.size
             self.bytes_read += X.nbytes + y.nbytes
@@ -697,7 +399,7 @@ class Store:
         def load():
             out = self.read_range(self.block_offsets[b], self.block_offsets[b + 1],
                                   stored_labels=True)
-            return out, _nbytes(*out)
+            return out, rows_nbytes(*out)
 
         rows = int(self.block_offsets[b + 1] - self.block_offsets[b])
         need = self.estimated_bytes(rows)
@@ -816,7 +518,7 @@ class Store:
         # through read_range cost ~15 us each in Python (dense; ~50 us CSR): a capped IBCD
         # run's 10,000-row sample for w_0 on the generated store took 0.12-0.15 s of its
         # 0.35-0.40 s, on a CSR store (200k x 2000, 1 % nonzeros) 0.4-0.7 s.
-        direct = all(isinstance(f.get(k), _Slicer) for k in (
+        direct = all(isinstance(f.get(k), Slicer) for k in (
             ("X", "y", "row_id") if dense else ("indptr", "data", "indices", "y", "row_id")))
         starts = np.r_[0, np.flatnonzero(np.diff(blocks)) + 1, n].tolist()
         for a0, a1 in zip(starts[:-1], starts[1:]):
@@ -1021,19 +723,18 @@ class Store:
     def has_index(self) -> bool:
         return (self.path / INDEX_DIR).exists()
 
-    @property
-    def index(self):
-        """The metric forest (opened lazily); :class:`IndexStateError` when there is none."""
-        self._check_open()
-        if self._index is None:
-            if not self.has_index:
-                raise IndexStateError(
-                    f"The store {self.path} has no metric-forest index.",
-                    f"Build it with: ooc-index {self.path}")
-            from ooc_learn.index.forest import open_forest
+    def require_index(self) -> None:
+        """Raise :class:`IndexStateError`, naming the command that builds it, when the store
+        has no metric-forest index. The store does not open its index (the index is the layer
+        above it): :func:`ooc_learn.index.open_forest` does.
 
-            self._index = open_forest(self)
-        return self._index
+        >>> store.require_index()                                 # doctest: +SKIP
+        >>> forest = ooc_learn.index.open_forest(store)           # doctest: +SKIP
+        """
+        self._check_open()
+        if not self.has_index:
+            raise IndexStateError(f"The store {self.path} has no metric-forest index.",
+                                  f"Build it with: ooc-index {self.path}")
 
 
 def open_store(path, memory=None, *, positive=None) -> Store:
@@ -1042,38 +743,10 @@ def open_store(path, memory=None, *, positive=None) -> Store:
     return Store(path, memory=memory, positive=positive)
 
 
-def rewrite_block_order(store_path, perms, *, memory=None) -> None:
-    """Rewrite ``data.h5`` with each block's rows permuted by a block-local permutation.
+def open_data(data, memory=None) -> tuple[Store, bool]:
+    """``(store, opened_here)`` for a Store or a store path; the caller closes what it opened."""
+    if isinstance(data, Store):
+        return data, False
+    return open_store(data, memory=memory), True
 
-    ``perms(new_dir)`` returns an iterable of one permutation per block, in block order; it
-    may be a generator that reads each block from the old store to compute its permutation and
-    writes more files (the index) into ``new_dir``, the new store directory, as it goes. The
-    new directory is written beside the old one and swapped in with one rename, so a crash
-    leaves the old store intact.
-    """
-    from .replace import remove_stale, replace_dir, temp_sibling
 
-    store_path = Path(store_path)
-    remove_stale(store_path)
-    with open_store(store_path, memory=memory) as old:
-        tmp = temp_sibling(store_path, "rw")
-        tmp.mkdir()
-        try:
-            w = StoreWriter(tmp, n_samples=old.n_samples, n_features=old.n_features,
-                            nnz=old.nnz, layout=old.layout, block_offsets=old.block_offsets,
-                            task=old.task, metadata=old.metadata)
-            for b, perm in enumerate(perms(tmp)):
-                X, y, ids = old.read_range(old.block_offsets[b], old.block_offsets[b + 1])
-                perm = np.asarray(perm, dtype=np.int64)
-                w.write_block(b, X[perm], y[perm], ids[perm], old.sqnorms(
-                    old.block_offsets[b], old.block_offsets[b + 1])[perm])
-            w.finish()
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    try:
-        check_stop()  # the last point where a stop leaves the old store as it was
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, store_path)

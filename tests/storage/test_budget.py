@@ -200,7 +200,7 @@ def test_an_api_budget_ignores_the_process_rss():
 
 _PAGE_OUT = """
 import numpy as np
-from ooc_learn._jit import start_jit
+from ooc_learn.storage.jit import start_jit
 from ooc_learn.storage.budget import current_rss_bytes
 from ooc_learn.storage.resources import release_compiler_pages
 start_jit()

@@ -1,4 +1,4 @@
-"""The measured-run helpers of ``storage.resources``: peak RSS read from outside, and a memory
+"""The measured-run helpers of ``storage.measure``: peak RSS read from outside, and a memory
 cgroup that enforces its limit (the OOM killer) and is removed afterwards."""
 
 import os
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ooc_learn.storage.resources import (memory_cgroup_available, run_in_memory_cgroup,
-                                         run_measured)
+from ooc_learn.storage.measure import (memory_cgroup_available, run_in_memory_cgroup,
+                                       run_measured)
 
 MiB = 1 << 20
 CGROUP_OK, CGROUP_WHY = memory_cgroup_available()
@@ -63,11 +63,11 @@ def test_cgroup_run_times_out_and_reports_it():
 @needs_cgroup
 def test_memory_headroom_is_bounded_by_the_cgroups_limit():
     """What a first run's compile helper checks before it starts (it needs ~250 MiB)."""
-    from ooc_learn.storage.resources import memory_headroom_bytes
+    from ooc_learn.storage.measure import memory_headroom_bytes
 
     outside = memory_headroom_bytes()
     assert outside is not None and outside > 400 * MiB
-    code = "from ooc_learn.storage.resources import memory_headroom_bytes as m; print(m())"
+    code = "from ooc_learn.storage.measure import memory_headroom_bytes as m; print(m())"
     r = run_in_memory_cgroup([sys.executable, "-c", code], 400 * MiB, drop_caches=False,
                              timeout=60)
     assert r["rc"] == 0, r["stderr"]

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file
 
 from ooc_learn.api import ingest
-from ooc_learn.storage import ingest as ingest_mod
+from ooc_learn.storage import ingest_parse
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import IngestError
 from ooc_learn.storage.shuffle import BucketWriter, Dealer, iter_records, plan_blocks, read_bucket
@@ -35,7 +35,7 @@ def assert_balanced(store, n):
 
 
 def force_buckets(monkeypatch, r0):
-    monkeypatch.setattr(ingest_mod, "_deal_buckets", lambda *a, **k: r0)
+    monkeypatch.setattr(ingest_parse, "deal_buckets", lambda *a, **k: r0)
 
 
 # ---- (a) a class-sorted source gives blocks with the global class shares ---------------------

@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 
-from ooc_learn.storage.resources import (measure_command, memory_cgroup_available,
-                                         run_in_memory_cgroup, run_measured)
+from ooc_learn.storage.measure import (measure_command, memory_cgroup_available,
+                                       run_in_memory_cgroup, run_measured)
 
 CGROUP_OK, CGROUP_WHY = memory_cgroup_available()
 

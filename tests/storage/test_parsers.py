@@ -23,9 +23,11 @@ from sklearn.datasets import (dump_svmlight_file, load_breast_cancer, load_diabe
                               load_svmlight_file)
 
 from ooc_learn.storage import _parse_kernels as K
-from ooc_learn.storage import parsers
+from ooc_learn.storage import source_io
 from ooc_learn.storage.errors import IngestError, ParameterError
-from ooc_learn.storage.parsers import RawChunk, detect_format, iter_chunks, open_binary
+from ooc_learn.storage.parsers import iter_chunks
+from ooc_learn.storage.sniff import detect_format
+from ooc_learn.storage.source_io import RawChunk, open_binary
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -209,7 +211,7 @@ def test_min_and_max_index_include_zeros(tmp_path):
     assert ip.tolist() == [0, 1, 1] and ind.tolist() == [4] and val.tolist() == [1.5]
     assert_same_as_sklearn(path)
     labels_only = bad(path.parent, "1\n-1 # no features\n", "labels.svm")
-    assert collect(labels_only)[4:6] == (parsers.INDEX_SENTINEL, -1)
+    assert collect(labels_only)[4:6] == (source_io.INDEX_SENTINEL, -1)
 
 
 def test_long_lines_and_tiny_chunks(tmp_path, rng):
@@ -512,7 +514,7 @@ def test_missing_and_unreadable_files(tmp_path, monkeypatch):
         if os.access(locked, os.R_OK):  # root ignores permission bits: simulate the refusal
             def refuse(path, *args, **kw):
                 raise PermissionError(13, "Permission denied", str(path))
-            monkeypatch.setattr(parsers, "open", refuse, raising=False)
+            monkeypatch.setattr(source_io, "open", refuse, raising=False)
         with pytest.raises(IngestError, match="permission denied") as info:
             iter_chunks(locked)
         assert info.value.path == str(locked) and "chmod" in info.value.hint
@@ -674,7 +676,7 @@ def test_csv_class_names_as_labels(tmp_path):
     """A label column of class names: codes as the names are first met (the ingest orders
     them), quotes and spaces taken off; without a LabelNames the column is refused; fixed
     names (test data) refuse another name, naming its line."""
-    from ooc_learn.storage.parsers import LabelNames
+    from ooc_learn.storage.labels import LabelNames
 
     src = tmp_path / "iris.csv"
     src.write_text('1.5,0.2,"setosa"\n4.7,1.4, versicolor\n1.4,0.2,setosa\r\n6.0,2.5,virginica\n')

@@ -105,9 +105,9 @@ def test_same_seed_same_store_other_seed_other_order(tmp_path, rng):
 def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse, memory, reader,
                                             monkeypatch):
     if reader == "h5py":  # datasets h5py must read (chunked or compressed ones)
-        import ooc_learn.storage.store as store_mod
+        from ooc_learn.storage.arrays import Slicer
 
-        monkeypatch.setattr(store_mod._Slicer, "of", classmethod(lambda cls, fd, ds: ds))
+        monkeypatch.setattr(Slicer, "of", classmethod(lambda cls, fd, ds: ds))
     X, y = make_data(rng, n=3000, sparse=sparse)
     ingest_arrays(X, y, tmp_path / "s", n_blocks=5).close()
     with open_store(tmp_path / "s", memory=memory) as store:
@@ -335,7 +335,7 @@ def test_store_without_index_says_how_to_build_it(tmp_path, rng):
     X, y = make_data(rng)
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=2) as store:
         with pytest.raises(IndexStateError, match="no metric-forest index") as ei:
-            store.index
+            store.require_index()
         assert "ooc-index" in ei.value.hint
 
 
@@ -404,7 +404,7 @@ def test_meta_json_mirrors_attributes(tmp_path, rng):
 def test_direct_reads_equal_h5py_reads(tmp_path, rng, sparse):
     # read_range takes row slices straight from the file (os.preadv at the dataset's offset)
     # where a dataset is plain contiguous bytes; every slice must equal h5py's own read
-    from ooc_learn.storage.store import _Slicer
+    from ooc_learn.storage.arrays import Slicer
 
     X, y = make_data(rng, sparse=sparse)
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=5, seed=1,
@@ -413,7 +413,7 @@ def test_direct_reads_equal_h5py_reads(tmp_path, rng, sparse):
         with h5py.File(tmp_path / "s" / "data.h5", "r") as f:
             for name in names:
                 sl = store._ds[name]
-                assert isinstance(sl, _Slicer), name  # the writer's layout is plain bytes
+                assert isinstance(sl, Slicer), name  # the writer's layout is plain bytes
                 n = f[name].shape[0]
                 for a, b in [(0, n), (0, 0), (n - 1, n), (3, 4), (17, 211), (n, n)]:
                     got = sl[a:b]
@@ -427,7 +427,7 @@ def test_direct_reads_equal_h5py_reads(tmp_path, rng, sparse):
 
 
 def test_chunked_or_compressed_dataset_keeps_h5py_reads(tmp_path):
-    from ooc_learn.storage.store import _Slicer
+    from ooc_learn.storage.arrays import Slicer
 
     with h5py.File(tmp_path / "f.h5", "w") as f:
         f.create_dataset("c", data=np.arange(100.0).reshape(50, 2), chunks=(10, 2))
@@ -437,10 +437,10 @@ def test_chunked_or_compressed_dataset_keeps_h5py_reads(tmp_path):
     try:
         with h5py.File(tmp_path / "f.h5", "r") as f:
             c, z = f["c"], f["z"]
-            assert _Slicer.of(fd, c) is c
-            assert _Slicer.of(fd, z) is z
-            p = _Slicer.of(fd, f["p"])
-            assert isinstance(p, _Slicer)
+            assert Slicer.of(fd, c) is c
+            assert Slicer.of(fd, z) is z
+            p = Slicer.of(fd, f["p"])
+            assert isinstance(p, Slicer)
             assert np.array_equal(p[7:19], f["p"][7:19])
     finally:
         os.close(fd)

@@ -1,0 +1,194 @@
+"""Passes 2 and 3 of ingest: the buckets of pass 1 become the store's blocks.
+
+Pass 2 deals again every bucket larger than a block (:func:`redeal`: the first chunk
+underestimated the source). Pass 3 (:func:`write_store`) plans the blocks from the buckets
+(:func:`~ooc_learn.storage.shuffle.plan_blocks`), loads the buckets of one block at a time
+(each bucket file read once, a shared one split at random), orders the block's rows (the
+index's leaf order when ``block_orderer`` builds one, else a random permutation) and writes it
+as block c of ``data.h5``, or of shard c mod K of a sharded store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from .ingest_parse import IOCount, Parsed
+from .ingest_plan import Shape
+from .sharded import shard_name, write_manifest
+from .shuffle import BucketWriter, Dealer, deal_chunk, iter_records, plan_blocks, read_bucket
+from .stop import check_stop
+from .store import Store
+from .writer import StoreWriter, row_sqnorms
+
+__all__ = ["redeal", "write_store"]
+
+
+def redeal(tmp: Path, buckets: list, max_rows: int, min_rows: int, *, buffer_bytes, rng,
+            counter: IOCount) -> tuple[list, int]:
+    """Deal every bucket of more than ``max_rows`` rows into sub-buckets of at most
+    ``min_rows`` (so no bucket spans more than two blocks); ``(buckets, how many)``."""
+    out, redealt = [], 0
+    for i, (path, rows) in enumerate(buckets):
+        if rows <= max_rows:
+            out.append((path, rows))
+            continue
+        k = -(-rows // min_rows)
+        writer = BucketWriter(tmp / "redeal" / f"{i:06d}", k, buffer_bytes=buffer_bytes)
+        dealer = Dealer(k, rng)
+        for rec in iter_records(path, counter.add_read):
+            indptr, indices, values = rec.csr()
+            writer.add(dealer.deal(rec.n_rows), rec.labels, rec.row_ids, indptr, indices,
+                       values)
+        writer.close()
+        path.unlink()
+        counter.written += writer.bytes_written
+        out.extend((writer.path(j), int(writer.rows[j])) for j in range(k))
+        redealt += 1
+    return out, redealt
+
+
+def _load_bucket(path, rows: int, blocks, counts, pending: dict, *, shape: Shape, rng,
+                 counter: IOCount, drop=None) -> None:
+    """Read one bucket and hand its rows, in the store's layout, to the blocks of the plan
+    (a random share to each when it is shared); ``drop(path)`` deletes the file (default:
+    at once)."""
+    labels, row_ids, X = read_bucket(path, shape.layout, shape.d, shape.base, counter.add_read)
+    if labels.shape[0] != rows:  # pragma: no cover - the writer counted what it wrote
+        raise OSError(f"bucket file {path} holds {labels.shape[0]} rows, expected {rows}")
+    if len(blocks) == 1:
+        pending.setdefault(int(blocks[0]), []).append((labels, row_ids, X))
+    else:
+        dest = deal_chunk(counts.copy(), rows, rng)
+        for i in range(len(blocks)):
+            sel = np.flatnonzero(dest == i)
+            pending.setdefault(int(blocks[i]), []).append((labels[sel], row_ids[sel], X[sel]))
+    (drop or Path.unlink)(path)
+
+
+def _stack(parts, layout: str):
+    labels = np.concatenate([q[0] for q in parts])
+    row_ids = np.concatenate([q[1] for q in parts])
+    if len(parts) == 1:
+        X = parts[0][2]
+    elif layout == "dense":
+        X = np.concatenate([q[2] for q in parts])
+    else:
+        X = sp.vstack([q[2] for q in parts], format="csr")
+    if layout == "csr":
+        X.sort_indices()
+    return labels, row_ids, X
+
+
+def _write_blocks(writers, forests, buckets: list, plan, offsets, *, shape: Shape, mapper,
+                  rng, counter: IOCount, progress) -> None:
+    """Pass 3: build block after block from the buckets (each read once) and write them:
+    block c to ``writers[c % K]`` as its block c // K (K = 1: the store's own block c),
+    ordered by ``forests[c % K]`` (a random order without)."""
+    K = len(writers)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    starts = np.concatenate(([0], np.cumsum([r for _, r in buckets])))
+    pending: dict = {}
+    nxt = 0
+    # read buckets are deleted by a side thread: freeing a bucket file's extents is slow, and
+    # the GIL is released meanwhile
+    dropped = []
+    with ThreadPoolExecutor(1) as unlinker, tqdm(
+            total=len(offsets) - 1, unit="block", desc="write", disable=not progress,
+            leave=False) as bar:
+
+        def drop(path):
+            dropped.append(unlinker.submit(path.unlink))
+
+        for c in range(len(offsets) - 1):
+            check_stop()  # a safe point for SIGINT / SIGTERM, one a block
+            while nxt < len(buckets) and starts[nxt] < offsets[c + 1]:
+                path, rows = buckets[nxt]
+                if rows:
+                    _load_bucket(path, rows, plan.bucket_blocks[nxt], plan.bucket_counts[nxt],
+                                 pending, shape=shape, rng=rng, counter=counter, drop=drop)
+                nxt += 1
+            labels, row_ids, X = _stack(pending.pop(c), shape.layout)
+            y = mapper(labels).astype(np.float32)
+            sq = row_sqnorms(X)
+            k, b = c % K, c // K
+            if forests is not None:
+                perm = forests[k].order(b, int(writers[k].block_offsets[b]), X, sq)
+            else:
+                perm = rng.permutation(len(labels))
+            writers[k].write_block(b, X[perm], y[perm], row_ids[perm], sq[perm])
+            del X
+            bar.update(1)
+    for f in dropped:
+        f.result()  # an unlink that failed is an error like any other
+
+
+def write_store(tmp: Path, p: Parsed, shape: Shape, buckets: list, *, task, label_map,
+                 mapper, seed, positive_label, n_features, block_orderer, rng, counter,
+                 progress, shards: int | None = None) -> None:
+    """Pass 3: plan the blocks from the buckets, write ``data.h5`` and the orderer's files;
+    with ``shards`` K, block c goes to the store ``tmp/shard-(c mod K)`` instead, and the
+    manifest is written last (see :mod:`~ooc_learn.storage.sharded`)."""
+    plan = plan_blocks([r for _, r in buckets], shape.n_blocks)
+    offsets = np.zeros(shape.n_blocks + 1, np.int64)
+    np.cumsum(plan.block_sizes, out=offsets[1:])
+    K = shards or 1
+    metadata = {
+        "label_map": label_map, "sources": p.sources, "formats": sorted(p.formats),
+        "zero_based": shape.base == 0, "nnz": int(p.nnz), "density": shape.density,
+        "params": {"n_blocks": int(shape.n_blocks), "seed": int(seed), "layout": shape.layout,
+                   "task": task, "positive_label": positive_label,
+                   "n_features": n_features},
+    }
+    targets, forests = [], []  # per shard (one without shards): its writer, its orderer
+    try:
+        for k in range(K):
+            blocks = np.arange(k, shape.n_blocks, K)
+            sizes = plan.block_sizes[blocks]
+            local = np.zeros(blocks.size + 1, np.int64)
+            np.cumsum(sizes, out=local[1:])
+            where, meta, nnz = tmp, metadata, p.nnz
+            if shards:
+                where = tmp / shard_name(k)
+                meta = dict(metadata, nnz=None,
+                            shard={"index": k, "of": K, "blocks": blocks.tolist()},
+                            params=dict(metadata["params"], n_blocks=int(blocks.size),
+                                        shard=k, shards=K))
+                nnz = None  # counted as the blocks come
+            targets.append(StoreWriter(where, n_samples=int(local[-1]), n_features=shape.d,
+                                       nnz=nnz, layout=shape.layout, block_offsets=local,
+                                       task=task, metadata=meta))
+            if block_orderer is not None:
+                forests.append(block_orderer(where, n_blocks=int(blocks.size),
+                                             n_samples=int(local[-1]), n_features=shape.d,
+                                             seed=seed + k))
+        _write_blocks(targets, forests or None, buckets, plan, offsets, shape=shape,
+                      mapper=mapper, rng=rng, counter=counter, progress=progress)
+        for forest in forests:
+            forest.close()
+        forests = []
+        for writer in targets:
+            writer.finish()
+            counter.written += writer.spooled_bytes
+            counter.read += writer.spooled_bytes
+        if shards:
+            listed = []
+            for k, writer in enumerate(targets):
+                with Store(writer.directory) as st:
+                    listed.append({"path": shard_name(k), "n_samples": st.n_samples,
+                                   "n_blocks": st.n_blocks, "nnz": st.nnz,
+                                   "fingerprint": st.fingerprint()})
+            write_manifest(tmp, listed, n_features=shape.d, task=task, layout=shape.layout,
+                           label_map=label_map)
+    except BaseException:
+        for writer in targets:
+            writer.abort()
+        for forest in forests:
+            if hasattr(forest, "abort"):
+                forest.abort()
+        raise
