@@ -7,6 +7,16 @@ Knows vectors and trees, not losses. Installed as ``ooc_learn.index``.
 - :class:`~ooc_learn.index.lmdb_io.ForestWriter` persists the trees to ``STORE/index.lmdb``;
 - :func:`~ooc_learn.index.forest.open_forest` opens a store's index as a
   :class:`~ooc_learn.index.forest.Forest` whose ``query`` serves the IBCD step (eq. 10).
+
+The modules, from the bytes up: ``node_record`` (the node record's layout, defined once),
+``lmdb_io`` (the LMDB file: records encoded, decoded, written), ``tree`` (one block's tree),
+``view`` (the opened index: checks, records and rows through the caches), ``resident``
+(records decoded a tree at a time, and rows at hand, for the numba loop), ``frontier`` (the
+budgeted best-first heap), ``forest`` (the query: best-bin-first search and shrinking).
+Their numba kernels: ``_row_kernels`` (dot products, margins), ``_build_kernels`` (tree
+build), ``_record_kernels`` (records decoded in bulk), ``_frontier_kernels`` (heap, rows
+seen, Fenwick tree of shrunk rows), ``_search_kernels`` (expand, scan, the search loop),
+with their argument bundles in ``kernel_args``.
 """
 
 from .forest import Forest, open_forest, outlier_margin

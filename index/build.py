@@ -1,7 +1,7 @@
 """``ooc-index STORE``: add (or rebuild) the metric forest of an existing store.
 
 The rows of every block must move into leaf order, so the data file is rewritten: the storage
-layer's :func:`~ooc_learn.storage.store.rewrite_block_order` writes a new store directory
+layer's :func:`~ooc_learn.storage.writer.rewrite_block_order` writes a new store directory
 beside the old one, this module builds each block's tree as its permutation is asked for and
 writes it into the new directory's index at once, and one rename swaps it in. A crash (even SIGKILL)
 leaves the old store as it was.
@@ -15,11 +15,12 @@ from pathlib import Path
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import IndexStateError
 from ooc_learn.storage.format import INDEX_DIR
-from ooc_learn.storage.store import open_store, rewrite_block_order
+from ooc_learn.storage.store import open_store
+from ooc_learn.storage.writer import rewrite_block_order
 
 from .lmdb_io import ForestWriter
 from .orderer import block_seed
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, _check_params, build_block_tree
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, check_params, build_block_tree
 
 __all__ = ["build_index"]
 
@@ -45,7 +46,7 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
     dict
         ``seconds`` (all of it), ``build_seconds`` (tree building alone), ``n_blocks``.
     """
-    _check_params(width, leaf_size, seed)
+    check_params(width, leaf_size, seed)
     store_path = Path(store_path)
     budget = MemoryBudget.coerce(memory)
     t0 = time.perf_counter()

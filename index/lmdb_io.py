@@ -16,7 +16,8 @@ key                         value
                             whether it is a leaf, pivot row, pivot squared norm and the
                             covering radius of the child (smallest cos² between its
                             pivot and its rows, plain and with the bias feature 1;
-                            float16 rounded down, so still a bound)
+                            float16 rounded down, so still a bound); the byte layout is
+                            :mod:`~ooc_learn.index.node_record`'s
 ==========================  ==========================================================
 
 Pivot vectors are not stored: a pivot is a row of its node, and rows live in ``data.h5``
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import shutil
 import struct
@@ -55,8 +57,9 @@ import scipy.sparse as sp
 
 from ooc_learn.storage.errors import IndexStateError, ParameterError
 from ooc_learn.storage.replace import recover, remove_stale, replace_dir, temp_sibling
-from ooc_learn.storage.resources import check_stop
+from ooc_learn.storage.stop import check_stop
 
+from .node_record import (COLUMNS, FORMAT_VERSION, HEAD_STRUCT, MAGIC, columns_struct)
 from .tree import FlatTree
 
 __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_VERSION",
@@ -67,15 +70,17 @@ __all__ = ["ForestWriter", "Node", "TreeHeader", "INDEX_FORMAT", "INDEX_FORMAT_V
            "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST", "rows_crc"]
 
 INDEX_FORMAT = "ooc-learn-index"
-INDEX_FORMAT_VERSION = 2
+INDEX_FORMAT_VERSION = FORMAT_VERSION  # the node record's (node_record.FORMAT_VERSION)
 META_KEY = b"meta"
 MANIFEST = "manifest.json"
-_NODE_HEAD = struct.Struct("<4sHHiqqii")  # magic, version, flags, tree, start, stop,
-#                                            first child, k
 _TREE_HEAD = struct.Struct("<4sHHqqqqqiI")  # magic, version, flags, tree, offset, rows,
 #                                             nodes, internal, depth, root pivot CRC
 _CRC = struct.Struct("<I")
-_NODE_MAGIC = b"OOCN"
+# a node record's columns (node_record.COLUMNS): name, numpy dtype, entries beyond k
+_COLUMNS = tuple((name, np.dtype("<" + code), extra) for name, code, extra in COLUMNS)
+_COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
+_BOUNDS_END = 2 + _COLUMN_NAMES.index("bounds")  # in a record's parts: after head and bounds
+_I32 = struct.Struct("<i")
 _TREE_MAGIC = b"OOCT"
 
 
@@ -208,17 +213,12 @@ def encode_node(tree_id: int, tree: FlatTree, v: int, row_offset: int) -> bytes:
     c = np.arange(c0, c0 + k)
     start = int(tree.start[v])
     bounds = np.append(tree.start[c], tree.stop[v]) - start if k else np.zeros(1, np.int64)
-    parts = [
-        _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id, start + row_offset,
-                        int(tree.stop[v]) + row_offset, c0, k),
-        bounds.astype("<i4").tobytes(),
-        (tree.n_children[c] == 0).astype("u1").tobytes(),
-        (tree.pivot_row[c] - start).astype("<i4").tobytes(),
-        tree.pivot_sqnorm[c].astype("<f4").tobytes(),
-        _down16(tree.radius[c]).tobytes(),
-        _down16(tree.radius_aug[c]).tobytes(),
-    ]
-    return _seal(b"".join(parts))
+    cols = dict(bounds=bounds, leaf=tree.n_children[c] == 0, pivot=tree.pivot_row[c] - start,
+                sqnorm=tree.pivot_sqnorm[c], radius=_down16(tree.radius[c]),
+                radius_aug=_down16(tree.radius_aug[c]))
+    return _seal(HEAD_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, tree_id, start + row_offset,
+                                  int(tree.stop[v]) + row_offset, c0, k)
+                 + b"".join(cols[name].astype(dt).tobytes() for name, dt, _ in _COLUMNS))
 
 
 def encode_nodes(tree_id: int, tree: FlatTree, row_offset: int):
@@ -234,31 +234,36 @@ def encode_nodes(tree_id: int, tree: FlatTree, row_offset: int):
         ids = np.concatenate([np.arange(f, f + k) for f, k in zip(first, kids[internal])])
         parent[ids] = np.repeat(internal, kids[internal])
     base = tree.start[parent]
-    rel = (tree.start - base).astype("<i4").tobytes()
-    piv = (np.where(tree.pivot_row >= 0, tree.pivot_row - base, 0)).astype("<i4").tobytes()
-    leaf = (kids == 0).astype("u1").tobytes()
-    sq = tree.pivot_sqnorm.astype("<f4").tobytes()
-    r1 = _down16(tree.radius).tobytes()
-    r2 = _down16(tree.radius_aug).tobytes()
+    # every node's column entry as a child of its parent, as bytes: a record joins slices;
+    # "bounds" holds the child's first row (the record appends its parent's span)
+    cols = dict(bounds=tree.start - base, leaf=kids == 0,
+                pivot=np.where(tree.pivot_row >= 0, tree.pivot_row - base, 0),
+                sqnorm=tree.pivot_sqnorm, radius=_down16(tree.radius),
+                radius_aug=_down16(tree.radius_aug))
+    cols = [(cols[name].astype(dt).tobytes(), dt.itemsize) for name, dt, _ in _COLUMNS]
     todo = internal if (n == 0 or kids[0] > 0) else np.append(0, internal)
     for v in todo.tolist():
         k = int(kids[v])
         c0 = int(tree.first_child[v])
         a, z = c0, c0 + k
         start = int(tree.start[v])
-        span = int(tree.stop[v]) - start if k else 0
-        yield v, _seal(b"".join((
-            _NODE_HEAD.pack(_NODE_MAGIC, INDEX_FORMAT_VERSION, 0, tree_id, start + row_offset,
-                            int(tree.stop[v]) + row_offset, c0, k),
-            rel[4 * a:4 * z], struct.pack("<i", span), leaf[a:z], piv[4 * a:4 * z],
-            sq[4 * a:4 * z], r1[2 * a:2 * z], r2[2 * a:2 * z])))
+        parts = [HEAD_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, tree_id, start + row_offset,
+                                  int(tree.stop[v]) + row_offset, c0, k)]
+        parts += [col[size * a:size * z] for col, size in cols]
+        parts.insert(_BOUNDS_END, _I32.pack(int(tree.stop[v]) - start if k else 0))
+        yield v, _seal(b"".join(parts))
 
 
 @functools.lru_cache(maxsize=None)
-def _node_columns(k: int) -> struct.Struct:
-    """The per-child columns of a node record with ``k`` children (see :func:`encode_node`):
-    child bounds (k + 1), leaf flags, pivot offsets, pivot squared norms, radii (float16 x 2)."""
-    return struct.Struct(f"<{k + 1}i{k}B{k}i{k}f{k}e{k}e")
+def _columns_of(k: int) -> tuple:
+    """The columns of a record with ``k`` children: their ``struct``, and a getter of
+    bounds, leaf, pivot, sqnorm, radius, radius_aug (in this order) from its values."""
+    at, where = 0, {}
+    for name, _, extra in _COLUMNS:
+        where[name] = slice(at, at + k + extra)
+        at += k + extra
+    return columns_struct(k), operator.itemgetter(*(where[name] for name in (
+        "bounds", "leaf", "pivot", "sqnorm", "radius", "radius_aug")))
 
 
 def decode_node(value: bytes, tree_id: int, node: int) -> Node:
@@ -269,18 +274,18 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     as Python numbers, since k (the forest's width) is small."""
     what = f"node {node} of tree {tree_id}"
     body = _unseal(value, what)
-    if len(body) < _NODE_HEAD.size:
+    if len(body) < HEAD_STRUCT.size:
         raise ValueError(f"{what} is truncated")
-    magic, version, _, t, start, stop, c0, k = _NODE_HEAD.unpack_from(body, 0)
-    if magic != _NODE_MAGIC or version != INDEX_FORMAT_VERSION or t != tree_id or k < 0:
-        raise ValueError(f"{what} is not a version-{INDEX_FORMAT_VERSION} node record")
-    cols = _node_columns(k)
-    size = _NODE_HEAD.size + cols.size
+    magic, version, _, t, start, stop, c0, k = HEAD_STRUCT.unpack_from(body, 0)
+    if magic != MAGIC or version != FORMAT_VERSION or t != tree_id or k < 0:
+        raise ValueError(f"{what} is not a version-{FORMAT_VERSION} node record")
+    cols, columns = _columns_of(k)
+    size = HEAD_STRUCT.size + cols.size
     if len(body) != size:
         raise ValueError(f"{what} is truncated" if len(body) < size
                          else f"{what} has trailing bytes")
-    v = cols.unpack_from(body, _NODE_HEAD.size)
-    bounds, leaf, piv = v[:k + 1], v[k + 1:2 * k + 1], v[2 * k + 1:3 * k + 1]
+    v = cols.unpack_from(body, HEAD_STRUCT.size)
+    bounds, leaf, piv, sq, rad, rad_aug = columns(v)
     span = stop - start
     if k and (bounds[0] != 0 or bounds[-1] != span
               or any(b < a for a, b in zip(bounds, bounds[1:]))
@@ -289,9 +294,8 @@ def decode_node(value: bytes, tree_id: int, node: int) -> Node:
     first = np.array(bounds, np.int64) + start
     return Node(start, stop, np.arange(c0, c0 + k, dtype=np.int32), first[:-1], first[1:],
                 np.array(leaf, bool), np.array(piv, np.int64) + start,
-                np.array(v[3 * k + 1:4 * k + 1], np.float32),
-                np.array(v[4 * k + 1:5 * k + 1], np.float32),
-                np.array(v[5 * k + 1:], np.float32))
+                np.array(sq, np.float32), np.array(rad, np.float32),
+                np.array(rad_aug, np.float32))
 
 
 def _record_pages(records, psize: int) -> int:

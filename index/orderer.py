@@ -17,7 +17,7 @@ import numpy as np
 from ooc_learn.storage.format import INDEX_DIR
 
 from .lmdb_io import ForestWriter
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, _check_params, build_block_tree
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, check_params, build_block_tree
 
 __all__ = ["ForestOrderer", "forest_orderer", "block_seed"]
 
@@ -65,5 +65,5 @@ def forest_orderer(*, width: int | None = None, leaf_size: int | None = None):
     """
     width = DEFAULT_WIDTH if width is None else width
     leaf_size = DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size
-    _check_params(width, leaf_size, 0)
+    check_params(width, leaf_size, 0)
     return functools.partial(ForestOrderer, width=width, leaf_size=leaf_size)

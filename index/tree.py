@@ -13,29 +13,24 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from ooc_learn._jit import await_kernel
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.jit import await_kernel
 
-from ._kernels import build_tree_kernel
+from ._build_kernels import build_tree_kernel
 
 __all__ = ["FlatTree", "build_block_tree", "row_arrays", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
 
-# Leaves of at most 16 rows (often 3-10 after K-way splits) with the query's ranking
-# (forest.RANK_MU = 0.5, qualifying pivot rows returned) meet the benchmark's precision target
-# on a9a, ijcnn1 and Fashion-MNIST 0/3/6 (scripts/bench_index.py); leaves of 32 miss it on
-# ijcnn1 and a9a at n = 1000 (0.72, 0.79 of 0.75, 0.8). Smaller leaves (8-12)
-# raise precision further, but IBCD's sampled stopping rule then stops early, missing the far
-# violators the search finds last (tests/solvers/test_ibcd.py,
-# test_sampled_stopping_rule_reads_less_and_stays_close: objective 7-12 % above the exact one
-# at leaf 8 with pivots not returned, 1-1.5 % at 16 with them; the test allows 5 %).
-DEFAULT_WIDTH = 10
-DEFAULT_LEAF_SIZE = 16
+# The build's defaults (the measurements behind them are in the benchmark log):
+DEFAULT_WIDTH = 10      # K, pivots (children) per node
+DEFAULT_LEAF_SIZE = 16  # rows: a node of at most this many is a leaf
 
-_SCATTER_MAX = 1 << 23
-_EMPTY_X = np.zeros((0, 0), np.float32)
-_EMPTY_PTR = np.zeros(1, np.int64)
-_EMPTY_IDX = np.zeros(0, np.int32)
-_EMPTY_VAL = np.zeros(0, np.float32)
+_SCATTER_MAX = 1 << 23  # elements (d·K) of the CSR scatter workspace, float32: 32 MiB
+# the arrays of the layout a block does not use (a CSR block's dense X, a dense block's CSR
+# parts): the kernels take both layouts' arrays
+EMPTY_X = np.zeros((0, 0), np.float32)
+EMPTY_PTR = np.zeros(1, np.int64)
+EMPTY_IDX = np.zeros(0, np.int32)
+EMPTY_VAL = np.zeros(0, np.float32)
 
 
 class FlatTree(NamedTuple):
@@ -89,14 +84,15 @@ def row_arrays(X):
     """``(X_dense, indptr, indices, data, is_csr)`` for the kernels; the unused layout empty."""
     if sp.issparse(X):
         X = X.tocsr()
-        return (_EMPTY_X, np.ascontiguousarray(X.indptr, dtype=np.int64),
+        return (EMPTY_X, np.ascontiguousarray(X.indptr, dtype=np.int64),
                 np.ascontiguousarray(X.indices, dtype=np.int32),
                 np.ascontiguousarray(X.data, dtype=np.float32), True)
-    return (np.ascontiguousarray(X, dtype=np.float32), _EMPTY_PTR, _EMPTY_IDX, _EMPTY_VAL,
+    return (np.ascontiguousarray(X, dtype=np.float32), EMPTY_PTR, EMPTY_IDX, EMPTY_VAL,
             False)
 
 
-def _check_params(width, leaf_size, seed):
+def check_params(width, leaf_size, seed):
+    """Refuse a tree width, leaf size or seed that no tree can be built with."""
     if not isinstance(width, (int, np.integer)) or isinstance(width, bool) or width < 2:
         raise ParameterError(
             f"The 'width' parameter of build_block_tree must be an int >= 2. Got {width!r} "
@@ -144,7 +140,7 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
     >>> sorted(perm) == list(range(1000)), int(tree.stop[0])
     (True, 1000)
     """
-    _check_params(width, leaf_size, seed)
+    check_params(width, leaf_size, seed)
     if not sp.issparse(X):
         X = np.asarray(X)
         if X.ndim != 2:

@@ -1,33 +1,21 @@
-"""Set numba's compiler up before a process budget measures its fixed part."""
+"""Which kernels a command compiles ahead, and the helper process that compiles them.
+
+The process-wide part (numba's set-up before the budget measures it, the registry of helpers
+and the wait before a kernel's first call) is :mod:`ooc_learn.storage.jit`, below every layer
+with kernels.
+"""
 
 from __future__ import annotations
 
-from numba import njit
-
-
-@njit(cache=True)
-def _plus_one(x):
-    return x + 1
-
-
-def start_jit() -> None:
-    """Load one cached kernel.
-
-    numba's first kernel, compiled or loaded from the cache, sets up its typing and code
-    generation: about 60 MiB (numba's lowering registries, llvmlite's code pages), the same for
-    every command. Done before ``MemoryBudget.for_process`` reads the RSS, it is measured
-    rather than guessed, and only the command's own kernels load later.
-    """
-    _plus_one(1)
-
+from ooc_learn.storage.jit import PENDING, track_helper
 
 # The kernels whose first compilation dominates a command's first run (seconds each on a
 # 2-core machine): while any of them has no code in numba's cache, the command says so
 FIRST_RUN_KERNELS = {
     "ooc-ingest": (("ooc_learn.storage._parse_kernels", "parse_libsvm"),
-                   ("ooc_learn.index._kernels", "build_tree_kernel")),
-    "ooc-index": (("ooc_learn.index._kernels", "build_tree_kernel"),),
-    "ooc-train": (("ooc_learn.index._kernels", "bbf_run"),
+                   ("ooc_learn.index._build_kernels", "build_tree_kernel")),
+    "ooc-index": (("ooc_learn.index._build_kernels", "build_tree_kernel"),),
+    "ooc-train": (("ooc_learn.index._search_kernels", "bbf_run"),
                   ("ooc_learn.solvers._kernels", "dcd_solve")),
 }
 
@@ -71,18 +59,22 @@ def _signature(kernel: str) -> tuple:
     if kernel == "build_tree_kernel":
         return (A2("float32"), A1("int64"), A1("int32"), A1("float32"), t.boolean,
                 A1("float32"), t.int64, t.int64, t.int64, A2("float32"))
-    if kernel == "bbf_run":
-        return (A1("float64"), A2("int64"), t.int64, A1("int32"), t.boolean, t.boolean,
-                t.boolean, A1("uint8"), A1("uint8"), A1("int64"), t.int64, t.int64,
-                A1("int64"), A1("int64"), t.int64, t.float64, A1("int64"), A1("int32"),
-                A1("int64"), A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("bool"),
-                A1("int64"), A1("float32"), A1("float32"), A1("int32"), A1("int64"),
-                A1("int32"), A1("int64"), A1("int32"),
-                t.ListType(A2("float32")), t.ListType(A1("int64")), t.ListType(A1("int32")),
-                t.ListType(A1("float32")), t.ListType(A1("float32")),
-                t.boolean, A1("float64"), t.float64, A1("float64"), t.float64, t.boolean,
-                t.float64, t.float64, t.boolean, t.float64, t.float64, t.float64, t.float64,
-                t.int64, t.int64, A1("int64"), A1("int64"))
+    if kernel == "bbf_run":  # its bundles are plain tuples (index/kernel_args.py)
+        f64, i64, b1 = t.float64, t.int64, t.boolean
+        return (A1("float64"), A2("int64"), i64,
+                t.Tuple((A1("float64"), f64, A1("float64"), f64, b1, f64, f64, f64, b1, f64,
+                         f64)),                                                   # Query
+                t.Tuple((A1("int64"), A1("int64"), A1("uint8"), A1("uint8"), A1("int32"), b1,
+                         A1("int64"), i64, i64, b1, b1)),                         # Picks
+                t.Tuple((A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("int64"),
+                         A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("bool"),
+                         A1("int64"), A1("float32"), A1("float32"), A1("float32"))),  # NodeArrays
+                t.Tuple((A1("int32"), A1("int64"), A1("int32"), A1("int64"), A1("int32"), b1,
+                         f64)),                                                   # RowSlots
+                t.ListType(t.Tuple((A2("float32"), A1("int64"), A1("int32"), A1("float32"),
+                                    A1("float32")))),                             # row list
+                t.Tuple((i64, f64, f64)),                                         # Stops
+                A1("int64"), A1("int64"))
     raise KeyError(kernel)
 
 
@@ -91,11 +83,10 @@ def _signature(kernel: str) -> tuple:
 # the index's tree builder there; train: dual CD, the node decoder and the row lists here,
 # the index search there)
 AHEAD = {
-    "build_tree_kernel": "ooc_learn.index._kernels",
-    "bbf_run": "ooc_learn.index._kernels",
+    "build_tree_kernel": "ooc_learn.index._build_kernels",
+    "bbf_run": "ooc_learn.index._search_kernels",
 }
 HELPER_ROOM = 1 << 30  # memory free for a helper (it peaks at ~250 MiB) or none is started
-_PENDING: dict = {}  # kernel name -> the helper process compiling it
 
 
 def _dispatcher(kernel: str):
@@ -111,9 +102,10 @@ def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
     the machine and in this process's memory cgroup) and
     ``OOC_COMPILE_AHEAD`` is not ``0``. Returns the kernels it compiles.
 
-    Only a first run starts one. The command waits for it (:func:`await_kernel`) just before
-    its first call of such a kernel, which then loads from the cache; a helper still running
-    when the command ends is stopped then (nothing outlives the command).
+    Only a first run starts one. The command waits for it
+    (:func:`~ooc_learn.storage.jit.await_kernel`) just before its first call of such a kernel,
+    which then loads from the cache; a helper still running when the command ends is stopped
+    then (nothing outlives the command).
     """
     import os
     import subprocess
@@ -121,7 +113,7 @@ def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
 
     if os.environ.get("OOC_COMPILE_AHEAD", "1") == "0" or memory_given:
         return []
-    from ooc_learn.storage.resources import memory_headroom_bytes
+    from ooc_learn.storage.measure import memory_headroom_bytes
 
     room = memory_headroom_bytes()
     if room is not None and room < HELPER_ROOM:
@@ -132,7 +124,7 @@ def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
     except AttributeError:  # not Linux
         if (os.cpu_count() or 1) < 2:
             return []
-    todo = [k for k in kernels if k not in _PENDING
+    todo = [k for k in kernels if k not in PENDING
             and not kernels_cached(((AHEAD[k], k),))]
     if not todo:
         return []
@@ -142,38 +134,8 @@ def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
                                 stderr=subprocess.DEVNULL)
     except OSError:
         return []
-    if not _PENDING:
-        import atexit
-
-        atexit.register(_stop_helpers)
-    for k in todo:
-        _PENDING[k] = proc
+    track_helper(proc, todo)
     return todo
-
-
-def await_kernel(kernel: str, timeout: float = 300.0) -> None:
-    """Wait for the helper compiling ``kernel``, if one is (a dictionary lookup otherwise).
-
-    If the helper failed or is too slow, the kernel simply compiles here on its first call.
-    """
-    proc = _PENDING.pop(kernel, None)
-    if proc is None:
-        return
-    import subprocess
-
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _stop_helpers() -> None:
-    for proc in set(_PENDING.values()):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    _PENDING.clear()
 
 
 def _compile(kernels) -> None:

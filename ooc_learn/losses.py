@@ -16,9 +16,9 @@ interface serves every solver:
 
 The truncated loss ``R_s(z) = min(L(z), 1 + s)`` (IBCD paper eq. 2) caps the loss of
 outliers, the rows with ``z < L^-1(1 + s)``: ``z < -s`` for the hinge, ``z < 1 - sqrt(1 + s)``
-for the squared hinge (whose cap was ``L(-s) = (1 + s)^2`` here before session 19, while the
-index's query used the paper's threshold). It is not convex; :mod:`ooc_learn.solvers.relax` minimises it by the relaxation
-of eq. (5), which only ever needs the convex base loss on the non-outliers.
+for the squared hinge; the index's query keeps rows by the same threshold. It is not convex;
+:mod:`ooc_learn.solvers.relax` minimises it by the relaxation of eq. (5), which only ever
+needs the convex base loss on the non-outliers.
 
 >>> import numpy as np
 >>> from ooc_learn.losses import get_loss
@@ -36,7 +36,8 @@ import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
 
-__all__ = ["Loss", "Hinge", "SquaredHinge", "TruncatedLoss", "get_loss", "LOSS_NAMES"]
+__all__ = ["Loss", "Hinge", "SquaredHinge", "TruncatedLoss", "get_loss", "outlier_margin",
+           "LOSS_NAMES"]
 
 LOSS_NAMES = ("hinge", "sqhinge")
 _ALIASES = {"hinge": "hinge", "l1": "hinge", "sqhinge": "sqhinge", "squared_hinge": "sqhinge",
@@ -233,3 +234,21 @@ def get_loss(name: str | Loss, s: float | None = None) -> Loss:
     if isinstance(loss, TruncatedLoss):
         loss = loss.base()
     return TruncatedLoss(loss, s)
+
+
+def outlier_margin(loss: str, s) -> float:
+    """L⁻¹(1+s): the smallest y·wₜᵀx that is not an outlier of the truncated loss (the
+    threshold of the index's query, eq. 10).
+
+    Hinge L(z) = max(0, 1−z) gives −s; squared hinge L(z) = max(0, 1−z)² gives 1 − √(1+s);
+    ``s=None`` (no truncation) gives −inf.
+
+    >>> outlier_margin("hinge", 1.0), outlier_margin("sqhinge", 3.0)
+    (-1.0, -1.0)
+    """
+    if s is None or (isinstance(s, float) and math.isinf(s)):
+        return -math.inf
+    if loss not in ("hinge", "sqhinge", "squared_hinge"):
+        raise ParameterError(f"The 'loss' parameter of query must be 'hinge' or 'sqhinge'. "
+                             f"Got {loss!r} instead.", "Pick the loss the solver truncates.")
+    return get_loss(loss).outlier_margin(s)

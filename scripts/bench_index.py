@@ -3,7 +3,7 @@
 For each data set: ingest without and with the index (build time relative to ingest), the
 index size relative to ``data.h5``, and the query quality at the weights of a LIBLINEAR model
 (liblinear-official, L1-loss SVM dual, C=1, bias 1): precision |N|/n_e of
-``store.index.query(w, s=1, n=...)`` against the base rate of qualifying rows (eq. 10:
+``open_forest(store).query(w, s=1, n=...)`` against the base rate of qualifying rows (eq. 10:
 -1 <= y·wᵀx < 1) in a random scan, for n in {100, 1000}, and queries per second (warm cache).
 Targets: build <= 1x ingest, index <= 0.25x data, precision >= min(5 x base rate, 0.8).
 
@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from ooc_learn.index.forest import open_forest
 from ooc_learn.index.lmdb_io import index_nbytes
 from ooc_learn.index.orderer import forest_orderer
 from ooc_learn.storage.ingest import ingest, ingest_arrays
@@ -116,7 +117,7 @@ def bench_one(name, src, tmp: Path, args) -> dict:
                layout=store.layout, ingest_s=t_plain, ingest_index_s=t_index,
                build_s=build, build_ratio=build / t_plain,
                index_ratio=idx_bytes / data_bytes, base_rate=base)
-    f = store.index
+    f = open_forest(store)
     for n in (100, 1000):
         prec, qtime, piv, read, work, front = [], [], [], [], [], []
         for seed in range(args.queries):
@@ -140,6 +141,7 @@ def bench_one(name, src, tmp: Path, args) -> dict:
         row[f"frontier{n}"] = int(max(front))
         row[f"qps{n}"] = 1.0 / float(np.mean(qtime))
         row[f"ok{n}"] = row[f"prec{n}"] >= min(5 * base, 0.8)
+    f.close()
     store.close()
     shutil.rmtree(tmp / f"{name}-idx")
     return row

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import ooc_learn
+from ooc_learn.storage.jit import PENDING, stop_helpers
 
 CHILD = r"""
 import json, sys
@@ -52,9 +53,10 @@ def test_training_compiles_nothing_numba_cannot_cache(tmp_path):
 
 def test_a_cold_cache_is_told_and_a_warm_one_is_not(tmp_path, monkeypatch, capsys):
     """The first run says it compiles (README command 1 spent ~25 s compiling, silently)."""
-    check = ("from ooc_learn._jit import kernels_cached, FIRST_RUN_KERNELS, _plus_one; "
-             "print(kernels_cached(FIRST_RUN_KERNELS['ooc-train']), end=' '); _plus_one(1); "
-             "print(kernels_cached([('ooc_learn._jit', '_plus_one')]))")
+    check = ("from ooc_learn._jit import kernels_cached, FIRST_RUN_KERNELS; "
+             "from ooc_learn.storage.jit import start_jit; "
+             "print(kernels_cached(FIRST_RUN_KERNELS['ooc-train']), end=' '); start_jit(); "
+             "print(kernels_cached([('ooc_learn.storage.jit', '_plus_one')]))")
     env = dict(__import__("os").environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
                          text=True, check=True).stdout
@@ -110,24 +112,24 @@ def test_no_helper_under_a_memory_cap_switched_off_or_for_other_solvers(monkeypa
     import argparse
 
     import ooc_learn._jit as jit
-    from ooc_learn.cli import _ahead_kernels
+    from ooc_learn.cli.common import ahead_kernels
 
     monkeypatch.setattr(jit, "kernels_cached", lambda kernels: False)
     assert jit.compile_ahead(["bbf_run"], memory_given=True) == []
-    import ooc_learn.storage.resources as resources
+    import ooc_learn.storage.measure as measure
 
     with monkeypatch.context() as m:  # too little free memory (the machine, or the cgroup)
-        m.setattr(resources, "memory_headroom_bytes", lambda: jit.HELPER_ROOM - 1)
+        m.setattr(measure, "memory_headroom_bytes", lambda: jit.HELPER_ROOM - 1)
         assert jit.compile_ahead(["bbf_run"], memory_given=False) == []
     monkeypatch.setenv("OOC_COMPILE_AHEAD", "0")
     assert jit.compile_ahead(["bbf_run"], memory_given=False) == []
-    assert not jit._PENDING
+    assert not PENDING
     ns = argparse.Namespace
-    assert _ahead_kernels("ooc-train", ns(solver=None, workers=None, scheduler=None)) \
+    assert ahead_kernels("ooc-train", ns(solver=None, workers=None, scheduler=None)) \
         == ["bbf_run"]
-    assert _ahead_kernels("ooc-train", ns(solver="dcd", workers=None, scheduler=None)) == []
-    assert _ahead_kernels("ooc-ingest", ns(no_index=True)) == []
-    assert _ahead_kernels("ooc-ingest", ns(no_index=False)) == ["build_tree_kernel"]
+    assert ahead_kernels("ooc-train", ns(solver="dcd", workers=None, scheduler=None)) == []
+    assert ahead_kernels("ooc-ingest", ns(no_index=True)) == []
+    assert ahead_kernels("ooc-ingest", ns(no_index=False)) == ["build_tree_kernel"]
 
 
 def test_a_helper_still_running_when_the_command_ends_is_stopped(monkeypatch, tmp_path):
@@ -142,7 +144,7 @@ def test_a_helper_still_running_when_the_command_ends_is_stopped(monkeypatch, tm
 
         pytest.skip("one CPU: no helper is started")
     assert jit.compile_ahead(["bbf_run"], memory_given=False) == ["bbf_run"]
-    proc = jit._PENDING["bbf_run"]
+    proc = PENDING["bbf_run"]
     assert proc.poll() is None
-    jit._stop_helpers()
-    assert proc.poll() is not None and not jit._PENDING
+    stop_helpers()
+    assert proc.poll() is not None and not PENDING

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ooc_learn.index._kernels import brute_force_margins
-from ooc_learn.index.forest import Forest, outlier_margin
+from ooc_learn.index._row_kernels import brute_force_margins
+from ooc_learn.index.forest import Forest
 from ooc_learn.index.lmdb_io import ForestWriter
 from ooc_learn.index.tree import build_block_tree, row_arrays
+from ooc_learn.losses import outlier_margin
 
 
 class ArrayStore:

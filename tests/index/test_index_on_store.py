@@ -1,4 +1,4 @@
-"""The index on a real store: built by ingest, added by build_index, queried via store.index."""
+"""The index on a real store: built by ingest, added by build_index, opened by open_forest."""
 
 import signal
 import subprocess
@@ -39,13 +39,14 @@ def test_ingest_builds_the_index_and_queries_are_exact(tmp_path, csr):
     with ingest_arrays(X, y, tmp_path / "s", build_index=True, n_blocks=3, width=4,
                        leaf_size=25, seed=1) as store:
         w = rng.normal(size=12)
-        rows, n_e = store.index.query(w, n=None)
-        assert np.array_equal(np.sort(rows), _brute(store, w)) and n_e == 3000
-        rows, n_e = store.index.query(w, n=100, seed=3)
-        Xr, yr, _ = store.gather(rows)
-        m = yr * (Xr @ w)
-        assert len(rows) == 100 and np.all((m < 1) & (m >= -1)) and n_e >= 100
-        assert store.index.meta["width"] == 4 and store.index.meta["leaf_size"] == 25
+        with open_forest(store) as forest:
+            rows, n_e = forest.query(w, n=None)
+            assert np.array_equal(np.sort(rows), _brute(store, w)) and n_e == 3000
+            rows, n_e = forest.query(w, n=100, seed=3)
+            Xr, yr, _ = store.gather(rows)
+            m = yr * (Xr @ w)
+            assert len(rows) == 100 and np.all((m < 1) & (m >= -1)) and n_e >= 100
+            assert forest.meta["width"] == 4 and forest.meta["leaf_size"] == 25
 
 
 def test_build_index_adds_an_index_to_a_store(tmp_path):
@@ -55,7 +56,7 @@ def test_build_index_adds_an_index_to_a_store(tmp_path):
     ingest_arrays(X, y, path, build_index=False, n_blocks=2).close()
     with open_store(path) as store:
         with pytest.raises(IndexStateError, match="has no"):
-            store.index
+            store.require_index()
         with pytest.raises(IndexStateError, match=f"store {path} has no index.*ooc-index "
                                                   f"{path} --overwrite"):
             open_forest(store)
@@ -69,14 +70,15 @@ def test_build_index_adds_an_index_to_a_store(tmp_path):
         for b in range(2):
             lo, hi = store.block_offsets[b], store.block_offsets[b + 1]
             assert sorted(before[2][lo:hi]) == sorted(after[2][lo:hi])
-        rows, _ = store.index.query(w, n=None)
+        with open_forest(store) as forest:
+            rows, _ = forest.query(w, n=None)
         assert np.array_equal(np.sort(rows), _brute(store, w))
     with pytest.raises(IndexStateError, match="already has an index.*--overwrite"):
         build_index(path)
     build_index(path, width=3, leaf_size=20, overwrite=True)
-    with open_store(path) as store:
-        assert store.index.meta["width"] == 3
-        assert np.array_equal(np.sort(store.index.query(w, n=None)[0]), _brute(store, w))
+    with open_store(path) as store, open_forest(store) as forest:
+        assert forest.meta["width"] == 3
+        assert np.array_equal(np.sort(forest.query(w, n=None)[0]), _brute(store, w))
 
 
 def test_bad_index_parameters_are_refused_before_any_work(tmp_path):
@@ -111,6 +113,6 @@ def test_sigkill_during_build_index_leaves_the_store_usable(tmp_path):
     with open_store(path) as store:
         assert not store.has_index and store.read_range(0, 10)[0].shape == (10, 12)
     build_index(path, width=4, leaf_size=30)
-    with open_store(path) as store:
+    with open_store(path) as store, open_forest(store) as forest:
         w = rng.normal(size=12)
-        assert np.array_equal(np.sort(store.index.query(w, n=None)[0]), _brute(store, w))
+        assert np.array_equal(np.sort(forest.query(w, n=None)[0]), _brute(store, w))

@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 from _forest_helpers import blobs, brute_force, make_indexed
 
-from ooc_learn.index.forest import outlier_margin
+from ooc_learn.losses import outlier_margin
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ClosedError, ParameterError
 

@@ -11,9 +11,13 @@ import pytest
 from _forest_helpers import blobs, brute_force, make_indexed
 
 from ooc_learn.api import ingest_arrays
-from ooc_learn.index._kernels import CRC_TABLE, decode_records
-from ooc_learn.index.forest import _CHILD_BYTES, _NODE_SLOT_BYTES, Forest
+from ooc_learn.index._record_kernels import CRC_TABLE, decode_records
+from ooc_learn.index.forest import Forest, open_forest
+from ooc_learn.index.kernel_args import NodeArrays
 from ooc_learn.index.lmdb_io import decode_node, encode_nodes
+from ooc_learn.index.node_record import CHILD_BYTES as RECORD_CHILD_BYTES
+from ooc_learn.index.node_record import FIXED_BYTES as RECORD_FIXED_BYTES
+from ooc_learn.index.resident import CHILD_BYTES, NODE_SLOT_BYTES
 from ooc_learn.index.tree import build_block_tree
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.format import INDEX_DIR
@@ -83,14 +87,15 @@ def _decode(recs, n_nodes):
     offs = np.zeros(len(parts) + 1, np.int64)
     np.cumsum([len(p) for p in parts], out=offs[1:])
     buf = np.frombuffer(b"".join(parts), np.uint8)
-    kids = sum(max(0, (len(p) - 44) // 17) for p in parts)
+    kids = sum(max(0, (len(p) - RECORD_FIXED_BYTES) // RECORD_CHILD_BYTES) for p in parts)
     nodes = len(parts)
     arrs = [np.zeros(nodes, np.int64) for _ in range(4)] + [
         np.zeros(kids, t) for t in (np.int32, np.int64, np.int64, np.bool_, np.int64,
                                     np.float32, np.float32, np.float32)]
     node_slot = np.full(n_nodes, -1, np.int32)
-    bad, used, pos = decode_records(buf, offs, vids, 5, n_nodes, CRC_TABLE, 0, node_slot, 0,
-                                    0, *arrs)
+    base = np.zeros(6, np.int64)  # tree 5 starts at node_slot[0]
+    bad, used, pos = decode_records(buf, offs, vids, 5, n_nodes, CRC_TABLE, 0, 0,
+                                    NodeArrays(base, node_slot, *arrs))
     return bad, node_slot, arrs
 
 
@@ -162,27 +167,27 @@ def test_cached_blocks_are_read_in_place_and_let_go_when_evicted(tmp_path):
             want_read = plain.last_query["rows_read"]
         for b in range(store.n_blocks):
             store.read_block(b)
-        f = store.index
-        f.query(w, n=200)
-        assert f.last_query["rows_read"] == want_read > 0
-        Xa, ya, _ = store.read_range(0, store.n_samples)
-        m = ya * (Xa @ w)
-        want = np.flatnonzero((m < 1) & (m >= -1))
-        rows, _ = f.query(w, n=None)
-        assert np.array_equal(np.sort(rows), want)
-        reads = store.rows_read
-        rows, _ = f.query(w, n=None, seed=4)
-        # every tree decoded, every block cached: nothing read, no row cached by the forest
-        assert np.array_equal(np.sort(rows), want)
-        assert store.rows_read == reads and f.last_query["rows_read"] == 0
-        assert (f.node_cache.blk_slot >= 0).all()
-        # a block the store's cache lets go is let go by the search as well
-        ref = weakref.ref(store.read_block(1)[0])
-        store.block_cache.pop(("block", 1))
-        gc.collect()
-        assert ref() is None and f.node_cache.blk_slot[1] == -1
-        rows, _ = f.query(w, n=None, seed=5)
-        assert np.array_equal(np.sort(rows), want) and f.last_query["rows_read"] > 0
+        with open_forest(store) as f:
+            f.query(w, n=200)
+            assert f.last_query["rows_read"] == want_read > 0
+            Xa, ya, _ = store.read_range(0, store.n_samples)
+            m = ya * (Xa @ w)
+            want = np.flatnonzero((m < 1) & (m >= -1))
+            rows, _ = f.query(w, n=None)
+            assert np.array_equal(np.sort(rows), want)
+            reads = store.rows_read
+            rows, _ = f.query(w, n=None, seed=4)
+            # every tree decoded, every block cached: nothing read, no row cached by the forest
+            assert np.array_equal(np.sort(rows), want)
+            assert store.rows_read == reads and f.last_query["rows_read"] == 0
+            assert (f.node_cache.blk_slot >= 0).all()
+            # a block the store's cache lets go is let go by the search as well
+            ref = weakref.ref(store.read_block(1)[0])
+            store.block_cache.pop(("block", 1))
+            gc.collect()
+            assert ref() is None and f.node_cache.blk_slot[1] == -1
+            rows, _ = f.query(w, n=None, seed=5)
+            assert np.array_equal(np.sort(rows), want) and f.last_query["rows_read"] > 0
 
 
 def test_decoded_trees_are_given_back_under_pressure_and_decoded_again(tmp_path, data_rng):
@@ -213,12 +218,12 @@ def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path
                 ns = res.node_slot[res.base[t] + v]
                 if ns >= 0:
                     want[t, v] = res.record(ns)
-        first = res.trees[0][1] * _NODE_SLOT_BYTES + res.trees[0][3] * _CHILD_BYTES
+        first = res.trees[0][1] * NODE_SLOT_BYTES + res.trees[0][3] * CHILD_BYTES
         f.cache.clear()
         pressure = budget.available + 1  # one byte: tree 0 goes
         budget.reserve(pressure, "pressure")
         assert not res.loaded[0] and res.loaded[1:].all() and list(res.trees) == [1, 2, 3]
-        assert res.nbytes == res.fixed + sum(sn * _NODE_SLOT_BYTES + pn * _CHILD_BYTES
+        assert res.nbytes == res.fixed + sum(sn * NODE_SLOT_BYTES + pn * CHILD_BYTES
                                              for _, sn, _, pn in res.trees.values())
         assert res.nbytes <= budget.used and first > 0
         for (t, v), rec in want.items():

@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 from _forest_helpers import blobs
 
-from ooc_learn.index._kernels import cos2_rows
+from ooc_learn.index._row_kernels import cos2_rows
 from ooc_learn.index.tree import build_block_tree, row_arrays
 from ooc_learn.storage.errors import ParameterError
 

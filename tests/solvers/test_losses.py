@@ -50,7 +50,7 @@ def test_truncation_is_the_papers_min_of_L_and_1_plus_s():
     # R_s(z) = min(L(z), 1 + s) (IBCD paper eq. 2): the outliers are z < L^-1(1 + s), the
     # threshold the index's query uses too (one definition: the squared hinge's cap was
     # L(-s) = (1 + s)^2 here while the query cut at 1 - sqrt(1 + s))
-    from ooc_learn.index.forest import outlier_margin
+    from ooc_learn.losses import outlier_margin
 
     for base, s, low in [(Hinge(), 1.0, -1.0), (SquaredHinge(), 3.0, -1.0),
                          (SquaredHinge(), 0.44, -0.2)]:
