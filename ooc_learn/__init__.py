@@ -42,7 +42,7 @@ _EXPORTS = {
     "kfold_cv": "ooc_learn.cv.kfold",
     "linear_cv": "ooc_learn.cv.linear",
     "linear_cv_grid": "ooc_learn.cv.linear",
-    "linear_c_search": "ooc_learn.cv.linear",
+    "linear_c_search": "ooc_learn.cv.c_search",
     "Pegasos": "ooc_learn.learners",
     "LeastSquaresSGD": "ooc_learn.learners",
     "ExactLeastSquares": "ooc_learn.learners",

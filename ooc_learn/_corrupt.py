@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ooc_learn.storage.store import HASHED, block_digests
+from ooc_learn.storage.integrity import HASHED, block_digests
 
 __all__ = ["flip_byte", "truncate", "STRUCTURAL", "corpus"]
 

@@ -7,13 +7,20 @@ shared file system), reads only what its fold or class needs, and returns small 
 fold's scores, log and its rows' decision values; a class's model). The driver merges them as
 the local code does, so a run on the cluster gives the local run's answer:
 
-- CV folds: cut into one run of consecutive folds per worker thread, each fold of a run
-  warm-started from the one before (the first from scratch) and warm along C, as
-  ``n_jobs`` = that many runs them locally in threads (identical fold scores for the same
-  folds and seeds); IBCD folds too, since each worker is its own process;
-- one-vs-rest classes (training and CV): merged in class order, as one class at a time;
-- TreeCV (:func:`~ooc_learn.cv.treecv.tree_cv`): the subtrees log2(worker threads) levels
-  down, each rebuilding its model from its path of fold ranges, as ``n_jobs`` does locally.
+- CV folds (:func:`ooc_learn.cv.fold_runs.cv_folds`): cut into one run of consecutive folds
+  per worker thread, each fold of a run warm-started from the one before (the first from
+  scratch) and warm along C, as ``n_jobs`` = that many runs them locally in threads
+  (identical fold scores for the same folds and seeds); IBCD folds too, since each worker is
+  its own process;
+- one-vs-rest classes (:func:`ooc_learn.training.train_classes`,
+  :func:`ooc_learn.cv.one_vs_rest.cv_classes`): merged in class order, as one class at a time;
+- TreeCV (:func:`ooc_learn.cv.treecv.tree_subtrees`): the subtrees log2(worker threads)
+  levels down, each rebuilding its model from its path of fold ranges, as ``n_jobs`` does
+  locally.
+
+This module is the cluster's plumbing (clients, a worker's budget and open stores, the tasks'
+gathering); each task lives beside the code it runs, which imports this module, never the
+other way round.
 
 The tasks of a worker work under one memory cap: ``TASK_SHARE`` of the worker's memory limit
 (Dask's ``memory_limit``; Dask spills, pauses and restarts workers from 60-95 % of the limit,
@@ -28,13 +35,10 @@ for the run; ``--scheduler ADDRESS`` uses an existing one.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
-           "stores_seen",
-           "check_store_visible", "cv_folds", "cv_classes", "train_classes", "tree_subtrees"]
+           "stores_seen", "check_store_visible", "gather"]
 
 # a task's share of its worker's memory limit per thread (see the module docstring)
 TASK_SHARE = 0.5
@@ -87,8 +91,8 @@ def task_budget():
     """The memory budget of the tasks on this worker: ``TASK_SHARE`` of the worker's memory
     limit (the default cap where the worker has none), one per worker process and shared by
     its tasks, so that they share its store's block cache too (a class task reads the
-    blocks the previous class on this worker left cached: one-vs-rest on 2 workers read
-    each block about twice, not ten times)."""
+    blocks the previous class on this worker left cached, so one-vs-rest reads each block
+    about once per worker, not once per class)."""
     import os
 
     from ooc_learn.storage.budget import MemoryBudget
@@ -123,7 +127,7 @@ def keep_open(path):
 
     key = (os.getpid(), os.path.realpath(path))
     st = _KEPT.pop(key, None)
-    if st is None or st._closed:
+    if st is None or st.closed:
         st = open_store(path, memory=task_budget())
     _KEPT[key] = st  # the most recent last
     while len(_KEPT) > KEEP_STORES:
@@ -171,8 +175,9 @@ def shipped_path(client, path) -> str:
     return path
 
 
-def _gather(client, fn, args_list):
-    """Run ``fn(*args)`` for each of ``args_list`` as tasks; yield the results in order."""
+def gather(client, fn, args_list):
+    """Run ``fn(*args)`` for each of ``args_list`` as tasks (each retried ``RETRIES`` times
+    on another worker if its worker dies); yield the results in order."""
     futures = [client.submit(fn, *args, pure=False, retries=RETRIES) for args in args_list]
     try:
         for f in futures:
@@ -180,107 +185,3 @@ def _gather(client, fn, args_list):
     finally:
         for f in futures:
             f.cancel()
-
-
-# ---------------------------------------------------------------- cross-validation folds
-def _chain_task(path, positive, k, ids, Cs, params, warm_start):
-    """On a worker: folds ``ids`` in turn at every C (each from the one before, the first
-    from scratch), as a thread of the local run does them."""
-    from ooc_learn.cv.linear import FoldTask, fold_path, fold_plan
-    from ooc_learn.storage.store import open_store
-
-    keep_open(path)
-    with open_store(path, memory=task_budget(), positive=positive) as st:
-        task = FoldTask(st, Cs, **params)
-        folds, contiguous = fold_plan(st.block_offsets, k, task.seed)
-        m, n = len(Cs), st.n_samples
-        with st.budget.reservation(8 * m * n + 21 * n, "a run of folds' decision values "
-                                   "and warm starts"):
-            decision = np.empty((m, n))
-            scores = np.empty((m, k))
-            logs = [[None] * k for _ in range(m)]
-            head = None
-            for i in ids:
-                head = fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
-                                  decision=decision, fold_scores=scores, logs=logs,
-                                  references={})
-            return [{"fold": i, "scores": scores[:, i].copy(),
-                     "logs": [logs[j][i] for j in range(m)],
-                     "decision": decision[:, np.flatnonzero(folds == i)].copy()} for i in ids]
-
-
-def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision, fold_scores,
-             logs, on_fold=None) -> None:
-    """The runs of folds ``chains`` (:func:`~ooc_learn.cv.linear.fold_chains`) as tasks;
-    their results written into the arrays as the local run's threads write them."""
-    path = shipped_path(client, st.path)
-    args = [(path, st.positive, k, ids, task.Cs, task.params, warm_start) for ids in chains]
-    for outs in _gather(client, _chain_task, args):
-        for out in outs:
-            i = out["fold"]
-            fold_scores[:, i] = out["scores"]
-            decision[:, np.flatnonzero(folds == i)] = out["decision"]
-            for j, entry in enumerate(out["logs"]):
-                logs[j][i] = entry
-                if on_fold is not None:
-                    on_fold(entry)
-
-
-# ---------------------------------------------------------------- one-vs-rest classes
-def _class_cv_task(path, c, k, Cs, params, warm_start):
-    """On a worker: the CV of class c against the rest, its folds one after another."""
-    from ooc_learn.cv.linear import cross_validate, FoldTask
-    from ooc_learn.storage.store import open_store
-
-    keep_open(path)
-    with open_store(path, memory=task_budget(), positive=c) as view:
-        results = cross_validate(view, k, task=FoldTask(view, Cs, **params),
-                                  warm_start=warm_start, on_fold=None)
-        return results, view.rows_read
-
-
-def cv_classes(client, st, task, k: int, classes, warm_start: bool):
-    """Yield ``(results, rows_read)`` of each class's CV, in class order."""
-    path = shipped_path(client, st.path)
-    args = [(path, float(c), k, task.Cs, task.params, warm_start) for c in classes]
-    yield from _gather(client, _class_cv_task, args)
-
-
-def _train_class_task(path, c, params):
-    """On a worker: the model of class c against the rest."""
-    from ooc_learn.storage.store import open_store
-    from ooc_learn.training import train
-
-    keep_open(path)
-    with open_store(path, memory=task_budget(), positive=c) as view:
-        m = train(view, **params)
-    return m, dict(m.meta["stats"], **{"class": c})
-
-
-def train_classes(client, st, classes, params: dict) -> list:
-    """``[(model, stats)]`` of each class against the rest, in class order."""
-    path = shipped_path(client, st.path)
-    plain = {k: v for k, v in params.items() if k not in ("on_outer", "n_jobs", "memory")}
-    return list(_gather(client, _train_class_task, [(path, c, plain) for c in classes]))
-
-
-# ---------------------------------------------------------------- TreeCV's subtrees
-def _subtree_task(path, positive, ctx, s, e, feed, seed):
-    """On a worker: TreeCV's subtree s..e, its model rebuilt from ``feed``."""
-    from ooc_learn.cv.folds import StoreSource
-    from ooc_learn.cv.treecv import run_subtree
-    from ooc_learn.storage.store import open_store
-
-    keep_open(path)
-    with open_store(path, memory=task_budget(), positive=positive) as st:
-        return run_subtree(StoreSource(st), st.budget, ctx, s, e, feed, seed)
-
-
-def tree_subtrees(client, st, ctx: dict, plan, seeds):
-    """Yield the results of TreeCV's subtrees ``plan`` (:func:`~ooc_learn.cv.treecv.
-    subtree_plan`) run as tasks; ``ctx`` holds the learner, metric, k and fold bounds (what
-    is shipped besides the store's path: a few numbers and the learner's parameters)."""
-    path = shipped_path(client, st.path)
-    args = [(path, getattr(st, "positive", None), ctx, s, e, feed, seed)
-            for (s, e, feed), seed in zip(plan, seeds)]
-    yield from _gather(client, _subtree_task, args)

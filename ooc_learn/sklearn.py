@@ -83,7 +83,7 @@ class _LinearEstimator(_SparseInput):
         if y is not None:
             raise ValueError("fit(store) takes the labels from the store; leave y out "
                              "(fit(store), not fit(store, y)).")
-        from ooc_learn.training import open_data
+        from ooc_learn.storage.store import open_data
 
         store, opened = open_data(X, self.memory)
         try:
@@ -410,7 +410,7 @@ class SparseRLS(RegressorMixin, _SparseInput):
     def _sync(self) -> None:
         model = self.model_
         coef = model.coef_
-        self.dual_coef_ = coef[:, 0] if model._vector_y else coef
+        self.dual_coef_ = coef[:, 0] if model.vector_y_ else coef
         self.basis_ = model.basis_
 
     def predict(self, X):

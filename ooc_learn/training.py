@@ -10,14 +10,16 @@ import numpy as np
 
 from ooc_learn.model import LinearModel
 from ooc_learn.storage.errors import ParameterError
-from ooc_learn.storage.store import Store, open_store
+from ooc_learn.storage.store import open_data, open_store
 
-__all__ = ["train", "train_regression", "SOLVERS", "open_data"]
+__all__ = ["train", "train_regression", "train_classes", "SOLVERS", "check_params",
+           "run_solver", "model_state_bytes"]
 
 SOLVERS = ("ibcd", "dcd", "bm", "pegasos", "cocoa")
 
 
-def _check(solver, loss, C, s, bias, eps, max_outer, block_size):
+def check_params(solver, loss, C, s, bias, eps, max_outer, block_size):
+    """Refuse a parameter of :func:`train` that no solver takes, before any data are read."""
     def bad(name, cond, got, hint=""):
         raise ParameterError(f"The '{name}' parameter of train must be {cond}. "
                              f"Got {got!r} instead.", hint)
@@ -41,13 +43,6 @@ def _check(solver, loss, C, s, bias, eps, max_outer, block_size):
         bad("max_outer", "an int >= 1", max_outer)
     if not (isinstance(block_size, int) and block_size >= 1):
         bad("block_size", "an int >= 1", block_size)
-
-
-def open_data(data, memory=None) -> tuple[Store, bool]:
-    """``(store, opened_here)`` for a Store or a store path."""
-    if isinstance(data, Store):
-        return data, False
-    return open_store(data, memory=memory), True
 
 
 def train(store, *, solver: str | None = None, loss: str | None = None, C: float = 1.0,
@@ -80,8 +75,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
     n_jobs : int
         Multiclass: train up to this many classes at once in threads (every solver; the
         kernels release the GIL and the classes share the index's one LMDB environment),
-        as many as the free budget holds two of each one's state for. Fashion-MNIST, 10
-        classes, IBCD: 17.5 s in 2 threads against 30.6 s one class at a time.
+        as many as the free budget holds two of each one's state for.
     client : dask.distributed.Client, optional
         Multiclass: train the classes as tasks on this Dask cluster (the store's path must be
         visible to the workers; each task reads it as its class against the rest, under a
@@ -139,7 +133,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
                              f"{sample_eps!r} instead.", "0 disables the sampled rule; try 0.01.")
     if solver == "cocoa":  # one model over a cluster: a store cut into shards, or a sharded one
         loss = "hinge" if loss is None else loss
-        _check(solver, loss, C, s, bias, eps, max_outer, block_size)
+        check_params(solver, loss, C, s, bias, eps, max_outer, block_size)
         if client is None or epsilon != 0.0:
             raise ParameterError("--solver cocoa trains one binary model over the store's "
                                  "blocks spread on a Dask cluster.",
@@ -168,7 +162,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
                                     on_outer=on_outer, s=s)
         solver = "ibcd" if solver is None else solver
         loss = "hinge" if loss is None else loss
-        _check(solver, loss, C, s, bias, eps, max_outer, block_size)
+        check_params(solver, loss, C, s, bias, eps, max_outer, block_size)
         if epsilon != 0.0:
             raise ParameterError("epsilon (--epsilon) is the insensitive zone of regression; "
                                  f"the store {st.path} holds a {st.task} task.",
@@ -185,13 +179,13 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
                                  "Re-ingest it with --task binary, multiclass or regression.")
         t0 = time.perf_counter()
         rows0, bytes0 = st.rows_read, st.bytes_read
-        model_bytes = _model_state_bytes(solver, block_solver, st.n_features)
+        model_bytes = model_state_bytes(solver, block_solver, st.n_features)
         st.budget.reserve(model_bytes, f"{solver} model state for {st.n_features:,} features "
                                        f"(w and the solver's per-feature vectors)",
                           hint="or check the source for a stray large feature index (the "
                                "store has as many features as the largest index)")
         try:
-            stats = _run(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
+            stats = run_solver(st, solver=solver, loss=loss, C=C, s=s, bias=bias, eps=eps,
                          max_outer=max_outer, block_size=block_size,
                          block_solver=block_solver, epochs=epochs, init_sample=init_sample,
                          sample_eps=sample_eps, seed=seed, spill_dir=spill_dir,
@@ -268,7 +262,7 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
     t0 = time.perf_counter()
     rows0, bytes0 = st.rows_read, st.bytes_read
     if solver == "exact":
-        from ooc_learn.solvers.dcd import held_out
+        from ooc_learn.solvers.dcd_streamed import held_out
 
         n, d = st.n_samples, st.n_features
         a, z, mask = held_out(holdout, n)
@@ -337,7 +331,7 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, client=None, **params) -> Li
         st, params.get("solver") or "ibcd", params.get("block_solver") or "dual",
         params.get("init_sample") or 10000))
     if client is not None:  # each class a task on the Dask cluster
-        from ooc_learn.distributed import n_workers, train_classes
+        from ooc_learn.distributed import n_workers
 
         jobs = n_workers(client)
         done = train_classes(client, st, todo, params)
@@ -368,6 +362,26 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, client=None, **params) -> Li
     return LinearModel.one_vs_rest(models, np.asarray(classes), **meta)
 
 
+def _train_class_task(path, c, params):
+    """On a Dask worker: the model of class c against the rest."""
+    from ooc_learn.distributed import keep_open, task_budget
+
+    keep_open(path)
+    with open_store(path, memory=task_budget(), positive=c) as view:
+        m = train(view, **params)
+    return m, dict(m.meta["stats"], **{"class": c})
+
+
+def train_classes(client, st, classes, params: dict) -> list:
+    """``[(model, stats)]`` of each class against the rest, each a task on the Dask cluster
+    of ``client`` (:mod:`ooc_learn.distributed`), in class order."""
+    from ooc_learn.distributed import gather, shipped_path
+
+    path = shipped_path(client, st.path)
+    plain = {k: v for k, v in params.items() if k not in ("on_outer", "n_jobs", "memory")}
+    return list(gather(client, _train_class_task, [(path, c, plain) for c in classes]))
+
+
 def _one_reason(reasons: list) -> str | None:
     """The classes' stop reasons as one: the reason they share, or each class's."""
     known = [r for r in reasons if r]
@@ -396,8 +410,8 @@ def solver_state_bytes(st, solver: str, block_solver: str = "dual",
 
         sample = min(int(init_sample), st.n_samples)
         return (st.n_samples + 2 * sample * sample_row_bytes(st)
-                + _model_state_bytes("ibcd", block_solver, st.n_features))
-    return 20 * st.n_samples + _model_state_bytes(solver, "dual", st.n_features)
+                + model_state_bytes("ibcd", block_solver, st.n_features))
+    return 20 * st.n_samples + model_state_bytes(solver, "dual", st.n_features)
 
 
 def concurrent_jobs(budget, n_jobs: int, n_tasks: int, each: int) -> int:
@@ -406,12 +420,13 @@ def concurrent_jobs(budget, n_jobs: int, n_tasks: int, each: int) -> int:
     return int(max(1, min(n_jobs, n_tasks, budget.available // max(1, 2 * int(each)))))
 
 
-def _model_state_bytes(solver: str, block_solver: str, d: int) -> int:
+def model_state_bytes(solver: str, block_solver: str, d: int) -> int:
+    """Bytes of the float64 vectors of d + 1 entries ``solver`` holds at once."""
     key = "ibcd-primal" if solver == "ibcd" and block_solver == "primal" else solver
     return _MODEL_VECTORS[key] * 8 * (int(d) + 1)
 
 
-def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, epochs,
+def run_solver(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, epochs,
          init_sample, sample_eps, seed, spill_dir, on_outer, holdout=None, warm=None) -> dict:
     """Run one solver; the stats dict holds ``w`` and ``warm``, the state a later solve on
     other rows (the next cross-validation fold) starts from: ``(alpha, w)`` of the dual CD
@@ -433,13 +448,13 @@ def _run(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, block_solv
         stats["warm"] = (res.sv_rows, res.sv_alpha)
         return stats
     if solver == "dcd":
-        from ooc_learn.solvers.dcd import solve_dcd_store
+        from ooc_learn.solvers.dcd_streamed import solve_dcd_store
 
         res = solve_dcd_store(st, loss=loss, C=C, bias=bias, eps=eps, max_iter=100 * max_outer,
                               seed=seed, on_epoch=step, holdout=holdout, warm=warm)
         return _dcd_stats(res, loss, C)
     if solver == "bm":
-        from ooc_learn.solvers.dcd import solve_bm_streamed
+        from ooc_learn.solvers.dcd_streamed import solve_bm_streamed
 
         res = solve_bm_streamed(st.read_block, st.block_offsets, st.n_features, loss=loss, C=C,
                                 bias=bias, eps=eps, max_outer=max_outer, seed=seed,

@@ -13,7 +13,7 @@ The memory-limited scenario, built here end to end:
   while ``WORK/data.json`` matches ``--rows``.
 * settings: ``1g`` (a 1 GiB cgroup, ``--memory 768M``) and ``10x`` (the paper's 10x setting:
   data 10x the cap; a 320 MiB cgroup, ``--memory 224M``). The page cache is dropped before
-  each run, and each run gets a fresh cgroup (storage.resources.run_in_memory_cgroup): its
+  each run, and each run gets a fresh cgroup (storage.measure.run_in_memory_cgroup): its
   peak RSS (the command's own, from RUSAGE_CHILDREN), the cgroup's peak (page cache
   included, so a command that streams a big file sits near the limit however little it
   holds), OOM kills, bytes read from storage.
@@ -364,7 +364,7 @@ class Runner:
     """Runs commands in fresh cgroups (or measured without one) and keeps the records."""
 
     def __init__(self, args):
-        from ooc_learn.storage.resources import memory_cgroup_available
+        from ooc_learn.storage.measure import memory_cgroup_available
 
         self.args = args
         self.cgroup_ok, self.cgroup_why = memory_cgroup_available()
@@ -373,8 +373,8 @@ class Runner:
 
     def run(self, name: str, setting: str | None, cmd: list[str], *, cgroup: bool = True
             ) -> dict:
-        from ooc_learn.storage.resources import (CgroupUnavailableError,
-                                                 run_in_memory_cgroup, run_measured)
+        from ooc_learn.storage.measure import (CgroupUnavailableError,
+                                               run_in_memory_cgroup, run_measured)
 
         a = self.args
         limit = SETTINGS[setting][0] if setting else None

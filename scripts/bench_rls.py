@@ -78,7 +78,7 @@ targets centred, RBF gamma = 1/d) and the sinusoid task of Section 6.3 (3,000 po
 Streaming (``--big-rows``, >= 1M rows): a generated set (d = 8) is ingested into a Store under
 ``--big-dir`` with ooc_learn.ingest_arrays, then a child process opens the store and runs fit,
 20-lambda LOO (basis removal), 10-fold over block groups (20 lambdas and one lambda) under
-``--big-memory``; its peak RSS is measured from outside (storage.resources.measure_command:
+``--big-memory``; its peak RSS is measured from outside (storage.measure.measure_command:
 RUSAGE_CHILDREN of a wrapper whose only child is the run) and compared with the promise
 peak <= RSS of an idle run that loads the same modules and opens the store ("RSS w/o model")
 + the cap; each phase's predictions are dropped before the next phase, and the child also
@@ -291,7 +291,7 @@ def big_child(args) -> None:
         _phase_peak(res, "start")
         model = SparseRLS(**kw)
         t = timed(lambda: model.fit(store))
-        res.update(fit=t[0], fit_wall=t[1], u_cached=model._ucache is not None)
+        res.update(fit=t[0], fit_wall=t[1], u_cached=model.row_cache_kind is not None)
         np.save(args.big_out + ".basis.npy", model.basis_)
         _phase_peak(res, "fit")
         lam1 = args.big_lam
@@ -334,7 +334,7 @@ def big_child(args) -> None:
 
 def bench_big(args) -> None:
     import ooc_learn
-    from ooc_learn.storage.resources import measure_command
+    from ooc_learn.storage.measure import measure_command
 
     folder = Path(args.big_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from typing import Callable
 from ooc_learn._json import jsonable
 from ooc_learn.storage.budget import MemoryBudget, parse_size
 from ooc_learn.storage.errors import OOCError
-from ooc_learn.storage.resources import request_stop
+from ooc_learn.storage.stop import request_stop
 
 
 
@@ -57,7 +57,7 @@ def any_text(paths) -> bool:
                for p in paths)
 
 
-def _ahead_kernels(prog: str, args) -> list[str]:
+def ahead_kernels(prog: str, args) -> list[str]:
     """The large kernel of ``prog``'s run that a helper process can compile in parallel on a
     first run (see ``_jit.compile_ahead``): the tree builder of an indexed ingest, the index
     search of IBCD."""
@@ -82,7 +82,7 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
 
     if not getattr(args, "quiet", False):
         announce_first_run(prog)
-    compile_ahead(_ahead_kernels(prog, args),
+    compile_ahead(ahead_kernels(prog, args),
                   memory_given=getattr(args, "memory", None) is not None
                   or bool(os.environ.get("OOC_MEMORY")))
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
@@ -178,7 +178,7 @@ class _StopSignals:
 
     def _raise(self, signum, frame):
         # the first signal is a request, taken at the work's next safe point (a reservation,
-        # a store read, a parsed chunk: resources.check_stop); raising here could land inside
+        # a store read, a parsed chunk: stop.check_stop); raising here could land inside
         # a helper a numba kernel calls back into, and crash the process; a second one
         # raises at once
         if self.signum is None:

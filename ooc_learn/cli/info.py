@@ -116,7 +116,8 @@ def _check_body(args):
     from tqdm.auto import tqdm
 
     from ooc_learn.storage.errors import StoreFormatError
-    from ooc_learn.storage.store import REBUILD_HINT, open_store
+    from ooc_learn.storage.integrity import REBUILD_HINT
+    from ooc_learn.storage.store import open_store
 
     with open_store(args.store, memory=command_budget(args)) as store:
         with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,

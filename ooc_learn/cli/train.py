@@ -10,7 +10,7 @@ import sys
 import time
 
 from ooc_learn.storage.errors import ParameterError
-from ooc_learn.storage.resources import check_stop
+from ooc_learn.storage.stop import check_stop
 
 from .common import add_common, any_text, command_budget, run_command
 from .evaluate import check_model_output, eval_spec, open_eval_data
@@ -366,7 +366,7 @@ def _cv_svm(args, budget) -> dict:
                              "bm, without --C-search), or the classes of a multiclass "
                              "store, in threads.", "Add --solver dcd, or drop --jobs.")
     if args.C_search:
-        from ooc_learn.cv.linear import linear_c_search
+        from ooc_learn.cv.c_search import linear_c_search
 
         bar.total = None
         results = linear_c_search(args.store, k, **common)

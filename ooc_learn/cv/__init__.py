@@ -2,7 +2,8 @@
 (``linear_cv``), and the shared result type."""
 
 from .kfold import kfold_cv
-from .linear import linear_c_search, linear_cv, linear_cv_grid
+from .c_search import linear_c_search
+from .linear import linear_cv, linear_cv_grid
 from .result import CVResult
 from .treecv import tree_cv
 

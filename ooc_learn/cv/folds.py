@@ -162,10 +162,9 @@ class StoreSource:
     Positions are store rows, except inside a block that holds several folds of an indexed
     store: its rows are in the metric tree's leaf order there, so a range of them is a
     cluster of similar rows, and the block's positions map to its rows through a fixed random
-    permutation (the permuted block is cached beside the block, paid from the budget).
-    Measured, TreeCV 5-fold of Pegasos (lam = 1/n) on ijcnn1 (one indexed block): error
-    0.187 (folds 0.06-0.42) on ranges of the leaf order, 0.084 (0.077-0.092) dealt; LIBLINEAR
-    -v 5's SVM 0.076, the majority class 0.095.
+    permutation (the permuted block is cached beside the block, paid from the budget): a
+    fold is then a random sample of the block's rows, not one cluster of them, whose error
+    says more about that cluster than about the model.
     """
 
     is_store = True

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
+from .learner_run import CVRun
 from .result import CVResult
-from .treecv import CVRun
 
 __all__ = ["kfold_cv"]
 

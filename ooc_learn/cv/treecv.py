@@ -23,255 +23,18 @@ Running time (Corollary 4): about (1 + c) log2(2k) single training passes.
 
 from __future__ import annotations
 
-import functools
-import os
 import time
 
 import numpy as np
 
-from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes
+from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError
-from ooc_learn.storage.store import stack_rows
 
-from ..learners.base import check_metric, kernel_arrays
-from ._kernels import stack_depth, tree_block
-from .folds import check_k, make_source
+from .folds import StoreSource
+from .learner_run import CVRun, is_flat
 from .result import CVResult
 
 __all__ = ["tree_cv"]
-
-
-def _is_flat(learner) -> bool:
-    return getattr(learner, "kernel_kind", -1) >= 0
-
-
-@functools.lru_cache(maxsize=8)
-def _default_cap(env: str | None) -> int:
-    # default_memory_bytes() asks psutil for the RAM size (~0.1 ms): once per OOC_MEMORY value
-    return default_memory_bytes()
-
-
-def _budget(memory) -> MemoryBudget:
-    if memory is None:
-        return MemoryBudget(_default_cap(os.environ.get("OOC_MEMORY")))
-    return MemoryBudget.coerce(memory)
-
-
-def _metric_name(metric) -> str:
-    return metric if isinstance(metric, str) else getattr(metric, "__name__", "custom")
-
-
-class CVRun:
-    """What one CV run shares: the source, folds, budget, feeding, scoring and counters."""
-
-    def __init__(self, data, learner, k, *, metric, randomized, seed, memory, shuffle,
-                 caller, block_rows=None):
-        self.bar = None  # tree_cv(progress=True): a tqdm bar over the folds scored
-        for name in ("init", "update", "predict", "losses"):
-            if not callable(getattr(learner, name, None)):
-                raise ParameterError(
-                    f"The 'learner' parameter of {caller} must implement the incremental "
-                    f"learner protocol (init, update, copy, predict, losses, score). "
-                    f"{type(learner).__name__} has no {name}().",
-                    "Use Pegasos, LeastSquaresSGD, ExactLeastSquares or wrap a scikit-learn "
-                    "estimator with SklearnPartialFit.")
-        self.metric = check_metric(learner, metric, caller)
-        self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        self.source = make_source(data, perm_seed=self.rng if shuffle else None,
-                                  block_rows=block_rows, caller=caller)
-        self.k = check_k(k, self.source.n, caller)
-        if memory is None and self.source.is_store:
-            self.budget = data.budget
-        else:
-            self.budget = _budget(memory)
-        self.learner = learner
-        self.randomized = bool(randomized)
-        self.bounds = self.source.fold_bounds(self.k)
-        self._start()
-        self.store_rows0 = getattr(data, "rows_read", 0) if self.source.is_store else 0
-
-    @classmethod
-    def for_subtree(cls, source, budget, ctx: dict, seed: int) -> "CVRun":
-        """The run of one subtree task (:func:`run_subtree`): the caller's learner, metric,
-        folds and bounds (``ctx``) on ``source`` under ``budget``, with its own counters."""
-        run = cls.__new__(cls)
-        run.bar, run.source, run.budget = None, source, budget
-        run.metric, run.k, run.learner = ctx["metric"], ctx["k"], ctx["learner"]
-        run.randomized, run.bounds = ctx["randomized"], ctx["bounds"]
-        run.rng = np.random.default_rng(seed)
-        if source.is_store:
-            source.fold_bounds(run.k)  # the same positions as the caller's (dealt blocks)
-        source.rows_read = 0
-        run._start()
-        return run
-
-    def _start(self) -> None:
-        """The run's results and counters, empty."""
-        self.fold_loss = np.zeros(self.k)
-        self.folds = np.full(self.source.n, -1, dtype=np.int64)
-        self.pred = None
-        self.updates = 0
-        self.alive = 0
-        self.max_alive = 0
-        self.reserved = 0
-        self.kernel_subtrees = 0
-        self.blockwise_phases = 0
-        self.t0 = time.perf_counter()
-        self._y64 = None
-
-    # -- models and the budget ---------------------------------------------------------
-    def new_model(self):
-        model = self.learner.init(self.source.d, self.source.n)
-        self._hold(model)
-        return model
-
-    def copy(self, model):
-        self._hold(model)
-        return self.learner.copy(model)
-
-    def _hold(self, model):
-        nb = int(self.learner.nbytes(model))
-        self.budget.reserve(nb, "TreeCV model copy")
-        self.reserved += nb
-        self.alive += 1
-        self.max_alive = max(self.max_alive, self.alive)
-        return nb
-
-    def drop(self, model):
-        nb = int(self.learner.nbytes(model))
-        self.budget.release(nb)
-        self.reserved -= nb
-        self.alive -= 1
-
-    def close(self):
-        self.budget.release(self.reserved)
-        self.reserved = 0
-
-    # -- training ----------------------------------------------------------------------
-    def feed(self, model, ranges):
-        """Train ``model`` on position ranges, in order or (randomized) in a random order."""
-        ranges = [(int(a), int(b)) for a, b in ranges if b > a]
-        total = sum(b - a for a, b in ranges)
-        if total == 0:
-            return model
-        self.updates += total
-        src, learner = self.source, self.learner
-        if not src.is_store:
-            idx = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
-            if self.randomized:
-                idx = idx[self.rng.permutation(idx.size)]
-            src.rows_read += total
-            return learner.update(model, src.X, src.y, order=idx)
-        if not self.randomized:
-            for a, b in ranges:
-                for X, y, _ in src.pieces(a, b):
-                    model = learner.update(model, X, y)
-            return model
-        need = int(total * src.row_bytes())
-        if need <= self.budget.available // 2:
-            # the whole phase fits: a uniformly random order over all its rows (paper sec. 5)
-            with self.budget.reservation(need, "randomized TreeCV training phase"):
-                parts = [p for a, b in ranges for p in src.pieces(a, b)]
-                X, y = stack_rows([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-                return learner.update(model, X, y, order=self.rng.permutation(total))
-        # larger than the cap: blocks in random order, rows in random order within each
-        self.blockwise_phases += 1
-        segs = [(a0, b0) for a, b in ranges for a0, b0 in _block_segments(src, a, b)]
-        for j in self.rng.permutation(len(segs)):
-            X, y, _ = src.load(*segs[j])
-            model = learner.update(model, X, y, order=self.rng.permutation(X.shape[0]))
-        return model
-
-    # -- scoring -----------------------------------------------------------------------
-    def _record(self, ids, pred):
-        if self.pred is None:
-            dtype = pred.dtype if pred.dtype.kind in "biuf" else object
-            self.pred = np.zeros(self.source.n, dtype=np.float64 if dtype != object else object)
-        self.pred[ids] = pred
-
-    def leaf(self, i, model):
-        """Score the model that held fold ``i`` out on fold ``i``."""
-        for X, y, ids in self.source.pieces(self.bounds[i], self.bounds[i + 1]):
-            pred = np.asarray(self.learner.predict(model, X))
-            self.fold_loss[i] += float(self.learner.losses(y, pred, self.metric).sum())
-            self.folds[ids] = i
-            self._record(ids, pred)
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def y64(self):
-        if self._y64 is None:
-            self._y64 = np.ascontiguousarray(self.source.y, dtype=np.float64)
-        return self._y64
-
-    def kernel_subtree(self, s, e, model):
-        """Folds s..e (inside one block) in one numba call, starting from f_{s..e}."""
-        a, b = int(self.bounds[s]), int(self.bounds[e + 1])
-        src = self.source
-        if src.is_store:
-            X, y, ids = src.load(a, b)
-            off = a
-            yk = np.ascontiguousarray(y, dtype=np.float64)
-        else:
-            X, y, ids, off, yk = src.X, src.y, src.ids, 0, self.y64()
-            src.rows_read += b - a
-        depth = stack_depth(e - s + 1)
-        nb = depth * int(model.nbytes)
-        with self.budget.reservation(nb, "TreeCV in-block model stack"):
-            states = np.empty((depth, model.shape[0]))
-            states[0] = model
-            rel = np.ascontiguousarray(self.bounds[s:e + 2] - off, dtype=np.int64)
-            out = np.empty(b - a)
-            seed = int(self.rng.integers(2**31 - 1)) if self.randomized else 0
-            Xd, indptr, indices, data, is_csr = kernel_arrays(X)
-            upd, mm = tree_block(self.learner.kernel_kind, self.learner.n_features_of(model),
-                                 states, Xd, indptr, indices, data, is_csr, yk, rel,
-                                 self.randomized, seed, out)
-        self.updates += int(upd)
-        self.kernel_subtrees += 1
-        self.max_alive = max(self.max_alive, self.alive + int(mm))
-        ys = y[a - off:b - off]
-        losses = self.learner.losses(ys, out, self.metric)
-        self.fold_loss[s:e + 1] += np.add.reduceat(losses, rel[:-1] - rel[0])
-        row_ids = ids[a - off:b - off]
-        self.folds[row_ids] = np.repeat(np.arange(s, e + 1), np.diff(rel))
-        self._record(row_ids, out)
-        if self.bar is not None:
-            self.bar.update(e - s + 1)
-
-    def in_one_block(self, s, e) -> bool:
-        a, b = self.bounds[s], self.bounds[e + 1] - 1
-        offs = self.source.block_offsets
-        return np.searchsorted(offs, a, side="right") == np.searchsorted(offs, b, side="right")
-
-    # -- result ------------------------------------------------------------------------
-    def result(self, method: str) -> CVResult:
-        sizes = np.diff(self.bounds)
-        fold_scores = self.fold_loss / sizes
-        stats = {"k": self.k, "n": int(self.source.n), "updates": int(self.updates),
-                 "models_saved_max": int(self.max_alive), "rows_read": int(self.source.rows_read),
-                 "seconds": time.perf_counter() - self.t0}
-        if self.source.is_store:
-            # rows that came from disk (the rest were hits in the store's block cache)
-            stats["store_rows_read"] = int(self.source.store.rows_read - self.store_rows0)
-        if self.kernel_subtrees:
-            stats["kernel_subtrees"] = self.kernel_subtrees
-        if self.blockwise_phases:
-            stats["blockwise_randomized_phases"] = self.blockwise_phases
-        return CVResult(estimate=float(fold_scores.mean()), fold_scores=fold_scores,
-                        metric=_metric_name(self.metric), method=method, folds=self.folds,
-                        predictions=self.pred, stats=stats)
-
-
-def _block_segments(src, a, b):
-    offs = src.block_offsets
-    blk = int(np.searchsorted(offs, a, side="right") - 1)
-    while a < b:
-        end = min(b, int(offs[blk + 1]))
-        if end > a:
-            yield a, end
-        a = end
-        blk += 1
 
 
 def _tree(run: CVRun, s: int, e: int, model) -> None:
@@ -282,7 +45,7 @@ def _tree(run: CVRun, s: int, e: int, model) -> None:
         if s == e:
             run.leaf(s, model)
             return
-        if _is_flat(learner) and run.in_one_block(s, e):
+        if is_flat(learner) and run.in_one_block(s, e):
             run.kernel_subtree(s, e, model)
             return
         m = (s + e) // 2
@@ -301,6 +64,7 @@ def _tree(run: CVRun, s: int, e: int, model) -> None:
 
 
 # -- subtrees as parallel tasks (paper sec. 4.1) --------------------------------------------
+
 
 def subtree_plan(k: int, depth: int) -> list:
     """The subtrees ``depth`` levels below the root, as ``(s, e, feed)``.
@@ -361,10 +125,30 @@ def _pool_subtree(s, e, feed, seed):
         return run_subtree(ctx["source"], MemoryBudget(ctx["limit"]), ctx, s, e, feed, seed)
     from ooc_learn.storage.store import open_store
 
-    from .folds import StoreSource
-
     with open_store(ctx["store_path"], memory=ctx["limit"], positive=ctx["positive"]) as st:
         return run_subtree(StoreSource(st), st.budget, ctx, s, e, feed, seed)
+
+
+def _subtree_task(path, positive, ctx, s, e, feed, seed):
+    """On a Dask worker: TreeCV's subtree s..e, its model rebuilt from ``feed``."""
+    from ooc_learn.distributed import keep_open, task_budget
+    from ooc_learn.storage.store import open_store
+
+    keep_open(path)
+    with open_store(path, memory=task_budget(), positive=positive) as st:
+        return run_subtree(StoreSource(st), st.budget, ctx, s, e, feed, seed)
+
+
+def tree_subtrees(client, st, ctx: dict, plan, seeds):
+    """Yield the results of TreeCV's subtrees ``plan`` (:func:`subtree_plan`), each a task on
+    the Dask cluster of ``client``; ``ctx`` holds the learner, metric, k and fold bounds (what
+    is shipped besides the store's path: a few numbers and the learner's parameters)."""
+    from ooc_learn.distributed import gather, shipped_path
+
+    path = shipped_path(client, st.path)
+    args = [(path, getattr(st, "positive", None), ctx, s, e, feed, seed)
+            for (s, e, feed), seed in zip(plan, seeds)]
+    yield from gather(client, _subtree_task, args)
 
 
 def _tree_parallel(run: CVRun, data, n_tasks: int, client=None) -> None:
@@ -377,8 +161,6 @@ def _tree_parallel(run: CVRun, data, n_tasks: int, client=None) -> None:
     ctx = dict(metric=run.metric, k=run.k, learner=run.learner, randomized=run.randomized,
                bounds=run.bounds)
     if client is not None:
-        from ooc_learn.distributed import tree_subtrees
-
         results = tree_subtrees(client, data, ctx, plan, seeds)
         _merge_subtrees(run, results)
     else:

@@ -74,7 +74,8 @@ def resolve_gamma(gamma, X) -> float:
     return float(gamma)
 
 
-def _is_store(X) -> bool:
+def is_open_store(X) -> bool:
+    """Whether ``X`` reads rows like an open :class:`~ooc_learn.storage.store.Store`."""
     return hasattr(X, "read_range") and hasattr(X, "n_samples") and hasattr(X, "budget")
 
 
@@ -149,7 +150,7 @@ def prepare_y(y, n, caller):
 def prepare_inputs(X, y, caller):
     """Gather a store or convert arrays; returns (X, y_pm, classes, store_bytes, budget)."""
     store_bytes, store_budget = 0, None
-    if _is_store(X):
+    if is_open_store(X):
         store_budget = X.budget
         X, y_store, store_bytes = gather_store(X, caller)
         if y is None:

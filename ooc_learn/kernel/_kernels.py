@@ -1,5 +1,12 @@
 """Numba kernels for kernel SVM: kernel columns, an LRU column cache, SMO and LOO solvers.
 
+One module of about 700 lines, on purpose: the kernels call each other (SMO and Franc's LOO
+solver share the kernel values, the column cache, SMO's working-set selection and pair step),
+and numba kernels compose only by calling each other's functions. Split, the shared pieces
+would become public names of one kernel module imported by the next, and a reader of the LOO
+solver would read three files for one loop. The sections run in the order they build on each
+other: kernel values, column cache, SMO pieces, the SMO driver, LOO (Franc et al.).
+
 Everything here is a pure function over arrays and scalars. Two tuples travel together:
 
 ``kd`` (kernel data) = ``(Xd, indptr, indices, data, sqn, work, ktype, gamma, coef0, degree)``
@@ -643,10 +650,9 @@ def _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C):
 
 
 # One greedy H step (a kernel column of its own) every H_GREEDY_PERIOD SMO iterations; the two
-# coordinates SMO just moved are ascended every iteration for free. Measured on the IDA sets
-# (scripts/bench_loo.py, AVG seeds, mean KerEval speed-up linear / RBF): greedy every
-# iteration 3.50 / 1.63, SMO pair only 2.14 / 1.93, pair + greedy every 2nd 4.28 / 1.91,
-# every 4th 4.20 / 2.00, every 8th 3.98 / 2.05, every 16th 3.67 / 2.03.
+# coordinates SMO just moved are ascended every iteration for free. A greedy step every
+# iteration pays a column each time, the pair alone leaves H slow to rise on RBF kernels; a
+# step every few iterations keeps most of both gains (scripts/bench_loo.py measures it).
 H_GREEDY_PERIOD = 8
 # Once H exceeds the dual (F < H is then possible), F is evaluated every F_CHECK_PERIOD SMO
 # iterations: a pass over the rows and a selection for its b, dearer than an iteration

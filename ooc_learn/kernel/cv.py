@@ -21,7 +21,7 @@ from ooc_learn.cv.result import CVResult
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError, UsageError
 
-from ._inputs import (_is_store, check_choice, check_int, check_kernel_params, prepare_inputs,
+from ._inputs import (check_choice, check_int, check_kernel_params, is_open_store, prepare_inputs,
                       resolve_gamma)
 from .seeding import SEEDERS, SeedContext
 from .smo import KernelMatrix, decision_on, move_alpha, solve
@@ -58,7 +58,7 @@ def _validate(caller, kernel, C, gamma, degree, coef0, k, folds, seeding, tol, X
     check_choice(seeding, "seeding", caller, SEEDINGS)
     if folds is None:
         k = check_int(k, "k", caller, 2, "Use k = 10 (or n for leave-one-out).")
-        n = int(X.n_samples) if _is_store(X) else int(np.shape(X)[0])
+        n = int(X.n_samples) if is_open_store(X) else int(np.shape(X)[0])
         if k > n:
             raise ParameterError(f"The 'k' parameter of {caller} must be <= the number of rows "
                                  f"({n}). Got {k} instead.", "Use k <= n_samples.")
@@ -100,7 +100,8 @@ def svm_cv(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree: i
     caller = "svm_cv"
     (kernel, C, gamma, degree, coef0, tol), k = _validate(caller, kernel, C, gamma, degree,
                                                           coef0, k, folds, seeding, tol, X)
-    budget = MemoryBudget.coerce(memory if memory is not None or not _is_store(X) else X.budget)
+    budget = MemoryBudget.coerce(memory if memory is not None or not is_open_store(X)
+                                 else X.budget)
     Xp, ypm, classes, sbytes, sbudget = prepare_inputs(X, y, caller)
     try:
         n = Xp.shape[0]

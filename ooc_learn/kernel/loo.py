@@ -32,8 +32,8 @@ import numpy as np
 from ooc_learn.storage.budget import MemoryBudget
 
 from . import _kernels as K
-from ._inputs import _is_store, check_choice, check_int, check_kernel_params, prepare_inputs, \
-    resolve_gamma
+from ._inputs import (check_choice, check_int, check_kernel_params, is_open_store, prepare_inputs,
+                      resolve_gamma)
 from .seeding import remove_avg, remove_top, restore_equality
 from .smo import KernelMatrix, default_max_iter, move_alpha, solve
 
@@ -102,7 +102,8 @@ def loo_error(X, y=None, kernel: str = "rbf", C: float = 1.0, gamma=None, degree
     check_choice(method, "method", caller, ("stopping", "standard"))
     check_choice(seeding, "seeding", caller, ("avg", "top"))
     efficiency_m = check_int(efficiency_m, "efficiency_m", caller, 0, "The paper uses M = 10.")
-    budget = MemoryBudget.coerce(memory if memory is not None or not _is_store(X) else X.budget)
+    budget = MemoryBudget.coerce(memory if memory is not None or not is_open_store(X)
+                                 else X.budget)
     Xp, ypm, classes, sbytes, sbudget = prepare_inputs(X, y, caller)
     try:
         gamma = resolve_gamma(gamma, Xp)

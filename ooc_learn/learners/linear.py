@@ -101,8 +101,7 @@ class Pegasos(_FlatStateLearner):
     project : bool
         Apply the optional projection step of the Pegasos paper. Off by default: at the
         TreeCV paper's lam = 1e-6 the ball of radius 1000 is far smaller than the iterates'
-        natural norm, so projecting every step lets the last few rows dominate the model
-        (Fashion-MNIST class 0 vs rest: 43 % test error with it, 4.7 % without).
+        natural norm, so projecting every step lets the last few rows dominate the model.
 
     Examples
     --------

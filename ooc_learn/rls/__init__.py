@@ -9,7 +9,8 @@ regression with sparse basis expansions", Machine Learning 87 (2012).
 """
 
 from .cawley_talbot import cawley_talbot_loo
-from .crossval import LambdaSelection, make_folds
+from .crossval import LambdaSelection
+from .kfold_predict import make_folds
 from .model import SparseRLS
 
 __all__ = ["SparseRLS", "LambdaSelection", "make_folds", "cawley_talbot_loo"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as la
 
+from .checks import check_lambdas
 from .kernel import KernelSpec, kernel_block, row_sqnorms64
-from .model import check_lambdas
 from .source import as_label_matrix
 
 __all__ = ["cawley_talbot_loo"]

@@ -38,7 +38,7 @@ from scipy.linalg.blas import dsyr2k as syr2k
 from scipy.linalg.blas import dsyrk as syrk
 
 __all__ = ["lam_tilde", "mirror_upper", "holdout_path", "n_side_weights", "gram_weights",
-           "loo_rows_path", "loo_basis_remove_path", "choose_strategy"]
+           "loo_rows_path", "loo_basis_remove_path", "choose_strategy", "chol_shifted"]
 
 STRATEGIES = ("small", "chol", "eig", "tri")
 
@@ -51,7 +51,7 @@ def lam_tilde(Lam: np.ndarray, lams: np.ndarray) -> np.ndarray:
 def mirror_upper(A: np.ndarray, block: int = 64) -> np.ndarray:
     """Copy the upper triangle of the square ``A`` onto its lower triangle in place (the
     output convention of dsyrk / dsyr2k with lower=0) and return ``A``: a blocked copy with
-    no n x n temporaries (np.triu(A) + np.triu(A, 1).T makes three and is ~10x slower)."""
+    no n x n temporaries (np.triu(A) + np.triu(A, 1).T makes three)."""
     n = A.shape[0]
     for j in range(0, n, block):
         k = min(j + block, n)
@@ -99,6 +99,17 @@ def _project(M: np.ndarray, Y: np.ndarray) -> np.ndarray:
     G = MY - 0.5 * (Y @ (Y.T @ MY))
     out = syr2k(-1.0, Y, G, beta=1.0, c=np.asfortranarray(M), trans=0, lower=0)
     return mirror_upper(out)
+
+
+def chol_shifted(A: np.ndarray, lam: float):
+    """The lower Cholesky factor of A + lam I (A untouched), None when it is not
+    numerically positive definite."""
+    Ap = A.copy(order="F")
+    Ap[np.diag_indices(A.shape[0])] += lam
+    try:
+        return la.cholesky(Ap, lower=True, overwrite_a=True, check_finite=False)
+    except la.LinAlgError:
+        return None
 
 
 def _spd_solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:

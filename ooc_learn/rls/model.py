@@ -27,57 +27,38 @@ long as it lives (:meth:`SparseRLS.close`, a refit or garbage collection give th
 later work (CV folds, chunk temporaries) is sized against what is really free; the training
 pass reserves its eigensolver workspace and row-chunk temporaries, and the chunk size shrinks
 to the free budget.
+
+The fitted factors and the training rows (as kernel, R^T and U rows, cached or formed) that
+the cross-validation reads are the base class's, :class:`~.fitted.FittedRLS`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import scipy.linalg as la
 import scipy.sparse as sp
 from scipy.linalg.blas import dsyrk
 
+from ooc_learn.storage.arrays import matrix_nbytes
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError, UsageError
-from ooc_learn.storage.store import matrix_nbytes
 
-from . import _kernels
+from .checks import check_lambda, check_lambdas
+from .crossval import select_lambda_model
+from .fitted import FittedRLS
 from .holdout import mirror_upper
+from .holdout_predict import holdout_path_model
 from .kernel import KernelSpec, kernel_block, row_sqnorms64
+from .kfold_predict import kfold_path_model, make_folds
+from .loo_predict import loo_path_model
 from .source import as_label_matrix, make_source
 
 __all__ = ["SparseRLS"]
 
 log = logging.getLogger(__name__)
-
-BASIS_MODES_HOLDOUT = ("remove", "keep", "keep_no_loss")
-BASIS_MODES_LOO = ("remove", "keep", "keep_no_loss", "skip")
-
-
-def check_lambda(lam, owner: str) -> float:
-    """A finite lambda > 0, or ParameterError."""
-    try:
-        val = float(lam)
-    except (TypeError, ValueError):
-        val = float("nan")
-    if not (np.isfinite(val) and val > 0):
-        raise ParameterError(f"The 'lam' parameter of {owner} must be > 0. Got {lam!r} instead.",
-                             "Use a positive regularisation strength such as 1.0.")
-    return val
-
-
-def check_lambdas(lams, owner: str) -> np.ndarray:
-    arr = np.atleast_1d(np.asarray(lams, dtype=np.float64))
-    if arr.ndim != 1 or arr.size == 0:
-        raise ParameterError(f"The 'lams' parameter of {owner} must be a non-empty 1-d list.")
-    bad = ~(np.isfinite(arr) & (arr > 0))
-    if bad.any():
-        raise ParameterError(f"The 'lams' parameter of {owner} must hold values > 0. "
-                             f"Got {arr[bad][0]!r} instead.", "Use e.g. np.logspace(-6, 3, 20).")
-    return arr
 
 
 # see SparseRLS.fit: BLAS/LAPACK memory that appears on first use, charged to a process budget
@@ -95,7 +76,7 @@ class _RowsNotKept:
                          "Fit it again on the rows (or store) to get hold-out or LOO figures.")
 
 
-class SparseRLS:
+class SparseRLS(FittedRLS):
     """Sparse RLS with a random (seeded) or explicit basis and exact fast CV.
 
     Parameters
@@ -208,7 +189,7 @@ class SparseRLS:
     def KBB_(self) -> np.ndarray:
         """The shifted basis kernel matrix K_BB + delta I, recomputed from its Cholesky factor
         (not kept: n x n bytes)."""
-        self._check_fitted()
+        self.check_fitted()
         return self._C @ self._C.T
 
     @staticmethod
@@ -230,8 +211,7 @@ class SparseRLS:
     def _row_copy_doubles(X, d: int) -> float:
         """Doubles a row takes in the float64 copy ``kernel_block`` makes of a chunk: d for
         dense rows, 1.5 per stored value for CSR (data and indices). Where d exceeds the basis
-        (Fashion-MNIST's 784 against 500), this copy outweighs the kernel rows: left out of
-        the chunk's size, a 768M fit peaked at 784 MiB."""
+        size n, this copy outweighs the chunk's kernel rows, so the chunk's size counts it."""
         if sp.issparse(X):
             return 1.5 * X.nnz / max(1, X.shape[0])
         if getattr(X, "layout", "dense") == "csr":
@@ -266,9 +246,8 @@ class SparseRLS:
         state = self._state_nbytes(n, v, m)
         if budget.fixed:
             # a process budget (the whole process under the cap) also carries what BLAS and
-            # LAPACK map and allocate on first use: their buffers and code pages (measured:
-            # the first 4000 x 784 x 500 product +12 MiB beside its result, the first eigh
-            # +26 MiB); they stay resident as long as the process does
+            # LAPACK map and allocate on first use: their buffers and code pages, which stay
+            # resident as long as the process does
             state += LIBRARY_BYTES
         budget.reserve(state, "sparse RLS model (n x n, n x v and m x v matrices)")
         self._state_bytes = state
@@ -346,7 +325,7 @@ class SparseRLS:
         kev = 0
         for j in range(len(src.offsets) - 1):
             a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-            Kc = self._kernel_rows(src.chunk(j), np.arange(a, b))
+            Kc = self.kernel_rows(src.chunk(j), np.arange(a, b))
             kev += Kc.size
             Ky += Kc.T @ Y[a:b]
             Rc = la.solve_triangular(self._C, Kc.T, lower=True, check_finite=False)
@@ -380,7 +359,6 @@ class SparseRLS:
         self._fold_grams = None
         if self.folds is None:
             return None, None
-        from .crossval import make_folds
         m = src.n_samples
         blocks = src.block_offsets if src.is_store else None
         self._fold_list = make_folds(self.folds, m, seed=self.seed, block_offsets=blocks)
@@ -416,14 +394,15 @@ class SparseRLS:
         self._KyR = V @ self._z0  # C^-1 K_B y                     in R coordinates
 
     # -- model ---------------------------------------------------------------------------------
-    def _check_fitted(self) -> None:
+    def check_fitted(self) -> None:
+        """Raise :class:`UsageError` unless :meth:`fit` was called."""
         if not self._fitted:
             raise UsageError("This SparseRLS is not fitted yet.", "Call fit(X, y) first.")
 
     def set_lambda(self, lam: float) -> "SparseRLS":
         """Switch to another lambda in O(n^2 v): a = Q (Lam + lam)^-1 Q^T K_B y (eq. 17)."""
         lam = check_lambda(lam, "SparseRLS.set_lambda")
-        self._check_fitted()
+        self.check_fitted()
         self.lam = lam
         self.coef_ = self.Q_ @ (self._z0 / (self.eigvals_ + lam)[:, None])
         return self
@@ -431,13 +410,13 @@ class SparseRLS:
     def coef_path(self, lams) -> np.ndarray:
         """Coefficients for every lambda: shape (c, n, v)."""
         lams = check_lambdas(lams, "SparseRLS.coef_path")
-        self._check_fitted()
+        self.check_fitted()
         Lt = 1.0 / (self.eigvals_[None, :] + lams[:, None])
         return np.einsum("ij,cj,jv->civ", self.Q_, Lt, self._z0, optimize=True)
 
     def predict(self, X) -> np.ndarray:
         """f(x) = k(x, X_B) a for new rows (unshifted kernel); chunked over rows."""
-        self._check_fitted()
+        self.check_fitted()
         src = make_source(X, max(256, (1 << 22) // self.basis_.size))
         if src.n_features != self.n_features_in_:
             from ooc_learn.storage.errors import ModelMismatchError
@@ -452,169 +431,13 @@ class SparseRLS:
                 out[a:b] = K @ self.coef_
         return out[:, 0] if self._vector_y else out
 
-    @contextmanager
-    def row_chunk(self, h: int, per_row: int, cap: int = 0):
-        """Rows per chunk for a pass over at most ``h`` rows whose temporaries cost
-        ``per_row`` bytes a row, those bytes reserved for the ``with`` block: as many rows as
-        the free budget holds, at most ``cap`` (default 2^22 / n, 32 MiB per n-wide float64
-        array) and at least 16 (a BudgetExceededError when even those do not fit)."""
-        n = self.basis_.size
-        cap = cap or max(256, (1 << 22) // n)
-        step = int(max(1, min(h, cap, max(16, self._budget.available // max(per_row, 1)))))
-        with self._budget.reservation(int(per_row) * step, "sparse RLS row chunk"):
-            yield step
-
-    # -- rows of K~_B^T and U = K~_B^T Q -------------------------------------------------------
-    def basis_hits(self, rows: np.ndarray):
-        """(positions in ``rows`` that are basis rows, their basis column)."""
-        idx = np.searchsorted(self._bsorted, rows)
-        idx = np.minimum(idx, self._bsorted.size - 1)
-        hit = self._bsorted[idx] == rows
-        return np.flatnonzero(hit), self._bsorted_order[idx[hit]]
-
-    def _kernel_rows(self, Xr, rows: np.ndarray) -> np.ndarray:
-        """K~(rows, B): the kernel plus the shift delta where a row is itself a basis row."""
-        K = kernel_block(Xr, self.X_basis_, self.spec, self.gamma_, sqB=self._sqB)
-        pos, bcol = self.basis_hits(rows)
-        if pos.size and self.delta_:
-            _kernels.add_shift(K, pos.astype(np.int64), bcol.astype(np.int64), self.delta_)
-        return K
-
-    def _rt_from_x(self, Xr, rows) -> np.ndarray:
-        """R^T rows (K~_rows,B C^-T) computed from the rows, the same way as in fit."""
-        K = self._kernel_rows(Xr, rows)
-        return la.solve_triangular(self._C, K.T, lower=True, check_finite=False).T
-
-    def _u_from_x(self, Xr, rows) -> np.ndarray:
-        """U rows (K~_rows,B C^-T V) computed from the rows, the same way as in fit."""
-        return self._rt_from_x(Xr, rows) @ self._V
-
-    def rt_rows(self, rows: np.ndarray) -> np.ndarray:
-        """R^T rows (R = C^-1 K~_B) of row positions ``rows``: cached, rotated back from cached
-        U rows (U V^T), or formed from X (counted as kernel evaluations)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if self._ucache is not None:
-            return self._ucache[rows] @ self._V.T if self._ucache_is_u else self._ucache[rows]
-        RT = self._rt_from_x(self._source.take(rows), rows)
-        self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + RT.size
-        return RT
-
-    def _u_step(self) -> int:
-        """Rows per chunk when the cached R^T rows are turned into U (about 16 MB a chunk)."""
-        return max(256, (1 << 21) // self.basis_.size)
-
-    def _convert_u_chunks(self):
-        """Turn the cached R^T rows into U = R^T V in place, one chunk at a time, yielding each
-        converted chunk (start, stop) while it is still in the CPU cache, so that a caller
-        (the LOO) does its O(rows n c) work in the same pass. A caller that stops early still
-        leaves a fully converted cache (the rest is converted on close)."""
-        cache, V = self._ucache, self._V
-        m = cache.shape[0]
-        step = self._u_step()
-        buf = np.empty((min(step, m), V.shape[1]))
-        a = 0
-        try:
-            while a < m:
-                b = min(a + step, m)
-                out = buf[:b - a]
-                np.matmul(cache[a:b], V, out=out)
-                cache[a:b] = out
-                a, a0 = b, a
-                yield a0, b
-        finally:
-            while a < m:
-                b = min(a + step, m)
-                cache[a:b] = cache[a:b] @ V
-                a = b
-            self._ucache_is_u = True
-
-    def _ensure_u_cache(self) -> None:
-        if self._ucache is not None and not self._ucache_is_u:
-            for _ in self._convert_u_chunks():
-                pass
-
-    def u_rows(self, rows: np.ndarray, *, need_x: bool = False):
-        """(U rows, X rows or None) for row positions ``rows`` (any order)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if self._ucache is not None:
-            Xr = self._source.take(rows) if need_x else None
-            if not self._ucache_is_u and self._rt_rows_served + rows.size <= self._ucache.shape[0]:
-                # a few hold-out sets: rotate only their cached R^T rows (O(|H| n^2)); the
-                # whole cache is converted (O(m n^2), once) when more than m rows are asked for
-                self._rt_rows_served += rows.size
-                return self._ucache[rows] @ self._V, Xr
-            self._ensure_u_cache()
-            return self._ucache[rows], Xr
-        Xr = self._source.take(rows)
-        U = self._u_from_x(Xr, rows)
-        self.stats_["kernel_evaluations"] = self.stats_.get("kernel_evaluations", 0) + U.size
-        return U, (Xr if need_x else None)
-
-    def iter_u_chunks(self, extra: int = 0):
-        """Yield (start, stop, U rows) covering all rows in order: from the cache (converting
-        cached R^T rows to U in the same pass, see :meth:`_convert_u_chunks`), or formed from
-        the source's chunks (store blocks) when nothing is cached. ``extra``: bytes a row of
-        the caller's own temporaries costs; reserved with the pass's own."""
-        n = self.basis_.size
-        if self._ucache is None:
-            yield from self._iter_formed(self._u_from_x, 8 * 3 * n + extra)
-            return
-        rows = min(self._u_step(), self._ucache.shape[0])
-        held = rows * (extra + (0 if self._ucache_is_u else 8 * n))
-        self._budget.reserve(held, "sparse RLS row chunk")
-        try:
-            if not self._ucache_is_u:
-                for a, b in self._convert_u_chunks():
-                    yield a, b, self._ucache[a:b]
-                return
-            yield from self._iter_cached()
-        finally:
-            self._budget.release(held)
-
-    def _iter_cached(self):
-        """(start, stop, cached rows) over the whole row cache, in chunks of ``_u_step()``."""
-        m, step = self._ucache.shape[0], self._u_step()
-        for a in range(0, m, step):
-            yield a, min(a + step, m), self._ucache[a:a + step]
-
-    def _iter_formed(self, form, per_row: int = 0):
-        """(start, stop, rows) formed by ``form(X, row ids)`` from each chunk of the source
-        (store blocks or array slices), kernel evaluations counted. ``per_row``: bytes of
-        temporaries a row costs in the caller's loop (reserved; the source's chunks are cut
-        further when the free budget holds fewer rows)."""
-        for a, b, rows in self._iter_chunks(self._source, per_row, form):
-            self.stats_["kernel_evaluations"] = (self.stats_.get("kernel_evaluations", 0)
-                                                 + rows.size)
-            yield a, b, rows
-
-    def _iter_chunks(self, src, per_row: int, form):
-        """(start, stop, form(X rows, row ids)) over the chunks of ``src``, each cut to the
-        rows the free budget holds at ``per_row`` bytes a row (reserved while iterating)."""
-        m = src.n_samples
-        with (self.row_chunk(m, per_row) if per_row else nullcontext(m)) as step:
-            for j in range(len(src.offsets) - 1):
-                a, b = int(src.offsets[j]), int(src.offsets[j + 1])
-                Xc = src.chunk(j)
-                for s in range(a, b, step):
-                    e = min(s + step, b)
-                    yield s, e, form(Xc[s - a:e - a], np.arange(s, e))
-                del Xc
-
-    def release_cache(self) -> None:
-        """Drop the cached U (or K_B^T) rows and give their bytes back to the budget."""
-        if self._ucache is not None:
-            self._ucache = None
-            self._budget.release(self._ucache_bytes)
-            self._ucache_bytes = 0
-
-    # -- cross-validation (see .crossval) ------------------------------------------------------
+    # -- cross-validation (:mod:`.crossval` and the modules it names) -------------------------
     def holdout_predict(self, H, basis_mode: str = "remove") -> np.ndarray:
         """Predictions for rows H from the model trained without them (Proposition 1)."""
         return self.holdout_predict_path(H, [self.lam], basis_mode)[0]
 
     def holdout_predict_path(self, H, lams, basis_mode: str = "remove") -> np.ndarray:
         """:meth:`holdout_predict` for every lambda: shape (c, |H|[, v])."""
-        from .crossval import holdout_path_model
         return self._squeeze(holdout_path_model(self, H, lams, basis_mode))
 
     def kfold_predict(self, folds=10, basis_mode: str = "remove") -> np.ndarray:
@@ -623,7 +446,6 @@ class SparseRLS:
 
     def kfold_predict_path(self, folds, lams, basis_mode: str = "remove") -> np.ndarray:
         """:meth:`kfold_predict` for every lambda: shape (c, m[, v])."""
-        from .crossval import kfold_path_model
         return self._squeeze(kfold_path_model(self, folds, lams, basis_mode))
 
     def loo_predict(self, basis_mode: str = "remove") -> np.ndarray:
@@ -632,13 +454,11 @@ class SparseRLS:
 
     def loo_predict_path(self, lams, basis_mode: str = "remove") -> np.ndarray:
         """:meth:`loo_predict` for every lambda: shape (c, m[, v])."""
-        from .crossval import loo_path_model
         return self._squeeze(loo_path_model(self, lams, basis_mode))
 
     def select_lambda(self, lams, cv="loo", metric: str = "mse", basis_mode: str = "remove"):
         """Pick lambda by LOO or k-fold CV; returns ``LambdaSelection(best_lambda, curve,
         model, lambdas)`` with this model switched to the best lambda."""
-        from .crossval import select_lambda_model
         return select_lambda_model(self, lams, cv, metric, basis_mode)
 
     def _squeeze(self, arr: np.ndarray) -> np.ndarray:

@@ -103,7 +103,7 @@ def margins(X, y, w, bias) -> np.ndarray:
 def rows_in_order(parts, size: int):
     """``(X, y)`` of ``size`` rows assembled from parts ``(positions, X, y)``: dense rows are
     written once into place, CSR parts stacked and then permuted."""
-    from ooc_learn.storage.store import stack_rows
+    from ooc_learn.storage.arrays import stack_rows
 
     y = np.empty(size, parts[0][2].dtype)
     for p, _, yp in parts:

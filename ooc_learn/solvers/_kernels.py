@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# reassociation lets LLVM vectorise the row dot products (2-2.5x faster dual CD on dense rows,
-# measured); no other fast-math flag: the kernels compare against +-inf (shrinking bounds, the
-# unbounded alpha of the squared hinge), which 'ninf' would let the compiler assume away
+# reassociation lets LLVM vectorise the row dot products; no other fast-math flag: the kernels
+# compare against +-inf (shrinking bounds, the unbounded alpha of the squared hinge), which
+# 'ninf' would let the compiler assume away
 _REASSOC = {"reassoc", "contract"}
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -124,8 +124,7 @@ def dcd_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
         i = index[s]
         yi = 1.0 if y[i] > 0 else -1.0
         n_visits += 1
-        # x_i^T w written out here: through row_dot this loop took 1.5x as long (a9a: 117
-        # against 74 ns a visit, numba 0.68)
+        # x_i^T w written out here: through row_dot the visit costs more
         acc = bias * w[d]
         if sparse:
             for p in range(indptr[i], indptr[i + 1]):

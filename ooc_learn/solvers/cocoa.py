@@ -152,7 +152,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
     """
     from ooc_learn.model import LinearModel
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
-    from ooc_learn.training import open_data
+    from ooc_learn.storage.store import open_data
 
     if loss not in ("hinge", "sqhinge"):
         raise ParameterError(f"CoCoA+ trains the hinge or squared hinge SVM. Got {loss!r}.",

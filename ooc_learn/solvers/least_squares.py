@@ -9,8 +9,8 @@ column; the bias weight is regularized like the others, as LIBLINEAR's ``-B`` an
 solvers do): scikit-learn's ``Ridge(alpha=1/(2C))`` on the augmented rows. One sequential pass
 accumulates ``Xa^T Xa`` ((d+1)^2 float64) and ``Xa^T y``; a Cholesky solve gives w. Where the
 Gram matrix fits the cap this beats any iterative solver (one read, exact whatever the
-conditioning: dual CD took 100,000 passes on the unscaled cpusmall and was still 5x above the
-optimum); where it does not, the dual CD SVR solver takes over.
+conditioning, where dual CD on badly scaled features needs passes without end); where it
+does not, the dual CD SVR solver takes over.
 
 For cross-validation the pass keeps one Gram matrix per fold: fold f's model solves with
 the total minus fold f's part, so k folds and any number of C values cost one read.

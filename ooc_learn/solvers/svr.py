@@ -19,13 +19,13 @@ Stopping rule (LIBLINEAR's): the summed violation of the optimality conditions o
 pass of the unshrunk problem falls to ``eps`` times its sum over the first pass. A warm
 start would measure its first pass near the optimum and so stop later than a cold one at the
 same ``eps``; it takes the ``reference`` of the cold solve it continues instead
-(cross-validation's folds), so every fold is solved to the same accuracy. Measured on
-scikit-learn's diabetes data: the violation at beta = 0, sum_i max(|y_i| - p, 0), as the
-reference stopped at an objective 3 % above LIBLINEAR's at eps 0.1, C = 10; the first pass's
-matches it. Shrinking as LIBLINEAR's.
+(cross-validation's folds), so every fold is solved to the same accuracy. The reference is
+the first pass's violation, as LIBLINEAR's, not the violation at beta = 0,
+sum_i max(|y_i| - p, 0), which is larger and stops the solve above LIBLINEAR's objective.
+Shrinking as LIBLINEAR's.
 
 The rows stream block by block as for the classifiers' dual CD
-(:func:`~ooc_learn.solvers.dcd.solve_dcd_streamed`): beta (n float64), the per-block row
+(:func:`~ooc_learn.solvers.dcd_streamed.solve_dcd_streamed`): beta (n float64), the per-block row
 lists and the squared norms stay in memory, reserved from the budget; ``holdout`` leaves a
 range of rows out (a cross-validation fold) and ``warm`` starts from a previous (beta, w).
 """
@@ -41,7 +41,7 @@ import numpy as np
 from ooc_learn.storage.errors import OOCError, ParameterError
 
 from . import _kernels as K
-from .dcd import StreamedDual
+from .dcd_streamed import StreamedDual
 
 __all__ = ["SVR_LOSSES", "SVRStats", "SVRResult", "solve_svr", "solve_svr_streamed",
            "solve_svr_store", "svr_primal_objective"]

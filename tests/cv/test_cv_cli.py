@@ -10,6 +10,7 @@ import pytest
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import index_main, train_main
 from ooc_learn.cv import kfold_cv
+from ooc_learn.index.forest import open_forest
 from ooc_learn.learners import ExactLeastSquares
 from ooc_learn.storage.store import open_store
 
@@ -55,7 +56,8 @@ def test_ooc_index_adds_an_index_and_refuses_twice(tmp_path, rng, capsys):
         Xs, ys = s.read_range(0, s.n_samples)[:2]
         z = np.asarray(ys, np.float64) * (np.asarray(Xs, np.float64) @ w[:6] + w[6])
         want = np.flatnonzero((z < 1.0) & (z >= -1.0))
-        got = np.sort(s.index.query(w, n=None)[0])
+        with open_forest(s) as forest:
+            got = np.sort(forest.query(w, n=None)[0])
         assert want.size > 0 and np.array_equal(got, want)
         # rows were reordered within blocks, none lost or changed
         assert dict(zip(s.row_ids(), s.labels())) == before

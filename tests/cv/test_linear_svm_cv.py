@@ -15,9 +15,11 @@ from liblinear.liblinearutil import parameter, problem, train as ll_train
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import train_main
 from ooc_learn.cv.folds import store_fold_bounds
-from ooc_learn.cv.linear import fold_plan, linear_cv, linear_cv_grid
+from ooc_learn.cv.linear import linear_cv, linear_cv_grid
+from ooc_learn.cv.linear_folds import fold_plan
 from ooc_learn.model import load_model
-from ooc_learn.solvers.dcd import drop_rows, primal_objective, solve_dcd, solve_dcd_store
+from ooc_learn.solvers.dcd import primal_objective, solve_dcd
+from ooc_learn.solvers.dcd_streamed import drop_rows, solve_dcd_store
 from ooc_learn.solvers.ibcd import solve_ibcd
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.store import open_store
@@ -254,7 +256,7 @@ def test_folds_inside_one_block_are_random_and_match_retraining(tmp_path):
 
 
 def test_c_search_path_matches_each_c_alone(store, capsys, tmp_path):
-    from ooc_learn.cv.linear import linear_c_search
+    from ooc_learn.cv.c_search import linear_c_search
 
     path = linear_c_search(store, 5, solver="dcd", C_min=1e-3, C_max=64.0, eps=1e-4,
                         max_outer=100, patience=2)

@@ -115,7 +115,7 @@ def test_multiclass_cv_matches_refitting_per_fold(store):
 
 
 def test_c_search_on_a_multiclass_store(store):
-    from ooc_learn.cv.linear import linear_c_search
+    from ooc_learn.cv.c_search import linear_c_search
 
     path = linear_c_search(store, 3, solver="dcd", C_min=0.01, C_max=1.0, patience=2)
     Cs = [r.stats["C"] for r in path]

@@ -323,8 +323,8 @@ def test_kfold_in_cholesky_coordinates_equals_refits(rng, monkeypatch, side, tag
     R_H, J = X_H^T Pi X_H) and the n side (A - R_H R_H^T + lam I = U^T U, the constraint
     a_E = 0 by a range-space projection in U coordinates) equal refitting, for a lambda path,
     folds smaller and larger than n, and the three basis treatments."""
-    from ooc_learn.rls import crossval
-    monkeypatch.setattr(crossval, "FORCE_CHOL_SIDE", side)
+    from ooc_learn.rls import kfold_chol
+    monkeypatch.setattr(kfold_chol, "FORCE_CHOL_SIDE", side)
     Xin, X, Y = make_data(rng, m=M, v=2)
     model = SparseRLS(n_basis=NB, lam=LAM, gamma=0.4, seed=1,
                       cache_u=state != "uncached").fit(Xin, Y)
@@ -344,14 +344,14 @@ def test_kfold_in_cholesky_coordinates_equals_refits(rng, monkeypatch, side, tag
 def test_kfold_in_cholesky_coordinates_ill_conditioned_basis(rng, monkeypatch, side, tag):
     """Both Cholesky-coordinate sides with removal on a nearly singular K_BB (the sinusoid
     task of Section 6.3): (C^-1)_E columns are large, the result is still the refit's."""
-    from ooc_learn.rls import crossval
+    from ooc_learn.rls import kfold_chol
     m = 400
     x = rng.uniform(-20, 20, size=(m, 1))
     y = np.sin(x[:, 0]) + rng.normal(scale=2.0, size=m)
     model = SparseRLS(n_basis=150, lam=0.5, gamma=0.5, seed=2).fit(x, y)
     assert np.linalg.cond(model.KBB_) > 1e6
     general = model.kfold_predict(10, "remove")
-    monkeypatch.setattr(crossval, "FORCE_CHOL_SIDE", side)
+    monkeypatch.setattr(kfold_chol, "FORCE_CHOL_SIDE", side)
     f = model.kfold_predict(10, "remove")
     assert model.cv_stats_["strategies"] == {tag: 10}
     folds = [np.sort(g) for g in np.array_split(np.random.default_rng(2).permutation(m), 10)]

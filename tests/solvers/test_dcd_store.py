@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from ooc_learn.solvers.dcd import solve_dcd, solve_dcd_store, solve_dcd_streamed
+from ooc_learn.solvers.dcd import solve_dcd
+from ooc_learn.solvers.dcd_streamed import solve_dcd_store, solve_dcd_streamed
 from ooc_learn.storage.errors import BudgetExceededError, ParameterError
 from solver_data import DATASETS
 
@@ -83,7 +84,7 @@ def test_store_parameter_checks_come_first(tmp_path):
                                         ("breast_cancer", "hinge")])
 def test_block_minimisation_reaches_the_dcd_optimum(data, loss, tmp_path):
     # (the near-separable gaussian set needs ~3000 passes of any dual CD: not a unit test)
-    from ooc_learn.solvers.dcd import solve_bm_streamed
+    from ooc_learn.solvers.dcd_streamed import solve_bm_streamed
     from ooc_learn.storage.ingest import ingest_arrays
 
     store = ingest_arrays(*DATASETS[data](), tmp_path / "s", n_blocks=4, memory="64M")

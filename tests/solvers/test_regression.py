@@ -15,9 +15,10 @@ from sklearn.linear_model import Ridge
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.cli import predict_main, train_main
-from ooc_learn.cv.linear import fold_plan, linear_cv, linear_cv_grid
+from ooc_learn.cv.linear import linear_cv, linear_cv_grid
+from ooc_learn.cv.linear_folds import fold_plan
 from ooc_learn.model import load_model, regression_errors
-from ooc_learn.solvers.dcd import drop_rows
+from ooc_learn.solvers.dcd_streamed import drop_rows
 from ooc_learn.solvers.svr import solve_svr, solve_svr_store, svr_primal_objective
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.store import open_store

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ooc_learn.storage.resources import release_free_heap
-from ooc_learn.storage.store import matrix_nbytes
+from ooc_learn.storage.arrays import matrix_nbytes
 
 from .._common import margins, rows_in_order
 from .config import IBCDConfig

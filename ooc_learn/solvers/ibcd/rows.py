@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc_learn.storage.store import matrix_nbytes
+from ooc_learn.storage.arrays import matrix_nbytes
 
 from .. import _kernels as K
 from .._common import kernel_args, rows_in_order
@@ -42,8 +42,7 @@ class RowSource:
         from ooc_learn.storage.format import INDEX_DIR
 
         st = self.store
-        if not st.has_index:
-            return st.index  # raises the store's own "no index" error
+        st.require_index()
         return Forest(Path(st.path) / INDEX_DIR, read_range=self.read_range,
                       n_samples=st.n_samples, n_features=st.n_features,
                       block_offsets=st.block_offsets, budget=st.budget, name=str(st.path),

@@ -15,7 +15,7 @@ import numpy as np
 
 from ooc_learn.losses import get_loss
 
-from ..dcd import held_out
+from ..dcd_streamed import held_out
 from ..relax import outer_loop
 from .active_set import ActiveSet
 from .check import Checker

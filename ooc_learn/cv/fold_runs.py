@@ -1,0 +1,137 @@
+"""Every fold of a linear SVM cross-validation at every C: :func:`cross_validate`, the folds
+one after another, in threads, or as tasks on a Dask cluster.
+
+Folds outside, Cs inside: fold i at C_1 starts from fold i-1 at C_1 and fold i at C_j from
+fold i at C_(j-1), so two warm states live at once, not one per fold. With ``n_jobs`` > 1 or
+a Dask client the folds are cut into runs of consecutive folds
+(:func:`~.linear_folds.fold_chains`) that go side by side, each warm within itself; the Dask
+task of a run (:func:`cv_folds`) sits here beside the thread that runs the same folds
+locally.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .fold_task import FoldTask, fold_path
+from .linear_folds import fold_chains, fold_plan
+from .result import CVResult
+
+__all__ = ["cross_validate", "cv_folds"]
+
+
+def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
+                    client=None) -> list[CVResult]:
+    """One CVResult per C of ``task.Cs`` (ascending). Folds outside, Cs inside: fold i at C_j
+    starts from fold i at C_(j-1) (alpha <= C_(j-1) < C_j is feasible, LIBLINEAR -C's path),
+    fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
+    Regression (SVR's dual: beta signed, no labels in w): each C's folds stop relative to
+    the first violation of that C's first solve. ``n_jobs`` > 1 (the dual CD solvers): the
+    folds are cut into that many runs of consecutive folds
+    (:func:`~.linear_folds.fold_chains`), run in threads (the kernels release the GIL); within
+    a run each fold starts from the one before, the first from scratch; one state per run.
+    ``client`` (a ``dask.distributed.Client``): the same runs, one per worker thread, each a
+    task on the cluster, every solver (IBCD too: a worker is its own process); the same
+    answer as ``n_jobs`` = that many."""
+    t0 = time.perf_counter()
+    n = st.n_samples
+    rows0, bytes0 = st.rows_read, st.bytes_read
+    dual, Cs = task.dual, task.Cs
+    jobs = max(1, min(int(n_jobs), k)) if dual else 1
+    if client is not None:
+        from ooc_learn.distributed import n_workers
+
+        jobs = max(1, min(n_workers(client), k))
+    m = len(Cs)
+    # per row and C: its decision value (float64); per row: its fold (int32); the dual
+    # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
+    # per running fold
+    per_row = 5 * n + 8 * m * n + (16 * jobs * n if dual and client is None else 0)
+    with st.budget.reservation(per_row + 3 * jobs * task.state_bytes, "cross-validation "
+                               "state (each row's fold and decision values, the warm "
+                               "starts)"):
+        folds, contiguous = fold_plan(st.block_offsets, k, task.seed)
+        decision = np.empty((m, n), dtype=np.float64)
+        references = {}  # regression: each C's stopping reference, from its first solve
+        fold_scores = np.empty((m, k))
+        logs = [[None] * k for _ in range(m)]
+
+        def chain(ids):
+            """Folds ``ids`` in turn, each warm-started from the one before (the first from
+            scratch)."""
+            head = None
+            for i in ids:
+                head = fold_path(task, folds, contiguous, int(i), head,
+                                  warm_start=warm_start, decision=decision,
+                                  fold_scores=fold_scores, logs=logs, references=references,
+                                  on_fold=on_fold)
+
+        chains = fold_chains(k, jobs)
+        if client is not None:  # each chain of folds a task on the cluster
+            cv_folds(client, st, task, k, warm_start, chains, folds, decision, fold_scores,
+                     logs, on_fold)
+        elif jobs == 1:
+            chain(chains[0])
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                for f in [pool.submit(chain, ids) for ids in chains]:
+                    f.result()
+        sizes = np.bincount(folds, minlength=k)
+        method = f"{task.solver}-warm" if warm_start else task.solver
+        out = [task.result(C, fold_scores[j], sizes, folds, decision[j], logs[j], method,
+                           warm_start=warm_start, jobs=jobs) for j, C in enumerate(Cs)]
+        if m == 1:
+            out[0].stats.update(rows_read=st.rows_read - rows0,
+                                bytes_read=st.bytes_read - bytes0,
+                                seconds=time.perf_counter() - t0)
+    return out
+
+
+def _chain_task(path, positive, k, ids, Cs, params, warm_start):
+    """On a worker: folds ``ids`` in turn at every C (each from the one before, the first
+    from scratch), as a thread of the local run does them."""
+    from ooc_learn.distributed import keep_open, task_budget
+    from ooc_learn.storage.store import open_store
+
+    keep_open(path)
+    with open_store(path, memory=task_budget(), positive=positive) as st:
+        task = FoldTask(st, Cs, **params)
+        folds, contiguous = fold_plan(st.block_offsets, k, task.seed)
+        m, n = len(Cs), st.n_samples
+        with st.budget.reservation(8 * m * n + 21 * n, "a run of folds' decision values "
+                                   "and warm starts"):
+            decision = np.empty((m, n))
+            scores = np.empty((m, k))
+            logs = [[None] * k for _ in range(m)]
+            head = None
+            for i in ids:
+                head = fold_path(task, folds, contiguous, i, head, warm_start=warm_start,
+                                  decision=decision, fold_scores=scores, logs=logs,
+                                  references={})
+            return [{"fold": i, "scores": scores[:, i].copy(),
+                     "logs": [logs[j][i] for j in range(m)],
+                     "decision": decision[:, np.flatnonzero(folds == i)].copy()} for i in ids]
+
+
+def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision, fold_scores,
+             logs, on_fold=None) -> None:
+    """The runs of folds ``chains`` (:func:`~.linear_folds.fold_chains`) as tasks on the Dask
+    cluster of ``client``; their results written into the arrays as the local run's threads
+    write them."""
+    from ooc_learn.distributed import gather, shipped_path
+
+    path = shipped_path(client, st.path)
+    args = [(path, st.positive, k, ids, task.Cs, task.params, warm_start) for ids in chains]
+    for outs in gather(client, _chain_task, args):
+        for out in outs:
+            i = out["fold"]
+            fold_scores[:, i] = out["scores"]
+            decision[:, np.flatnonzero(folds == i)] = out["decision"]
+            for j, entry in enumerate(out["logs"]):
+                logs[j][i] = entry
+                if on_fold is not None:
+                    on_fold(entry)

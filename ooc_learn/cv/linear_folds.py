@@ -1,0 +1,80 @@
+"""The folds of a store for the linear SVM's cross-validation: which row is in which fold,
+and a fold's rows read block by block.
+
+Where the store has at least k blocks, a fold is a group of whole blocks
+(:func:`~ooc_learn.cv.folds.store_fold_bounds`): ingest shuffled the rows into blocks, so a
+fold is a random part of the rows, and holding one out skips its blocks. Where a block must
+hold several folds, its rows go to them at random (:func:`fold_plan`), not as contiguous
+ranges: an indexed store keeps each block's rows in the metric tree's leaf order, so a range
+is a cluster of similar rows, and a fold of one cluster misstates the accuracy; dealt at
+random, the folds give LIBLINEAR's estimate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .folds import store_fold_bounds
+
+__all__ = ["fold_plan", "fold_span", "fold_chains", "fold_rows", "decision_values"]
+
+
+def fold_plan(block_offsets, k: int, seed: int = 0):
+    """``(folds, contiguous)``: the fold of each store row (int32) and whether every fold is
+    a contiguous range (k <= blocks: whole blocks). Otherwise each block's rows are dealt to
+    its folds (sizes as :func:`~ooc_learn.cv.folds.store_fold_bounds`) in a random order."""
+    bounds = store_fold_bounds(block_offsets, k)
+    folds = np.repeat(np.arange(k, dtype=np.int32), np.diff(bounds))
+    off = np.asarray(block_offsets, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    contiguous = True
+    for b in range(off.size - 1):
+        lo, hi = int(off[b]), int(off[b + 1])
+        if hi > lo and folds[lo] != folds[hi - 1]:
+            folds[lo:hi] = rng.permutation(folds[lo:hi])
+            contiguous = False
+    return folds, contiguous
+
+
+def fold_span(folds, contiguous: bool, i: int):
+    """``(start, stop, holdout)`` of fold i: its span and a range or a row mask."""
+    if contiguous:
+        idx = np.flatnonzero(folds == i)
+        a, z = int(idx[0]), int(idx[-1]) + 1
+        return a, z, (a, z)
+    mask = folds == i
+    idx = np.flatnonzero(mask)
+    return int(idx[0]), int(idx[-1]) + 1, mask
+
+
+def fold_chains(k: int, jobs: int) -> list[list[int]]:
+    """The folds 0..k-1 cut into ``jobs`` runs of consecutive folds (sizes differing by at
+    most one), run side by side; within a run each fold starts from the one before, as all
+    of them do one after another (``jobs`` = 1). 5 folds, 2 runs: [0, 1, 2], [3, 4]."""
+    return [list(map(int, ids)) for ids in np.array_split(np.arange(k), max(1, min(jobs, k)))]
+
+
+def fold_rows(st, a: int, z: int, mask=None):
+    """``(X, y, positions)`` for the store rows a:z (those of ``mask`` among them), one
+    block's part at a time."""
+    off = np.asarray(st.block_offsets, dtype=np.int64)
+    b = int(np.searchsorted(off, a, side="right") - 1)
+    lo = a
+    while lo < z:
+        hi = min(z, int(off[b + 1]))
+        if mask is None:
+            X, y = st.read_range(lo, hi, ids=False)[:2]
+            yield X, y, np.arange(lo, hi)
+        else:
+            sel = np.flatnonzero(mask[lo:hi])
+            if sel.size:
+                s0, s1 = lo + int(sel[0]), lo + int(sel[-1]) + 1
+                X, y = st.read_range(s0, s1, ids=False)[:2]
+                local = sel - (s0 - lo)
+                yield X[local], np.asarray(y)[local], lo + sel
+        lo, b = hi, b + 1
+
+
+def decision_values(X, w, bias) -> np.ndarray:
+    """The decision values ``X w[:-1] + w[-1] bias`` of rows X."""
+    return np.asarray(X @ w[:-1]).ravel() + w[-1] * bias
