@@ -20,7 +20,8 @@ with their argument bundles in ``kernel_args``.
 """
 
 from .forest import Forest, open_forest, outlier_margin
-from .lmdb_io import INDEX_FORMAT_VERSION, ForestWriter
+from .lmdb_io import ForestWriter
+from .records import INDEX_FORMAT_VERSION
 from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, FlatTree, build_block_tree
 
 __all__ = ["Forest", "open_forest", "outlier_margin", "ForestWriter", "INDEX_FORMAT_VERSION",

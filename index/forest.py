@@ -9,13 +9,13 @@ and for n_e, the number of rows it examined. Rows near the hyperplane w are foun
 neighbours of the query −V(ŵ) in the degree-2 embedding (§3.2): −V(ŵ)ᵀV(x̂) = −(ŵᵀx̂)². The
 search is best-bin-first (§4.1): one priority queue over the partitions of every tree, trees
 entering in a random order (the seed). A partition is ranked by its pivot's angle to the
-hyperplane, blended with the lower bound its covering radius gives (see RANK_MU), instead
+hyperplane, blended with the lower bound its covering radius gives (see SearchConfig.rank_mu), instead
 of the paper's nearest Voronoi boundary: in V-space the query is at distance ≥ √2 from every
 row, so boundary distances bound nothing (and ranked leaves worse). Pivots are rows of their
-node, read from the store (format 2 keeps no vectors in LMDB): a node of at most SPAN_BYTES
+node, read from the store (format 2 keeps no vectors in LMDB): a node of at most SearchConfig.span_bytes
 of rows is read in one slice that also serves every leaf below it. Every returned row is
 verified exactly from its stored values; a pivot row that qualifies is returned as soon as
-its margin is computed (PIVOT_CANDIDATES). Shrinking on the index (§4.3) stops visiting rows
+its margin is computed (SearchConfig.pivot_candidates). Shrinking on the index (§4.3) stops visiting rows
 far outside the range, and nodes whose rows are all shrunk.
 
 The parts: the search loop runs in numba (``_search_kernels.bbf_run``) for as long as the
@@ -29,6 +29,7 @@ opened index, its records and its rows are :class:`~ooc_learn.index.view.ForestV
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,34 +44,59 @@ from ._search_kernels import (BBF_LOW_PREC, BBF_MISS, BBF_READ_LIMIT, bbf_run, e
                               scan_leaf)
 from .frontier import FRONTIER_ENTRY_BYTES, SEEN_MIN, Frontier
 from .kernel_args import Children, Picks, Query, Stops
-from .lmdb_io import Node
+from .records import Node
 from .view import ForestView
 
 # outlier_margin: imported by callers from here too (the solvers, tests)
-__all__ = ["Forest", "open_forest", "view_labels", "outlier_margin", "FRONTIER_ENTRY_BYTES"]
+__all__ = ["Forest", "SearchConfig", "open_forest", "view_labels", "outlier_margin",
+           "FRONTIER_ENTRY_BYTES"]
 
 if Node._fields[2:9] != Children._fields:
     raise ImportError("lmdb_io.Node's columns must be kernel_args.Children's (see expand)")
 _NO_MASK = np.zeros(0, np.uint8)
 _NO_FEN = np.zeros(0, np.int32)
-# The search's tunables (module constants; tests and scripts/bench_index.py set them). The
-# measurements behind each value are in the benchmark log, not here.
-# bytes: a node whose rows take at most this much is read whole (one slice of data.h5 serving
-# its pivots and every leaf below it) when expanded; larger nodes read their pivot rows
-SPAN_BYTES = 128 << 10
-# a span is also at most 1/SPAN_READ_SHARE of the rows a query may read (max_read)
-SPAN_READ_SHARE = 4
-# ranking of an internal child, no unit in [0, 1]: max(parent, (1 − μ)·α + μ·max(α − r, 0))
-# with α its pivot's angle to the hyperplane and r its covering radius (1: the exact bound)
-RANK_MU = 0.5
-# ranking of a leaf, no unit: α + λ·r
-RANK_LAM = 0.0
-# which pivot rows are candidates (their margins are computed to rank their partitions):
-# "qualifying": one satisfying eq. 10 is returned, and counted in n_e, as its parent is
-#   expanded; the others are left to the leaf scans;
-# "reached": the pivot of each partition the search pops is examined, qualifying or not;
-# "none": pivots only rank; every row is examined in its leaf
-PIVOT_CANDIDATES = "qualifying"
+@dataclass(frozen=True)
+class SearchConfig:
+    """The search's tunables, validated (the measurements behind each default are in the
+    benchmark log, not here).
+
+    span_bytes : int
+        Bytes: a node whose rows take at most this much is read whole (one slice of data.h5
+        serving its pivots and every leaf below it) when expanded; larger nodes read their
+        pivot rows.
+    span_read_share : float
+        A span is also at most 1/span_read_share of the rows a query may read (max_read).
+    rank_mu : float
+        Ranking of an internal child, in [0, 1]: max(parent, (1 − μ)·α + μ·max(α − r, 0)),
+        α its pivot's angle to the hyperplane and r its covering radius (1: the exact bound).
+    rank_lam : float
+        Ranking of a leaf, no unit: α + λ·r.
+    pivot_candidates : "qualifying" | "reached" | "none"
+        Which pivot rows are candidates (their margins are computed to rank their
+        partitions): "qualifying": one satisfying eq. 10 is returned, and counted in n_e, as
+        its parent is expanded, the others are left to the leaf scans; "reached": the pivot
+        of each partition the search pops is examined, qualifying or not; "none": pivots only
+        rank, every row is examined in its leaf.
+    """
+
+    span_bytes: int = 128 << 10
+    span_read_share: float = 4.0
+    rank_mu: float = 0.5
+    rank_lam: float = 0.0
+    pivot_candidates: str = "qualifying"
+
+    def __post_init__(self):
+        checks = (("span_bytes", self.span_bytes >= 0, ">= 0"),
+                  ("span_read_share", self.span_read_share > 0, "> 0"),
+                  ("rank_mu", 0.0 <= self.rank_mu <= 1.0, "in [0, 1]"),
+                  ("rank_lam", math.isfinite(self.rank_lam), "finite"),
+                  ("pivot_candidates",
+                   self.pivot_candidates in ("qualifying", "reached", "none"),
+                   "'qualifying', 'reached' or 'none'"))
+        for name, ok, want in checks:
+            if not ok:
+                raise ParameterError(f"The '{name}' parameter of SearchConfig must be {want}. "
+                                     f"Got {getattr(self, name)!r} instead.", "")
 
 
 class Forest(ForestView):
@@ -82,8 +108,9 @@ class Forest(ForestView):
     budget while on.
     """
 
-    def __init__(self, path, **kwargs):
+    def __init__(self, path, *, search: SearchConfig | None = None, **kwargs):
         self._shrunk, self._fen, self._shrink_hi = _NO_MASK, _NO_FEN, math.inf
+        self.search = SearchConfig() if search is None else search
         super().__init__(path, **kwargs)
 
     def close(self) -> None:
@@ -92,9 +119,11 @@ class Forest(ForestView):
         self.unshrink()
 
     def _span_rows(self, max_read: float) -> float:
-        """The most rows a node may have to be read whole (see SPAN_BYTES): also at most
-        1/SPAN_READ_SHARE of what the query may read, so one read cannot end a query."""
-        return min(SPAN_BYTES / self._row_bytes, max_read / SPAN_READ_SHARE)
+        """The most rows a node may have to be read whole (``SearchConfig.span_bytes``): also
+        at most 1/``span_read_share`` of what the query may read, so one read cannot end a
+        query."""
+        cfg = self.search
+        return min(cfg.span_bytes / self._row_bytes, max_read / cfg.span_read_share)
 
     # ---------------------------------------------------------------- shrinking (§4.3)
     def shrink(self, threshold: float = 1.0, rows=None) -> int:
@@ -216,7 +245,7 @@ class Forest(ForestView):
             Store row positions in the order found, none repeated or excluded, each verified.
         n_examined : int
             Rows examined as candidates, each counted once: the rows of the leaves scanned
-            and the pivot rows returned (see PIVOT_CANDIDATES; excluded and shrunk rows are
+            and the pivot rows returned (see SearchConfig.pivot_candidates; excluded and shrunk rows are
             not examined). Pivot rows whose margins only ranked partitions are counted in
             ``last_query["pivots_scored"]``, not here.
         """
@@ -293,11 +322,8 @@ class Forest(ForestView):
 
     def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
                         stats, min_prec=0.0, max_read=math.inf):
-        if PIVOT_CANDIDATES not in ("qualifying", "reached", "none"):
-            raise ParameterError(f"forest.PIVOT_CANDIDATES must be 'qualifying', 'reached' or "
-                                 f"'none'. Got {PIVOT_CANDIDATES!r} instead.", "")
-        take = PIVOT_CANDIDATES != "none"
-        now = PIVOT_CANDIDATES == "qualifying"
+        take = self.search.pivot_candidates != "none"
+        now = self.search.pivot_candidates == "qualifying"
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
         # a bounded search that the cap cannot start returns nothing, flagged truncated (the
         # set of pivot rows returned starts with room, or the numba loop's first expansion
@@ -314,8 +340,8 @@ class Forest(ForestView):
         # the kernels' bundles, packed (see kernel_args); b is 0.0 without a bias (see
         # _weights), so every margin is wᵀx + b
         query = tuple(Query(wv, b, wt, bt, same, low, self._shrink_hi,
-                            float(wv @ wv) + (b * b if aug else 0.0), aug, float(RANK_MU),
-                            float(RANK_LAM)))
+                            float(wv @ wv) + (b * b if aug else 0.0), aug, float(self.search.rank_mu),
+                            float(self.search.rank_lam)))
         # returned, examined, newly shrunk, in seen, pivots examined
         state = np.zeros(5, np.int64)
         out = np.empty(min(limit, self.n_samples), np.int64)
@@ -446,8 +472,10 @@ def view_labels(store):
     return store.labels_out if getattr(store, "positive", None) is not None else None
 
 
-def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
-    """The index of an open store (``STORE/index.lmdb``), reading leaf rows through it.
+def open_forest(store, *, cache_bytes: int | None = None,
+                search: SearchConfig | None = None) -> Forest:
+    """The index of an open store (``STORE/index.lmdb``), reading leaf rows through it;
+    ``search``: the query's tunables (default ``SearchConfig()``).
 
     Raises :class:`IndexStateError` naming the store and the fix when the index is missing,
     of another format version, built for other rows, or corrupted.
@@ -458,4 +486,5 @@ def open_forest(store, *, cache_bytes: int | None = None) -> Forest:
                   n_samples=store.n_samples, n_features=store.n_features,
                   block_offsets=store.block_offsets, budget=store.budget,
                   name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows,
-                  block_cache=store.block_cache, block_labels=view_labels(store))
+                  block_cache=store.block_cache, block_labels=view_labels(store),
+                  search=search)

@@ -34,8 +34,8 @@ class Query(NamedTuple):
     shrink_hi: float    # 1 + T: y·wᵀx above it is shrunk (inf: not shrinking)
     wsq: float          # ‖w‖² (+ b² with the bias), the ranking's scale
     augment: bool       # the rows carry a constant feature 1 (the bias)
-    mu: float           # forest.RANK_MU: weight of an internal node's covering radius
-    lam: float          # forest.RANK_LAM: weight of a leaf's covering radius
+    mu: float           # SearchConfig.rank_mu: weight of an internal node's covering radius
+    lam: float          # SearchConfig.rank_lam: weight of a leaf's covering radius
 
 
 class Picks(NamedTuple):
@@ -54,7 +54,7 @@ class Picks(NamedTuple):
     seen: np.ndarray    # int64 hash set (−1 empty) of rows examined as pivots
     need: int           # stop once this many rows are returned
     max_examine: int    # or once this many were examined
-    take_pivots: bool   # pivot rows are candidates (forest.PIVOT_CANDIDATES != "none")
+    take_pivots: bool   # pivot rows are candidates (SearchConfig.pivot_candidates)
     take_now: bool      # a qualifying pivot row is returned as its parent is expanded
     #                     ("qualifying"); else when its partition is reached ("reached")
 

@@ -19,7 +19,7 @@ from ._record_kernels import CRC_TABLE, decode_records
 from ._search_kernels import (SLOT_COUNTED, block_first_use, clear_row_list, new_row_list,
                               row_list_set)
 from .kernel_args import NodeArrays, RowSlots
-from .lmdb_io import Node, decode_node
+from .records import Node, decode_node
 from .node_record import CHILD_BYTES as RECORD_CHILD_BYTES
 from .node_record import FIXED_BYTES as RECORD_FIXED_BYTES
 from .tree import EMPTY_IDX, EMPTY_PTR, EMPTY_VAL, EMPTY_X

@@ -21,9 +21,9 @@ from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError
 from ooc_learn.storage.arrays import rows_one_by_one
 
-from .lmdb_io import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, CorruptIndex,
-                      IndexVersionMismatch, Node, decode_node, decode_tree_header, node_key,
-                      SharedReader, rows_crc, tree_key, tree_node_records)
+from .lmdb_io import CorruptIndex, IndexVersionMismatch, SharedReader
+from .records import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, Node, decode_node,
+                      decode_tree_header, node_key, rows_crc, tree_key, tree_node_records)
 from .resident import Resident
 from .tree import row_arrays
 

@@ -8,7 +8,7 @@ index size relative to ``data.h5``, and the query quality at the weights of a LI
 Targets: build <= 1x ingest, index <= 0.25x data, precision >= min(5 x base rate, 0.8).
 
 Two precisions are printed. ``P@n`` is the issue's |N|/n_e, with n_e the rows the query
-examined as candidates: leaf rows, and the pivot rows it returned (forest.PIVOT_CANDIDATES
+examined as candidates: leaf rows, and the pivot rows it returned (SearchConfig.pivot_candidates
 "qualifying", the default) or examined ("reached"). ``W@n`` adds every other pivot row whose margin the ranking computed, so it is
 |N| / (all margins computed): the whole work. ``piv1000`` is the pivot rows scored,
 ``read1000`` the rows read from data.h5 with a cold cache, ``fr1000`` the frontier's peak
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from ooc_learn.index.forest import open_forest
+from ooc_learn.index.forest import SearchConfig, open_forest
 from ooc_learn.index.lmdb_io import index_nbytes
 from ooc_learn.index.orderer import forest_orderer
 from ooc_learn.storage.ingest import ingest, ingest_arrays
@@ -117,7 +117,7 @@ def bench_one(name, src, tmp: Path, args) -> dict:
                layout=store.layout, ingest_s=t_plain, ingest_index_s=t_index,
                build_s=build, build_ratio=build / t_plain,
                index_ratio=idx_bytes / data_bytes, base_rate=base)
-    f = open_forest(store)
+    f = open_forest(store, search=args.search)
     for n in (100, 1000):
         prec, qtime, piv, read, work, front = [], [], [], [], [], []
         for seed in range(args.queries):
@@ -158,25 +158,23 @@ def main(argv=None) -> int:
     p.add_argument("--leaf-size", type=int, default=None, help="default: the library's")
     p.add_argument("--queries", type=int, default=5, help="seeds per n")
     p.add_argument("--json", type=Path)
-    p.add_argument("--mu", type=float, help="override forest.RANK_MU (internal-node bound)")
-    p.add_argument("--lam", type=float, help="override forest.RANK_LAM (leaf radius penalty)")
+    p.add_argument("--mu", type=float, help="SearchConfig.rank_mu (internal-node bound)")
+    p.add_argument("--lam", type=float, help="SearchConfig.rank_lam (leaf radius penalty)")
     p.add_argument("--pivot-candidates", choices=["qualifying", "reached", "none"],
-                   help="override forest.PIVOT_CANDIDATES (which pivot rows are examined)")
+                   help="SearchConfig.pivot_candidates (which pivot rows are examined)")
     args = p.parse_args(argv)
     from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
     if args.leaf_size is None:
         args.leaf_size = DEFAULT_LEAF_SIZE
     if args.width is None:
         args.width = DEFAULT_WIDTH
-    from ooc_learn.index import forest as _forest
-    if args.mu is not None:
-        _forest.RANK_MU = args.mu
-    if args.lam is not None:
-        _forest.RANK_LAM = args.lam
-    if args.pivot_candidates is not None:
-        _forest.PIVOT_CANDIDATES = args.pivot_candidates
-    print(f"leaf size {args.leaf_size}, width {args.width}, mu {_forest.RANK_MU}, "
-          f"lam {_forest.RANK_LAM}, pivot candidates {_forest.PIVOT_CANDIDATES}, "
+    base = SearchConfig()
+    args.search = SearchConfig(
+        rank_mu=base.rank_mu if args.mu is None else args.mu,
+        rank_lam=base.rank_lam if args.lam is None else args.lam,
+        pivot_candidates=args.pivot_candidates or base.pivot_candidates)
+    print(f"leaf size {args.leaf_size}, width {args.width}, mu {args.search.rank_mu}, "
+          f"lam {args.search.rank_lam}, pivot candidates {args.search.pivot_candidates}, "
           f"{args.queries} seeds per n")
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir:

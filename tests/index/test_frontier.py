@@ -12,14 +12,12 @@ from ooc_learn.storage.errors import BudgetExceededError
 @pytest.mark.parametrize("pivots", ["none", "reached", "qualifying"])
 @pytest.mark.parametrize("csr", [False, True])
 @pytest.mark.parametrize("width", [2, 10])
-def test_exact_with_and_without_pivot_candidates(tmp_path, data_rng, monkeypatch, pivots,
-                                                 csr, width):
-    monkeypatch.setattr(forest_mod, "PIVOT_CANDIDATES", pivots)
+def test_exact_with_and_without_pivot_candidates(tmp_path, data_rng, pivots, csr, width):
     X, y = blobs(data_rng, n=1500, d=6, csr=csr)   # zero rows and duplicates included
     store, _ = make_indexed(X, y, tmp_path, n_blocks=3, width=width, leaf_size=2)
     w = np.append(data_rng.normal(size=6), 0.3)
     ref = brute_force(store, w)
-    with store.forest() as f:
+    with store.forest(search=forest_mod.SearchConfig(pivot_candidates=pivots)) as f:
         rows, n_e = f.query(w, n=None)
         q = f.last_query
         # every row examined once (a pivot row examined is not scanned again), none repeated

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from _forest_helpers import blobs, make_indexed
 
-from ooc_learn.index.lmdb_io import (INDEX_FORMAT_VERSION, MANIFEST, META_KEY, ForestWriter,
-                                     decode_node, encode_node, encode_nodes, index_nbytes)
+from ooc_learn.index.lmdb_io import MANIFEST, ForestWriter, index_nbytes
+from ooc_learn.index.records import (INDEX_FORMAT_VERSION, META_KEY, decode_node, encode_node,
+                                     encode_nodes)
 from ooc_learn.index.tree import build_block_tree
 from ooc_learn.storage.errors import IndexStateError, ParameterError
 

@@ -255,3 +255,13 @@ def test_bad_shrink_parameters(tmp_path, data_rng):
         with pytest.raises(ParameterError, match="'rows' parameter of shrink must hold row"):
             f.shrink(rows=[-1])
     assert sp.issparse(store.X)
+
+
+@pytest.mark.parametrize("field,bad", [("span_bytes", -1), ("span_read_share", 0.0),
+                                       ("rank_mu", 1.5), ("rank_lam", float("nan")),
+                                       ("pivot_candidates", "all")])
+def test_search_config_refuses_bad_values_naming_them(field, bad):
+    from ooc_learn.index.forest import SearchConfig
+
+    with pytest.raises(ParameterError, match=f"'{field}' parameter of SearchConfig"):
+        SearchConfig(**{field: bad})

@@ -12,9 +12,9 @@ from _forest_helpers import blobs, brute_force, make_indexed
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.index._record_kernels import CRC_TABLE, decode_records
-from ooc_learn.index.forest import Forest, open_forest
+from ooc_learn.index.forest import Forest, SearchConfig, open_forest
 from ooc_learn.index.kernel_args import NodeArrays
-from ooc_learn.index.lmdb_io import decode_node, encode_nodes
+from ooc_learn.index.records import decode_node, encode_nodes
 from ooc_learn.index.node_record import CHILD_BYTES as RECORD_CHILD_BYTES
 from ooc_learn.index.node_record import FIXED_BYTES as RECORD_FIXED_BYTES
 from ooc_learn.index.resident import CHILD_BYTES, NODE_SLOT_BYTES
@@ -235,14 +235,13 @@ def test_pressure_gives_back_the_trees_decoded_first_and_keeps_the_rest(tmp_path
         assert np.array_equal(np.sort(rows), brute_force(store, w)) and res.loaded.all()
 
 
-def test_roots_are_cached_apart_from_the_rows_and_given_back_last(tmp_path, data_rng,
-                                                                   monkeypatch):
+def test_roots_are_cached_apart_from_the_rows_and_given_back_last(tmp_path, data_rng):
     # every query starts from every root: their records and pivot rows stay in a cache of
     # their own, which the slices a capped query reads (the row cache) do not push out
-    monkeypatch.setattr("ooc_learn.index.forest.SPAN_BYTES", 4096)  # roots read pivots
+    roots_read_pivots = SearchConfig(span_bytes=4096)  # no root is read whole
     store, budget, w = _under_8m(tmp_path, data_rng, 3000, 4)
     off = store.block_offsets
-    with _python_only(store.forest()) as f:
+    with _python_only(store.forest(search=roots_read_pivots)) as f:
         read = []
         pivots = f._read_pivots
         f._read_pivots = lambda node: read.append((node.start, node.stop)) or pivots(node)
@@ -267,7 +266,7 @@ def test_roots_are_cached_apart_from_the_rows_and_given_back_last(tmp_path, data
         budget.release(pressure + 1)
         again, _ = f.query(w, n=None, seed=3)
         assert np.array_equal(np.sort(again), brute_force(store, w))
-    with store.forest() as f:  # the numba loop reads the roots' pivot rows in place
+    with store.forest(search=roots_read_pivots) as f:  # the numba loop reads the roots' pivot rows in place
         f.query(w, n=None)
         res = f.node_cache
         assert all(res.pv_slot[res.base[t]] >= 0 for t in range(4))

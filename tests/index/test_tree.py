@@ -166,17 +166,14 @@ def test_covering_radii_are_the_smallest_cos2_to_the_pivot(data_rng, csr):
 
 
 @pytest.mark.parametrize("mu,lam", [(1.0, 0.0), (0.0, 0.0), (0.3, 0.5)])
-def test_every_partition_ranking_is_exact_without_a_limit(tmp_path, data_rng, mu, lam,
-                                                          monkeypatch):
+def test_every_partition_ranking_is_exact_without_a_limit(tmp_path, data_rng, mu, lam):
     from _forest_helpers import brute_force, make_indexed
 
-    from ooc_learn.index import forest as forest_mod
+    from ooc_learn.index.forest import SearchConfig
 
-    monkeypatch.setattr(forest_mod, "RANK_MU", mu)
-    monkeypatch.setattr(forest_mod, "RANK_LAM", lam)
     X, y = blobs(data_rng, n=800, d=6)
     store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=3, leaf_size=5)
-    f = store.forest()
+    f = store.forest(search=SearchConfig(rank_mu=mu, rank_lam=lam))
     w = data_rng.standard_normal(7)
     rows, n_e = f.query(w, n=None, s=1.0)
     assert sorted(rows.tolist()) == brute_force(store, w).tolist()
