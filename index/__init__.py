@@ -12,7 +12,8 @@ The modules, from the bytes up: ``node_record`` (the node record's layout, defin
 ``lmdb_io`` (the LMDB file: records encoded, decoded, written), ``tree`` (one block's tree),
 ``view`` (the opened index: checks, records and rows through the caches), ``resident``
 (records decoded a tree at a time, and rows at hand, for the numba loop), ``frontier`` (the
-budgeted best-first heap), ``forest`` (the query: best-bin-first search and shrinking).
+budgeted best-first heap), ``found`` (the rows a query returns, copied with their values),
+``forest`` (the query: best-bin-first search and shrinking).
 Their numba kernels: ``_row_kernels`` (dot products, margins), ``_build_kernels`` (tree
 build), ``_record_kernels`` (records decoded in bulk), ``_frontier_kernels`` (heap, rows
 seen, Fenwick tree of shrunk rows), ``_search_kernels`` (expand, scan, the search loop),

@@ -3,7 +3,7 @@
 Every kernel that reads rows takes both layouts through the same arguments: a dense float32
 matrix ``X`` (n, d) and the three CSR arrays (``indptr`` int64, ``indices`` int32, ``data``
 float32) with a flag ``is_csr``; the unused layout is passed as empty arrays
-(:func:`~ooc_learn.index.tree.row_arrays`). The metric is the angle in the degree-2 embedding
+(:func:`~ooc_learn.storage.arrays.kernel_args`). The metric is the angle in the degree-2 embedding
 V (IBCD paper §3.2, §4.1): V(â)ᵀV(b̂) = (âᵀb̂)², so d(a, b) = arccos((âᵀb̂)²), computed from
 one dot product and the stored squared norms; V(x) is never formed.
 """
@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 __all__ = ["dot_dense", "dots_dense", "dot_csr", "dot_rows", "cos2_rows", "margin", "margins2",
-           "brute_force_margins"]
+           "row_sqnorm", "copy_row", "brute_force_margins"]
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -109,6 +109,41 @@ def margins2(X, indptr, indices, data, is_csr, i, w, b, wt, bt):
             acc += v * w[j]
             act += v * wt[j]
     return acc, act
+
+
+# The sum of ``ooc_learn.solvers._kernels.row_sqnorms``, term for term and with its flags: the
+# norms a query hands back are the bits the solvers would compute (tests/index/test_found.py)
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def row_sqnorm(X, indptr, indices, data, is_csr, i):
+    """‖xᵢ‖², accumulated in float64."""
+    acc = 0.0
+    if is_csr:
+        for p in range(indptr[i], indptr[i + 1]):
+            acc += np.float64(data[p]) * data[p]
+    else:
+        for j in range(X.shape[1]):
+            acc += np.float64(X[i, j]) * X[i, j]
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def copy_row(X, indptr, indices, data, is_csr, i, yi, r, out_X, out_ptr, out_ind, out_dat,
+             out_y, out_sqn):
+    """Copy row i (label ``yi``) into row r of the buffers (row r − 1 copied already, CSR),
+    with its squared norm (:func:`row_sqnorm`, read from the copy: the layout the solvers'
+    kernel reads)."""
+    if is_csr:
+        a, z = indptr[i], indptr[i + 1]
+        p = out_ptr[r] - a
+        for t in range(a, z):
+            out_ind[p + t] = indices[t]
+            out_dat[p + t] = data[t]
+        out_ptr[r + 1] = out_ptr[r] + z - a
+    else:
+        for j in range(X.shape[1]):
+            out_X[r, j] = X[i, j]
+    out_y[r] = yi
+    out_sqn[r] = row_sqnorm(out_X, out_ptr, out_ind, out_dat, is_csr, r)
 
 
 @njit(cache=True, nogil=True)

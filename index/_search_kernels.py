@@ -18,10 +18,11 @@ from numba.types import Tuple, float32, int32, int64
 from ._frontier_kernels import (ORDER_MASK, PV_NONE, PV_SHRINK, PV_TAKE, fenwick_add,
                                 fenwick_prefix, frontier_pop, frontier_push, seen_add,
                                 seen_contains)
-from ._row_kernels import margin, margins2
-from .kernel_args import Children, NodeArrays, Picks, Query, RowSlots, Stops
+from ._row_kernels import copy_row, margin, margins2
+from .kernel_args import Children, NodeArrays, Picks, Query, RowSlots, Stops, Values
 
 __all__ = ["child_priority", "expand_node", "scan_leaf", "bbf_run", "block_first_use",
+           "copy_found", "values_room",
            "new_row_list", "clear_row_list", "row_list_set", "BBF_DONE", "BBF_LOW_PREC",
            "BBF_MISS", "BBF_READ_LIMIT", "SLOT_COUNTED"]
 
@@ -57,7 +58,7 @@ def child_priority(margin, wsq, pv_sqnorm, radius, is_leaf, augment, parent_pri,
 
 @njit(cache=True, nogil=True)
 def expand_node(X, indptr, indices, data, is_csr, y, at, query, kids, parent_pri, fpri, fent,
-                size, order_hi, count, ss, se, tree, picks):
+                size, order_hi, count, ss, se, tree, picks, vals):
     """Score a node's pivots and push its children on the frontier; return the new size.
 
     Pivot j is row ``at[j]`` of the given arrays (labels ``y``), store row
@@ -67,11 +68,12 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, query, kids, parent_pri
     search reaches its partition, without recomputing anything. With ``picks.take_now``
     instead, a pivot that satisfies eq. 10 is returned at once (counted as examined and
     added to ``seen``) if it lies in its child's rows and is not excluded, shrunk or seen;
-    the others are left to the leaf scans. The entries pushed carry ``order_hi`` (the
-    tree's rank), the push count from ``count`` on, the span (``ss``, ``se``) and ``tree``.
-    The caller made room for every child (frontier) and pivot (``seen``). A child whose
-    rows are all shrunk is not pushed: the frontier holds only partitions a search can
-    still use.
+    the others are left to the leaf scans; unless ``vals`` is None its values are copied
+    into the :class:`~ooc_learn.index.kernel_args.Values` buffers. The entries pushed carry
+    ``order_hi`` (the tree's rank), the push count from ``count`` on, the span (``ss``,
+    ``se``) and ``tree``. The caller made room for every child (frontier) and pivot
+    (``seen``, and the value buffers: :func:`values_room`). A child whose rows are all
+    shrunk is not pushed: the frontier holds only partitions a search can still use.
     """
     q, kids, pk = Query(*query), Children(*kids), Picks(*picks)
     w, b, wt, bt, same_outer, low = q.w, q.b, q.wt, q.bt, q.same_outer, q.low
@@ -115,6 +117,10 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, query, kids, parent_pri
                 state[1] += 1
                 state[4] += 1
                 out[state[0]] = g
+                if vals is not None:
+                    v = Values(*vals)
+                    copy_row(X, indptr, indices, data, is_csr, i, y[i], state[0], v.X, v.ptr,
+                             v.ind, v.dat, v.y, v.sqn)
                 state[0] += 1
             if take_now:
                 pv = np.int64(-1)  # never examined again when its partition is reached
@@ -126,13 +132,32 @@ def expand_node(X, indptr, indices, data, is_csr, y, at, query, kids, parent_pri
 
 
 @njit(cache=True, nogil=True)
-def scan_leaf(X, indptr, indices, data, is_csr, y, a, z, row0, query, picks):
+def scan_leaf(X, indptr, indices, data, is_csr, y, a, z, row0, query, picks, vals):
     """Test the rows ``a:z`` of the given arrays (store rows ``row0`` on), one leaf, against
-    eq. 10 and collect the fresh ones (see :func:`_scan_rows`)."""
+    eq. 10 and collect the fresh ones (see :func:`_scan_rows`), their values too unless
+    ``vals`` is None (:func:`copy_found`)."""
+    r0 = picks[1][0]
     if is_csr:
         _scan_rows(X, indptr[a:z + 1], indices, data, True, y[a:z], row0, query, picks)
     else:
         _scan_rows(X[a:z], indptr, indices, data, False, y[a:z], row0, query, picks)
+    if vals is not None:  # (a test on the argument's type: compiled away)
+        copy_found(X, indptr, indices, data, is_csr, y, row0 - a, r0, picks[0], picks[1],
+                   vals)
+
+
+@njit(cache=True, nogil=True)
+def copy_found(X, indptr, indices, data, is_csr, y, row0, r0, out, state, vals):
+    """Copy the rows returned from ``r0`` on (``out``, ``state`` of the Picks bundle), store
+    row g being row g − ``row0`` of the given arrays, into the
+    :class:`~ooc_learn.index.kernel_args.Values` buffers ``vals`` (the caller made room:
+    :func:`values_room`). A pass of its own after the scan: copying inside the scan's loop
+    slowed it by ~5 %."""
+    v = Values(*vals)
+    for r in range(r0, state[0]):
+        i = out[r] - row0
+        copy_row(X, indptr, indices, data, is_csr, i, y[i], r, v.X, v.ptr, v.ind, v.dat, v.y,
+                 v.sqn)
 
 
 @njit(cache=True, nogil=True)
@@ -209,6 +234,25 @@ def row_list_set(rows, slot, x, p, i, d, y):
 
 # ------------------------------------------------------------------ the search loop
 @njit(cache=True, nogil=True)
+def values_room(state, vals, is_csr, rows, nnz):
+    """Whether the :class:`~ooc_learn.index.kernel_args.Values` buffers ``vals`` hold
+    ``rows`` more rows of ``nnz`` more stored values (CSR)."""
+    v = Values(*vals)
+    r = state[0]
+    if r + rows > v.y.shape[0]:
+        return False
+    return not is_csr or v.ptr[r] + nnz <= v.dat.shape[0]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rows_nnz(indptr, at):
+    nnz = 0
+    for j in range(at.shape[0]):
+        nnz += indptr[at[j] + 1] - indptr[at[j]]
+    return nnz
+
+
+@njit(cache=True, nogil=True)
 def block_first_use(span_slot, pv_slot, g, rows, ss, se):
     """Rows an entry taken from a cached block counts as read (see bbf_run): its span's
     (``ss``, ``se``), else ``rows`` (a big leaf's rows, an upper node's pivots; node ``g``),
@@ -225,7 +269,7 @@ def block_first_use(span_slot, pv_slot, g, rows, ss, se):
 
 
 @njit(cache=True, nogil=True)
-def bbf_run(fpri, fent, size, query, picks, nodes, slots, rows, stops, cnt, ret):
+def bbf_run(fpri, fent, size, query, picks, vals, nodes, slots, rows, stops, cnt, ret):
     """The best-bin-first loop of ``Forest._best_bin_first``, for as long as it can run here.
 
     Pops entries (``frontier_pop``), scans leaves (:func:`scan_leaf`) and expands nodes
@@ -234,10 +278,14 @@ def bbf_run(fpri, fent, size, query, picks, nodes, slots, rows, stops, cnt, ret)
     the row list ``rows``, found through ``slots`` (:class:`~ooc_learn.index.kernel_args.
     RowSlots`): tree t's whole store block when the store caches it, else the row slices of
     the forest's cache (a span by its first row, an upper node's pivot rows by node). An
-    entry that needs anything else (a record or rows not at hand, frontier or ``seen``
-    room) is returned to Python, popped, in ``ret`` (order, start, stop, span start, span
-    stop, tree code) with its priority. ``cnt`` counts [order counter, nodes expanded,
+    entry that needs anything else (a record or rows not at hand, frontier, ``seen`` or
+    value-buffer room) is returned to Python, popped, in ``ret`` (order, start, stop, span
+    start, span stop, tree code) with its priority. ``cnt`` counts [order counter, nodes expanded,
     leaves scanned, nodes skipped, pivots scored, frontier peak, rows read by the query].
+    Unless ``vals`` is None, the rows returned are copied into its buffers
+    (:class:`~ooc_learn.index.kernel_args.Values`) as they are verified (a search that
+    copies nothing passes None: numba compiles it without the copies, and the call unboxes
+    no buffers).
 
     Rows read: the Python loop counts the rows of each span, big leaf and upper node's pivots
     it loads into the forest's row cache, which keeps them, so each counts once while
@@ -293,12 +341,23 @@ def bbf_run(fpri, fent, size, query, picks, nodes, slots, rows, stops, cnt, ret)
                 # loop's time (its call layer stays in the compiled loop)
                 a, z = s0 - rbase, e0 - rbase
                 X, P, I, D, Y = rows[slot]
-                if slots.is_csr:
-                    _scan_rows(X, P[a:z + 1], I, D, True, Y[a:z], s0, query, picks)
+                room = True
+                if vals is not None:  # (tests of the argument's type: compiled away)
+                    room = values_room(state, vals, slots.is_csr, min(z - a, pk.need - state[0]),
+                                       P[z] - P[a] if slots.is_csr else 0)
+                if not room:
+                    miss = True
                 else:
-                    _scan_rows(X[a:z], P, I, D, False, Y[a:z], s0, query, picks)
-                cnt[2] += 1
-                continue
+                    r0 = state[0]
+                    if slots.is_csr:
+                        _scan_rows(X, P[a:z + 1], I, D, True, Y[a:z], s0, query, picks)
+                    else:
+                        _scan_rows(X[a:z], P, I, D, False, Y[a:z], s0, query, picks)
+                    if vals is not None:
+                        copy_found(X, P, I, D, slots.is_csr, Y, rbase, r0, pk.out, state,
+                                   vals)
+                    cnt[2] += 1
+                    continue
         else:
             g = nodes.base[t] + v
             ns = node_slot[g]
@@ -319,18 +378,26 @@ def bbf_run(fpri, fent, size, query, picks, nodes, slots, rows, stops, cnt, ret)
                         at = piv - rbase
                     else:
                         at = np.arange(k)
-                    cnt[5] = max(cnt[5], size + k)
-                    kids = Children(nodes.c_id[f:f + k], nodes.c_start[f:f + k],
-                                    nodes.c_stop[f:f + k], nodes.c_leaf[f:f + k], piv,
-                                    nodes.c_sq[f:f + k], rad[f:f + k])
                     X, P, I, D, Y = rows[slot]
-                    size = expand_node(X, P, I, D, slots.is_csr, Y, at, query, kids, pri,
-                                       fpri, fent, size, order & ~ORDER_MASK, cnt[0], ss, se,
-                                       t, picks)
-                    cnt[0] += k
-                    cnt[1] += 1
-                    cnt[4] += k
-                    continue
+                    room = True
+                    if vals is not None:
+                        room = not pk.take_now or values_room(
+                            state, vals, slots.is_csr, min(k, pk.need - state[0]),
+                            _rows_nnz(P, at) if slots.is_csr else 0)
+                    if not room:
+                        miss = True
+                    else:
+                        cnt[5] = max(cnt[5], size + k)
+                        kids = Children(nodes.c_id[f:f + k], nodes.c_start[f:f + k],
+                                        nodes.c_stop[f:f + k], nodes.c_leaf[f:f + k], piv,
+                                        nodes.c_sq[f:f + k], rad[f:f + k])
+                        size = expand_node(X, P, I, D, slots.is_csr, Y, at, query, kids,
+                                           pri, fpri, fent, size, order & ~ORDER_MASK, cnt[0],
+                                           ss, se, t, picks, vals)
+                        cnt[0] += k
+                        cnt[1] += 1
+                        cnt[4] += k
+                        continue
         if miss:
             ret[0] = order
             ret[1] = s0

@@ -42,13 +42,14 @@ from ._frontier_kernels import (ORDER_MASK, ORDER_SHIFT, fenwick_mark, fenwick_p
                                 frontier_pop, frontier_push)
 from ._search_kernels import (BBF_LOW_PREC, BBF_MISS, BBF_READ_LIMIT, bbf_run, expand_node,
                               scan_leaf)
+from .found import Found, RowBuffer
 from .frontier import FRONTIER_ENTRY_BYTES, SEEN_MIN, Frontier
 from .kernel_args import Children, Picks, Query, Stops
 from .records import Node
 from .view import ForestView
 
 # outlier_margin: imported by callers from here too (the solvers, tests)
-__all__ = ["Forest", "SearchConfig", "open_forest", "view_labels", "outlier_margin",
+__all__ = ["Forest", "Found", "SearchConfig", "open_forest", "view_labels", "outlier_margin",
            "FRONTIER_ENTRY_BYTES"]
 
 if Node._fields[2:9] != Children._fields:
@@ -194,8 +195,9 @@ class Forest(ForestView):
     def query(self, w, *, w_outer=None, s=1.0, n: int | None = 1000, exclude=None,
               seed: int = 0, loss: str = "hinge", max_examined: int | None = None,
               bounded: bool = False, min_precision: float = 0.0,
-              max_read: int | None = None):
-        """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined.
+              max_read: int | None = None, with_rows: bool = False):
+        """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined
+        (``with_rows``: and their values).
 
         Parameters
         ----------
@@ -238,6 +240,12 @@ class Forest(ForestView):
             ``last_query["truncated"]``) instead of raising the ``--memory`` error. The rows
             returned are then still verified, but fewer than ``n`` no longer proves that no
             other row qualifies: the caller must check another way (IBCD's scan).
+        with_rows : bool
+            Return :class:`~ooc_learn.index.found.Found`, the rows with their values: each
+            row is copied as the search verifies it, from the rows it verified it in, with
+            its label (as the search reads it: a one-vs-rest view's) and squared norm, so
+            the caller reads nothing again. (A pivot row examined as its partition is
+            reached, ``pivot_candidates="reached"``, is read after the search.)
 
         Returns
         -------
@@ -248,6 +256,9 @@ class Forest(ForestView):
             and the pivot rows returned (see SearchConfig.pivot_candidates; excluded and shrunk rows are
             not examined). Pivot rows whose margins only ranked partitions are counted in
             ``last_query["pivots_scored"]``, not here.
+
+        With ``with_rows``, one :class:`~ooc_learn.index.found.Found` ``(rows, n_examined,
+        X, y, sqnorm)`` instead.
         """
         self._alive()
         wv, b, aug = self._weights(w, "w")
@@ -281,7 +292,7 @@ class Forest(ForestView):
             raise ParameterError(f"The 'max_read' parameter of query must be >= 0. Got "
                                  f"{max_read!r} instead.", "Use None for no limit.")
         return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed,
-                            bool(bounded), float(min_precision), max_rd)
+                            bool(bounded), float(min_precision), max_rd, bool(with_rows))
 
     def _exclusion(self, exclude):
         """The exclusion as a uint8 mask: a caller's mask as is, row positions copied in.
@@ -303,7 +314,7 @@ class Forest(ForestView):
         return mask, self.n_samples
 
     def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded,
-                min_prec=0.0, max_read=math.inf):
+                min_prec=0.0, max_read=math.inf, with_rows=False):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
                      rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
                      frontier_peak=0, truncated=False, low_precision=False,
@@ -311,17 +322,30 @@ class Forest(ForestView):
         self.last_query = stats
         excl, excl_bytes = self._exclusion(exclude)
         fr = Frontier(self.budget, soft=bounded)
+        buf = (RowBuffer(self.budget, self.n_features, min(limit, self.n_samples),
+                         soft=bounded) if with_rows else None)
         try:
-            return self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex, excl,
-                                        seed, fr, stats, min_prec, max_read)
+            rows, n_ex = self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex,
+                                              excl, seed, fr, stats, min_prec, max_read, buf)
+            if buf is None:
+                return rows, n_ex
+            return buf.found(rows, n_ex, self._read_found)
         finally:
             stats["frontier_peak"] = fr.peak
             stats["frontier_bytes"] = fr.peak_bytes
             fr.release()
             self.budget.release(excl_bytes)
+            if buf is not None:  # the rows handed back are the caller's to pay for
+                buf.release()
+
+    def _read_found(self, rows):
+        """Rows a search returned without their values at hand, read."""
+        X, y = self._read_scattered(rows)
+        self.last_query["rows_read"] += rows.shape[0]
+        return X, y
 
     def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
-                        stats, min_prec=0.0, max_read=math.inf):
+                        stats, min_prec=0.0, max_read=math.inf, buf=None):
         take = self.search.pivot_candidates != "none"
         now = self.search.pivot_candidates == "qualifying"
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
@@ -348,6 +372,7 @@ class Forest(ForestView):
         pk = Picks(out, state, excl, self._shrunk, self._fen, self._fen.shape[0] > 0, fr.seen,
                    limit, max_ex, take, now)
         picks = tuple(pk)
+        vals = None if buf is None else buf.values()  # the values' buffers, if copied
         count = 0
         pops = 0  # an upper bound on the rows in the seen set (one per pop at most)
         prec_from = 2 * limit if min_prec > 0.0 else max_ex
@@ -372,7 +397,7 @@ class Forest(ForestView):
                 cnt[0] = count
                 cnt[6] = stats["rows_read"]
                 await_kernel("bbf_run")  # a first run's helper may be compiling it
-                fr.size, code, pri = bbf_run(fr.pri, fr.ent, fr.size, query, picks,
+                fr.size, code, pri = bbf_run(fr.pri, fr.ent, fr.size, query, picks, vals,
                                              res.nodes_packed, res.row_slots(span_rows),
                                              res.rows, stops, cnt, ret)
                 count = int(cnt[0])
@@ -395,9 +420,15 @@ class Forest(ForestView):
                 if pk.seen is not fr.seen:  # the frontier grew the set
                     pk = pk._replace(seen=fr.seen)
                     picks = tuple(pk)
+                n_before = int(state[0])  # a pivot may be taken as its partition is reached
+                if buf is not None and take and not now and not buf.room(n_before, 1):
+                    stats["truncated"] = True  # bounded: stopped where the cap ends
+                    break
                 fr.size, pri, order, s0, e0, ss, se, tc, skipped = frontier_pop(
                     fr.pri, fr.ent, fr.size, picks)
                 stats["nodes_skipped"] += skipped
+                if buf is not None and take and not now and state[0] > n_before:
+                    buf.skip(n_before)  # its values are read after the search
                 if tc < 0:
                     break
             t, code = tc >> 32, tc & 0xFFFFFFFF
@@ -418,8 +449,15 @@ class Forest(ForestView):
                 else:
                     (Xd, indptr, indices, data, is_csr), y = self._rows(("leaf", t, v), s0, e0)
                     base = s0
+                if buf is not None:
+                    if not buf.room(int(state[0]), min(e0 - s0, limit - int(state[0])),
+                                    int(indptr[e0 - base] - indptr[s0 - base]) if is_csr
+                                    else 0, is_csr):
+                        stats["truncated"] = True
+                        break
+                    vals = buf.values()
                 scan_leaf(Xd, indptr, indices, data, is_csr, y, s0 - base, e0 - base, s0, query,
-                          picks)
+                          picks, vals)
                 stats["leaves_scanned"] += 1
                 continue
             node = self.node(t, v)
@@ -441,10 +479,17 @@ class Forest(ForestView):
             if pk.seen is not fr.seen:
                 pk = pk._replace(seen=fr.seen)
                 picks = tuple(pk)
+            if buf is not None:  # the pivots taken now (room for the layout, at least)
+                if not buf.room(int(state[0]), min(k, limit - int(state[0])) if now else 0,
+                                int((P[1][at + 1] - P[1][at]).sum()) if now and P[4] else 0,
+                                P[4]):
+                    stats["truncated"] = True
+                    break
+                vals = buf.values()
             # a Node's columns are the Children bundle (packed), radius chosen for the query
             kids = node[2:8] + (node.radius_aug if aug else node.radius,)
             fr.size = expand_node(*P, yP, at, query, kids, pri, fr.pri, fr.ent, fr.size,
-                                  order & ~ORDER_MASK, count, ss, se, t, picks)
+                                  order & ~ORDER_MASK, count, ss, se, t, picks, vals)
             count += k
             stats["pivots_scored"] += k
         stats["nodes_expanded"] += int(cnt[1])

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Query", "Picks", "Children", "NodeArrays", "RowSlots", "Stops"]
+__all__ = ["Query", "Picks", "Values", "Children", "NodeArrays", "RowSlots", "Stops"]
 
 
 class Query(NamedTuple):
@@ -57,6 +57,21 @@ class Picks(NamedTuple):
     take_pivots: bool   # pivot rows are candidates (SearchConfig.pivot_candidates)
     take_now: bool      # a qualifying pivot row is returned as its parent is expanded
     #                     ("qualifying"); else when its partition is reached ("reached")
+
+
+class Values(NamedTuple):
+    """The values of the rows a query returns (``Forest.query(..., with_rows=True)``), each
+    copied as the search verifies it, with its label and squared norm: row r's are X[r]
+    (dense) or ind, dat[ptr[r]:ptr[r + 1]] (CSR); the buffers hold y.shape[0] rows. A search
+    that copies nothing passes None instead (numba compiles it apart, without the copies).
+    """
+
+    X: np.ndarray       # float32 (rows, d) dense, else (0, 0)
+    ptr: np.ndarray     # int64 (rows + 1,) CSR, else (1,)
+    ind: np.ndarray     # int32 (stored values,) CSR
+    dat: np.ndarray     # float32 (stored values,) CSR
+    y: np.ndarray       # float32 (rows,): labels as the search reads them
+    sqn: np.ndarray     # float64 (rows,): squared norms; −1 while not copied
 
 
 class Children(NamedTuple):

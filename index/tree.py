@@ -13,12 +13,13 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+from ooc_learn.storage.arrays import kernel_args, row_sqnorms
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.jit import await_kernel
 
 from ._build_kernels import build_tree_kernel
 
-__all__ = ["FlatTree", "build_block_tree", "row_arrays", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
+__all__ = ["FlatTree", "build_block_tree", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
 
 # The build's defaults (the measurements behind them are in the benchmark log):
 DEFAULT_WIDTH = 10      # K, pivots (children) per node
@@ -80,17 +81,6 @@ class FlatTree(NamedTuple):
         return int(sum(a.nbytes for a in self))
 
 
-def row_arrays(X):
-    """``(X_dense, indptr, indices, data, is_csr)`` for the kernels; the unused layout empty."""
-    if sp.issparse(X):
-        X = X.tocsr()
-        return (EMPTY_X, np.ascontiguousarray(X.indptr, dtype=np.int64),
-                np.ascontiguousarray(X.indices, dtype=np.int32),
-                np.ascontiguousarray(X.data, dtype=np.float32), True)
-    return (np.ascontiguousarray(X, dtype=np.float32), EMPTY_PTR, EMPTY_IDX, EMPTY_VAL,
-            False)
-
-
 def check_params(width, leaf_size, seed):
     """Refuse a tree width, leaf size or seed that no tree can be built with."""
     if not isinstance(width, (int, np.integer)) or isinstance(width, bool) or width < 2:
@@ -149,13 +139,13 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
                 f"instead.", "Pass one block as a (rows, features) array or CSR matrix.")
     n = X.shape[0]
     if sqnorm is None:
-        sqnorm = _sqnorms(X)
+        sqnorm = row_sqnorms(X)
     sqnorm = np.ascontiguousarray(sqnorm, dtype=np.float32)
     if sqnorm.shape != (n,):
         raise ParameterError(
             f"The 'sqnorm' parameter of build_block_tree must have one entry per row "
             f"({n}). Got shape {sqnorm.shape} instead.", "Pass the block's squared norms.")
-    Xd, indptr, indices, data, is_csr = row_arrays(X)
+    Xd, indptr, indices, data, is_csr = kernel_args(X)
     d = X.shape[1]
     # CSR rows scatter the pivots into a (d, K) workspace unless it would exceed 32 MiB
     work = (np.zeros((d, width), np.float32) if is_csr and d * width <= _SCATTER_MAX
@@ -175,13 +165,6 @@ def build_block_tree(X, sqnorm=None, *, width: int = DEFAULT_WIDTH,
                     pv.indptr.astype(np.int64), pv.indices.astype(np.int32),
                     pv.data.astype(np.float32), radius, radius_aug)
     return order, tree
-
-
-def _sqnorms(X) -> np.ndarray:
-    if sp.issparse(X):
-        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel().astype(np.float32)
-    Xf = X.astype(np.float64, copy=False)
-    return np.einsum("ij,ij->i", Xf, Xf).astype(np.float32)
 
 
 def _pivot_matrix(X, pivot_orig, has_pivot) -> sp.csr_matrix:

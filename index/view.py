@@ -16,16 +16,15 @@ from typing import Callable
 import lmdb
 import numpy as np
 
+from ooc_learn.storage.arrays import kernel_args, rows_one_by_one
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError
-from ooc_learn.storage.arrays import rows_one_by_one
 
 from .lmdb_io import CorruptIndex, IndexVersionMismatch, SharedReader
 from .records import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, Node, decode_node,
                       decode_tree_header, node_key, rows_crc, tree_key, tree_node_records)
 from .resident import Resident
-from .tree import row_arrays
 
 __all__ = ["ForestView", "ROOT_SHARE"]
 
@@ -336,7 +335,7 @@ class ForestView:
         """Rows ``start:stop`` as kernel arrays and labels, through the LRU cache."""
         def load():
             X, y, _ = self._read_range(start, stop)
-            arrays = row_arrays(X)
+            arrays = kernel_args(X)
             y = np.ascontiguousarray(y, dtype=np.float32)
             nbytes = (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4]) + y.nbytes
                       + _ARRAY_OVERHEAD + _ENTRY_OVERHEAD)
@@ -348,20 +347,24 @@ class ForestView:
 
     def _read_pivots(self, node):
         """A node's pivot rows ``(X, y)`` (in the node's order)."""
+        return self._read_scattered(node.pivot_row)
+
+    def _read_scattered(self, rows):
+        """Store rows ``(X, y)`` in the order given, read in store order."""
         if self._read_rows is not None:
-            rows = np.asarray(node.pivot_row, dtype=np.int64)
+            rows = np.asarray(rows, dtype=np.int64)
             order = np.argsort(rows, kind="stable")
             X, y = self._read_rows(rows[order])
             inv = np.empty_like(order)
             inv[order] = np.arange(order.size)
             return X[inv], np.asarray(y)[inv]
-        return rows_one_by_one(self._read_range, node.pivot_row)
+        return rows_one_by_one(self._read_range, rows)
 
     def _pivot_rows(self, t: int, v: int, node):
         """The pivot rows of an upper node as kernel arrays and labels, through the cache."""
         def load():
             P, y = self._read_pivots(node)
-            arrays = row_arrays(P)
+            arrays = kernel_args(P)
             y = np.ascontiguousarray(y, dtype=np.float32)
             self.last_query["rows_read"] += y.shape[0]
             return (arrays, y), (sum(a.nbytes + _ARRAY_OVERHEAD for a in arrays[:4])

@@ -66,6 +66,8 @@ def _signature(kernel: str) -> tuple:
                          f64)),                                                   # Query
                 t.Tuple((A1("int64"), A1("int64"), A1("uint8"), A1("uint8"), A1("int32"), b1,
                          A1("int64"), i64, i64, b1, b1)),                         # Picks
+                t.Tuple((A2("float32"), A1("int64"), A1("int32"), A1("float32"),
+                         A1("float32"), A1("float64"))),                # Values (IBCD's)
                 t.Tuple((A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("int64"),
                          A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("bool"),
                          A1("int64"), A1("float32"), A1("float32"), A1("float32"))),  # NodeArrays

@@ -8,11 +8,16 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import StoreFormatError
+from .errors import ParameterError, StoreFormatError
 from .integrity import REBUILD_HINT
 
-__all__ = ["RUN_GAP", "Slicer", "matrix_nbytes", "rows_nbytes", "rows_one_by_one", "run_bounds",
-           "stack_rows"]
+__all__ = ["RUN_GAP", "Slicer", "kernel_args", "matrix_nbytes", "row_sqnorms", "rows_nbytes",
+           "rows_one_by_one", "run_bounds", "stack_rows"]
+
+_EMPTY_DENSE = np.empty((0, 0), dtype=np.float32)
+_EMPTY_PTR = np.empty(0, dtype=np.int64)  # dense: no row pointers (kernels test its length)
+_EMPTY_I32 = np.empty(0, dtype=np.int32)
+_EMPTY_F32 = np.empty(0, dtype=np.float32)
 
 # Store.gather reads wanted rows at most this far apart with one call (run_bounds)
 RUN_GAP = 16
@@ -32,6 +37,38 @@ def stack_rows(mats):
     if sp.issparse(mats[0]):
         return sp.vstack(mats, format="csr")
     return np.concatenate(mats)
+
+
+def kernel_args(X):
+    """``(Xd, indptr, indices, data, sparse)`` for the numba kernels of every layer, the
+    unused layout's arrays empty, converting only where the dtypes differ: dense input becomes
+    C-contiguous float32; CSR input gets int64 ``indptr``, int32 ``indices``, float32 ``data``.
+    """
+    if sp.issparse(X):
+        X = X.tocsr() if X.format != "csr" else X
+        return (_EMPTY_DENSE, np.ascontiguousarray(X.indptr, dtype=np.int64),
+                np.ascontiguousarray(X.indices, dtype=np.int32),
+                np.ascontiguousarray(X.data, dtype=np.float32), True)
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ParameterError(f"X must be a 2-d array or a CSR matrix. Got {X.ndim} dimensions.",
+                             "Reshape a single sample with X.reshape(1, -1).")
+    return np.ascontiguousarray(X, dtype=np.float32), _EMPTY_PTR, _EMPTY_I32, _EMPTY_F32, False
+
+
+def row_sqnorms(X) -> np.ndarray:
+    """Squared Euclidean norm of every row (dense or CSR), accumulated in float64 without a
+    float64 copy of dense rows."""
+    if sp.issparse(X):
+        X = X.tocsr()
+        d = X.data.astype(np.float64)
+        d *= d
+        sq = np.zeros(X.shape[0], np.float64)
+        rows = np.flatnonzero(np.diff(X.indptr))
+        if rows.size:  # consecutive non-empty rows: each segment is one row's entries
+            sq[rows] = np.add.reduceat(d, X.indptr[rows])
+        return sq
+    return np.einsum("ij,ij->i", X, X, dtype=np.float64, casting="safe")
 
 
 def rows_nbytes(X, y, row_ids) -> int:

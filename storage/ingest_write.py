@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from .arrays import row_sqnorms
 from .ingest_parse import IOCount, Parsed
 from .ingest_plan import Shape
 from .sharded import shard_name, write_manifest
 from .shuffle import BucketWriter, Dealer, deal_chunk, iter_records, plan_blocks, read_bucket
 from .stop import check_stop
 from .store import Store
-from .writer import StoreWriter, row_sqnorms
+from .writer import StoreWriter
 
 __all__ = ["redeal", "write_store"]
 
@@ -115,7 +116,7 @@ def _write_blocks(writers, forests, buckets: list, plan, offsets, *, shape: Shap
                 nxt += 1
             labels, row_ids, X = _stack(pending.pop(c), shape.layout)
             y = mapper(labels).astype(np.float32)
-            sq = row_sqnorms(X)
+            sq = row_sqnorms(X).astype(np.float32)
             k, b = c % K, c // K
             if forests is not None:
                 perm = forests[k].order(b, int(writers[k].block_offsets[b]), X, sq)

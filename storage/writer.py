@@ -12,13 +12,14 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
+from .arrays import row_sqnorms
 from .errors import ParameterError
 from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, META_FILE
 from .integrity import HASHED, block_digests
 from .stop import check_stop
 from .store import open_store
 
-__all__ = ["StoreWriter", "rewrite_block_order", "row_sqnorms"]
+__all__ = ["StoreWriter", "rewrite_block_order"]
 
 _SPOOL_INDICES, _SPOOL_DATA = ".indices.spool", ".data.spool"
 _SPOOL_PIECE = 1 << 21  # entries copied at a time (8 MiB of either array)
@@ -157,22 +158,6 @@ class StoreWriter:
             pass
         for fh in self._spool or ():
             fh.close()
-
-
-def row_sqnorms(X) -> np.ndarray:
-    """Squared Euclidean norm of every row, computed in float64, returned as float32."""
-    if sp.issparse(X):
-        X = X.tocsr()
-        d = X.data.astype(np.float64)
-        d *= d
-        sq = np.zeros(X.shape[0], np.float64)
-        rows = np.flatnonzero(np.diff(X.indptr))
-        if rows.size:  # consecutive non-empty rows: each segment is one row's entries
-            sq[rows] = np.add.reduceat(d, X.indptr[rows])
-    else:
-        X64 = np.asarray(X, dtype=np.float64)
-        sq = np.einsum("ij,ij->i", X64, X64)
-    return sq.astype(np.float32)
 
 
 def rewrite_block_order(store_path, perms, *, memory=None) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ooc_learn.storage.arrays import kernel_args, row_sqnorms
 from ooc_learn.storage.budget import MemoryBudget, format_size
 from ooc_learn.storage.errors import BudgetExceededError
 
@@ -29,25 +30,8 @@ from ._inputs import KERNELS, check_kernel_params, prepare_inputs, prepare_X, re
 
 __all__ = ["KernelMatrix", "SVMModel", "train_svm"]
 
-_EMPTY_I64 = np.zeros(0, dtype=np.int64)
-_EMPTY_I32 = np.zeros(0, dtype=np.int32)
-_EMPTY_F32 = np.zeros(0, dtype=np.float32)
-_EMPTY_2D = np.zeros((0, 0), dtype=np.float32)
+_NO_PHASES = np.zeros(0, dtype=np.int64)  # smo_solve records no phase iterations
 
-
-def _row_sqnorms(X) -> np.ndarray:
-    if sp.issparse(X):
-        sq = X.data.astype(np.float64) ** 2
-        return np.asarray(sp.csr_matrix((sq, X.indices, X.indptr), shape=X.shape).sum(axis=1)
-                          ).ravel()
-    Xd = X.astype(np.float64)
-    return np.einsum("ij,ij->i", Xd, Xd)
-
-
-def _layout_arrays(X):
-    if sp.issparse(X):
-        return _EMPTY_2D, X.indptr, X.indices, X.data
-    return X, _EMPTY_I64, _EMPTY_I32, _EMPTY_F32
 
 
 class KernelMatrix:
@@ -83,8 +67,8 @@ class KernelMatrix:
                 f"{format_size(budget.cap_needed(2 * col + self.work_bytes), up=True)}.")
         self.cache_bytes = slots * col
         budget.reserve(self.cache_bytes, "kernel column cache")
-        Xd, indptr, indices, data = _layout_arrays(X)
-        self.sqnorms = _row_sqnorms(X)
+        Xd, indptr, indices, data = kernel_args(X)[:4]
+        self.sqnorms = row_sqnorms(X)
         self.kd = (Xd, indptr, indices, data, self.sqnorms, np.zeros(X.shape[1]),
                    int(KERNELS[kernel]), float(gamma), float(coef0), int(degree))
         self.kc = (np.empty((slots, n)), np.full(n, -1, dtype=np.int32),
@@ -183,7 +167,7 @@ def solve(km: KernelMatrix, train, y, alpha, G, C: float, eps: float, *, shrinki
     """
     train = np.asarray(train, dtype=np.int64)
     mi = default_max_iter(len(train)) if max_iter is None else int(max_iter)
-    phase = _EMPTY_I64 if phase is None else phase
+    phase = _NO_PHASES if phase is None else phase
     rho, it, ok = K.smo_solve(km.kd, km.kc, km.diag, train, y, alpha, G, float(C), float(eps),
                               bool(shrinking), mi, phase)
     if not ok:
@@ -240,8 +224,8 @@ class SVMModel:
             B = prepare_X(B)
         Ka = np.empty((B.shape[0], A.shape[0]))
         width = max(A.shape[1], B.shape[1])
-        args_b = _layout_arrays(B) + (_row_sqnorms(B),)
-        args_a = _layout_arrays(A) + (_row_sqnorms(A),)
+        args_b = kernel_args(B)[:4] + (row_sqnorms(B),)
+        args_a = kernel_args(A)[:4] + (row_sqnorms(A),)
         K.cross_kernel(*args_b, *args_a, int(KERNELS[self.kernel]), float(self.gamma),
                        float(self.coef0), int(self.degree), np.zeros(width), Ka)
         return Ka @ self.dual_coef - self.rho

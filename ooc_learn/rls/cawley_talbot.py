@@ -16,8 +16,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as la
 
+from ooc_learn.storage.arrays import row_sqnorms
+
 from .checks import check_lambdas
-from .kernel import KernelSpec, kernel_block, row_sqnorms64
+from .kernel import KernelSpec, kernel_block
 from .source import as_label_matrix
 
 __all__ = ["cawley_talbot_loo"]
@@ -48,7 +50,7 @@ def cawley_talbot_loo(X, y, lams, *, basis, kernel: str = "rbf", gamma=None, deg
     basis = np.asarray(basis, dtype=np.int64)
     g = spec.resolved_gamma(X.shape[1])
     XB = X[basis]
-    sqB = row_sqnorms64(XB)
+    sqB = row_sqnorms(XB)
     KB = kernel_block(XB, X, spec, g, sqA=sqB)               # n x m
     KBB = KB[:, basis].copy()
     delta = jitter * (float(np.diag(KBB).mean()) if np.diag(KBB).mean() > 0 else 1.0)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ooc_learn.storage.arrays import row_sqnorms
 from ooc_learn.storage.errors import ParameterError
 
 from . import _kernels
 
-__all__ = ["KernelSpec", "kernel_block", "kernel_diag", "row_sqnorms64"]
+__all__ = ["KernelSpec", "kernel_block", "kernel_diag"]
 
 KERNELS = ("rbf", "linear", "poly")
 
@@ -57,15 +58,6 @@ def _as64(X):
     return np.ascontiguousarray(X, dtype=np.float64)
 
 
-def row_sqnorms64(X) -> np.ndarray:
-    """Squared row norms in float64 (dense or CSR)."""
-    if sp.issparse(X):
-        X = _as64(X)
-        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
-    # accumulated in float64 without a float64 copy of float32 rows (einsum casts in buffers)
-    return np.einsum("ij,ij->i", X, X, dtype=np.float64, casting="safe")
-
-
 def _cross(XA, XB) -> np.ndarray:
     """Dense float64 ``XA @ XB.T`` for any mix of dense / CSR operands."""
     A, B = _as64(XA), _as64(XB)
@@ -106,8 +98,8 @@ def kernel_block(XA, XB, spec: KernelSpec, gamma: float, *, sqA=None, sqB=None) 
     if spec.kernel == "poly":
         _kernels.poly_inplace(G, gamma, spec.coef0, spec.degree)
         return G
-    sqA = row_sqnorms64(XA) if sqA is None else np.asarray(sqA, dtype=np.float64)
-    sqB = row_sqnorms64(XB) if sqB is None else np.asarray(sqB, dtype=np.float64)
+    sqA = row_sqnorms(XA) if sqA is None else np.asarray(sqA, dtype=np.float64)
+    sqB = row_sqnorms(XB) if sqB is None else np.asarray(sqB, dtype=np.float64)
     _kernels.rbf_inplace(G, sqA, sqB, gamma)
     return G
 
@@ -116,7 +108,7 @@ def kernel_diag(X, spec: KernelSpec, gamma: float, *, sq=None) -> np.ndarray:
     """``k(x_i, x_i)`` for every row (float64)."""
     if spec.kernel == "rbf":
         return np.ones(X.shape[0], dtype=np.float64)
-    sq = row_sqnorms64(X) if sq is None else np.asarray(sq, dtype=np.float64)
+    sq = row_sqnorms(X) if sq is None else np.asarray(sq, dtype=np.float64)
     if spec.kernel == "linear":
         return sq
     return (gamma * sq + spec.coef0) ** spec.degree

@@ -42,6 +42,7 @@ import scipy.linalg as la
 import scipy.sparse as sp
 from scipy.linalg.blas import dsyrk
 
+from ooc_learn.storage.arrays import row_sqnorms
 from ooc_learn.storage.arrays import matrix_nbytes
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import ParameterError, UsageError
@@ -51,7 +52,7 @@ from .crossval import select_lambda_model
 from .fitted import FittedRLS
 from .holdout import mirror_upper
 from .holdout_predict import holdout_path_model
-from .kernel import KernelSpec, kernel_block, row_sqnorms64
+from .kernel import KernelSpec, kernel_block
 from .kfold_predict import kfold_path_model, make_folds
 from .loo_predict import loo_path_model
 from .source import as_label_matrix, make_source
@@ -271,7 +272,7 @@ class SparseRLS(FittedRLS):
             xb = matrix_nbytes(self.X_basis_)
             budget.reserve(xb, "sparse RLS basis rows")
             self._state_bytes += xb
-            self._sqB = row_sqnorms64(self.X_basis_)
+            self._sqB = row_sqnorms(self.X_basis_)
             KBB = kernel_block(self.X_basis_, self.X_basis_, self.spec, self.gamma_,
                                sqA=self._sqB, sqB=self._sqB)
             diag = np.diag(KBB).copy()

@@ -5,14 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.sparse as sp
 
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import ParameterError
 
-_EMPTY_DENSE = np.empty((0, 0), dtype=np.float32)
-_EMPTY_I64 = np.empty(0, dtype=np.int64)
-_EMPTY_I32 = np.empty(0, dtype=np.int32)
-_EMPTY_F32 = np.empty(0, dtype=np.float32)
 
 
 def check_positive(value, name: str, where: str, *, allow_zero: bool = False,
@@ -31,24 +27,6 @@ def check_positive(value, name: str, where: str, *, allow_zero: bool = False,
             f"The '{name}' parameter of {where} must be {kind}{rel}. Got {value!r} instead.",
             hint)
     return int(value) if integer else float(value)
-
-
-def kernel_args(X):
-    """``(Xd, indptr, indices, data, sparse)`` for the numba kernels, converting if needed.
-
-    Dense input becomes C-contiguous float32; CSR input gets int64 ``indptr``, int32
-    ``indices`` and float32 ``data`` (copies only when the dtypes differ).
-    """
-    if sp.issparse(X):
-        X = X.tocsr() if X.format != "csr" else X
-        return (_EMPTY_DENSE, np.ascontiguousarray(X.indptr, dtype=np.int64),
-                np.ascontiguousarray(X.indices, dtype=np.int32),
-                np.ascontiguousarray(X.data, dtype=np.float32), True)
-    X = np.asarray(X)
-    if X.ndim != 2:
-        raise ParameterError(f"X must be a 2-d array or a CSR matrix. Got {X.ndim} dimensions.",
-                             "Reshape a single sample with X.reshape(1, -1).")
-    return np.ascontiguousarray(X, dtype=np.float32), _EMPTY_I64, _EMPTY_I32, _EMPTY_F32, False
 
 
 def check_labels(y, n: int, where: str) -> np.ndarray:

@@ -47,7 +47,7 @@ def _shard_round(run: str, path: str, shard: int, blocks, w, fresh: bool, sigma:
     """On a worker: one CoCoA+ round of shard ``shard`` (see the module docstring)."""
     from ooc_learn.distributed import keep_open, task_budget
     from ooc_learn.solvers import _kernels as K
-    from ooc_learn.solvers._common import kernel_args
+    from ooc_learn.storage.arrays import kernel_args
     from ooc_learn.storage.store import open_store
 
     keep_open(path)

@@ -36,10 +36,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ooc_learn.losses import Loss, get_loss
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import OOCError, ParameterError
 
 from . import _kernels as K
-from ._common import as_rows, check_labels, check_positive, kernel_args, seed_state
+from ._common import as_rows, check_labels, check_positive, seed_state
 
 __all__ = ["DCDStats", "DCDResult", "dcd_subproblem", "solve_dcd", "dual_objective",
            "primal_objective", "check_dual_params"]

@@ -32,7 +32,9 @@ from ooc_learn.losses import Loss, get_loss
 from ooc_learn.storage.errors import OOCError, ParameterError
 
 from . import _kernels as K
-from ._common import check_positive, kernel_args, seed_state
+from ooc_learn.storage.arrays import kernel_args
+
+from ._common import check_positive, seed_state
 from .dcd import DCDResult, DCDStats, check_dual_params, dual_objective
 
 __all__ = ["solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed", "StreamedDual",

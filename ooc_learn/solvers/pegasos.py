@@ -27,10 +27,11 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ooc_learn.losses import Loss, TruncatedLoss, get_loss
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import OOCError, ParameterError
 
 from . import _kernels as K
-from ._common import as_rows, check_labels, check_positive, kernel_args, seed_state
+from ._common import as_rows, check_labels, check_positive, seed_state
 
 __all__ = ["PegasosState", "PegasosResult", "pegasos_pass", "solve_pegasos",
            "solve_pegasos_streamed"]

@@ -34,10 +34,11 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ooc_learn.losses import Loss, TruncatedLoss, get_loss
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import ParameterError
 
 from . import _kernels as K
-from ._common import as_rows, check_labels, check_positive, kernel_args
+from ._common import as_rows, check_labels, check_positive
 from .dcd import dcd_subproblem
 from .tron import L2LossPrimal, tron
 

@@ -32,10 +32,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ooc_learn.losses import Loss, TruncatedLoss, get_loss
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import OOCError, ParameterError
 
 from . import _kernels as K
-from ._common import as_rows, check_labels, check_positive, kernel_args
+from ._common import as_rows, check_labels, check_positive
 
 __all__ = ["L2LossPrimal", "TronStats", "TronResult", "tron", "solve_tron"]
 

@@ -8,7 +8,8 @@ import scipy.sparse as sp
 from ooc_learn.index._row_kernels import brute_force_margins
 from ooc_learn.index.forest import Forest
 from ooc_learn.index.lmdb_io import ForestWriter
-from ooc_learn.index.tree import build_block_tree, row_arrays
+from ooc_learn.index.tree import build_block_tree
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.losses import outlier_margin
 
 
@@ -67,7 +68,7 @@ def brute_force(store, w, w_outer=None, s=1.0, loss="hinge", exclude=None):
     d = store.n_features
     def margins(v):
         wv, b = (v[:d], float(v[d])) if len(v) == d + 1 else (v, 0.0)
-        return brute_force_margins(*row_arrays(store.X)[:4], sp.issparse(store.X), store.y,
+        return brute_force_margins(*kernel_args(store.X)[:4], sp.issparse(store.X), store.y,
                                    np.ascontiguousarray(wv), b)
     m = margins(w)
     mt = m if w_outer is None else margins(np.asarray(w_outer, np.float64))

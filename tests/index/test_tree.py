@@ -6,7 +6,8 @@ import scipy.sparse as sp
 from _forest_helpers import blobs
 
 from ooc_learn.index._row_kernels import cos2_rows
-from ooc_learn.index.tree import build_block_tree, row_arrays
+from ooc_learn.index.tree import build_block_tree
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import ParameterError
 
 
@@ -28,7 +29,7 @@ def test_cos2_is_the_degree2_embedding_inner_product(csr):
     # rows: e1, (1,1), (-2,1)/.., -e1*3, zero.  V(â)ᵀV(b̂) = (âᵀb̂)²: sign and scale free
     X = np.array([[1, 0], [1, 1], [-2, 1], [-3, 0], [0, 0]], np.float32)
     sq = (X.astype(np.float64) ** 2).sum(1).astype(np.float32)
-    arrays = row_arrays(sp.csr_matrix(X) if csr else X)
+    arrays = kernel_args(sp.csr_matrix(X) if csr else X)
     c = lambda a, b: cos2_rows(*arrays, sq, a, b)  # noqa: E731
     assert c(0, 1) == pytest.approx(0.5, abs=1e-7)
     assert c(0, 3) == pytest.approx(1.0, abs=1e-7)       # x and -3x: the same point

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 from ooc_learn.losses import get_loss
 from ooc_learn.solvers import _kernels as K
-from ooc_learn.solvers._common import kernel_args
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.solvers.dcd import dcd_subproblem, dual_objective, primal_objective, solve_dcd
 from ooc_learn.storage.errors import ParameterError
 

@@ -207,11 +207,11 @@ def test_ibcd_reads_a_fraction_of_a_separable_store(tmp_path, rng):
         assert res.stats["rows_read"] <= 2 * store.n_samples
 
 
-def test_queries_read_leaves_and_runs_not_whole_blocks_the_cap_would_hold(tmp_path, rng):
+def test_queries_read_leaves_not_whole_blocks_the_cap_would_hold(tmp_path, rng):
     # uncapped, the store's policy would load any block whole; a query wants a few leaves of
-    # it, so IBCD's reader reads the leaves (and fetches runs): loading whole blocks made an
-    # uncapped run read the store once whatever it needed (generated benchmark store, s = 1,
-    # sampled rule: 0.31-0.49 of it per outer iteration, against 0.10-0.14)
+    # it, so IBCD's reader reads the leaves: loading whole blocks made an uncapped run read
+    # the store once whatever it needed (generated benchmark store, s = 1, sampled rule:
+    # 0.31-0.49 of it per outer iteration, against 0.10-0.14)
     from ooc_learn.solvers.ibcd.rows import RowSource
     from ooc_learn.storage.store import open_store
 
@@ -220,27 +220,50 @@ def test_queries_read_leaves_and_runs_not_whole_blocks_the_cap_would_hold(tmp_pa
     with open_store(tmp_path / "s") as st:
         Xa, ya, _ = st.read_range(0, st.n_samples)
         assert st.block_offsets[2] < 2100 < 2150 <= st.block_offsets[3] <= 3000
-        assert st.block_offsets[4] < 4005 < 4007 < st.block_offsets[5]
         assert st.reads_whole_block(2) and not st.block_is_cached(2)
         src = RowSource(st)
         r0 = st.rows_read
         XL, yL, _ = src.read_range(2100, 2150)
         assert st.rows_read - r0 == 50 and not st.block_is_cached(2)
         np.testing.assert_array_equal(XL, Xa[2100:2150])
-        # rows of the leaf just read come from it; others by runs (4005-4007: one of 3 rows)
-        rows = np.array([4007, 2120, 4005, 2110])
-        r0 = st.rows_read
-        XN, yN = src.fetch(rows)
-        assert st.rows_read - r0 == 3 and not st.block_is_cached(4)
-        np.testing.assert_array_equal(XN, Xa[rows])
-        np.testing.assert_array_equal(yN, ya[rows])
-        # a cached block serves both without reading
+        # a cached block serves them without reading
         st.read_block(3)
         r0 = st.rows_read
-        XL, _, _ = src.read_range(3000, 3100)
-        XN, _ = src.fetch(np.array([3050, 3001]))
+        XL, yL, _ = src.read_range(3000, 3100)
+        XP, yP = src.read_rows(np.array([3001, 3050]))
         assert st.rows_read == r0
-        np.testing.assert_array_equal(XN, Xa[[3050, 3001]])
+        np.testing.assert_array_equal(XL, Xa[3000:3100])
+        np.testing.assert_array_equal(XP, Xa[[3001, 3050]])
+        np.testing.assert_array_equal(yP, ya[[3001, 3050]])
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_rows_a_query_returns_join_S_without_a_read(tmp_path, rng, monkeypatch, sparse):
+    # the query hands its rows' values over as it verified them: none is read again, not
+    # even a row of a leaf the forest had cached before (the fetch that took the rows from
+    # the store again)
+    from ooc_learn.solvers.ibcd.inner import InnerLoop
+    from ooc_learn.storage.store import open_store
+
+    # 20000 rows: the forest has leaves in its row cache that the blocks cached did not
+    # cover (the fetch read 47 rows again here, 133 on CSR)
+    X, y = problem(rng, n=20000, d=30, sparse=sparse, flip=0.1)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True).close()
+    taken, reads = [], []
+    take_rows = InnerLoop.take_rows
+
+    def counting(self, found):
+        r0 = self.st.store.rows_read
+        m_old = take_rows(self, found)
+        taken.append(len(found.rows))
+        reads.append(self.st.store.rows_read - r0)
+        return m_old
+
+    monkeypatch.setattr(InnerLoop, "take_rows", counting)
+    with open_store(tmp_path / "s") as store:
+        res = solve_ibcd(store, C=1.0, n=300, init_sample=1000)
+        assert sum(taken) > 150 and reads == [0] * len(reads)
+        assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=1.0) < 0.2
 
 
 def test_ibcd_under_a_cap_does_not_depend_on_what_the_caches_hold(tmp_path, rng):
@@ -473,9 +496,9 @@ def test_sampled_rule_counts_the_pivots_a_query_traversed(tmp_path, rng, monkeyp
     query = Forest.query
 
     def recording(self, *a, **kw):
-        rows, n_e = query(self, *a, **kw)
-        seen.append((len(rows), n_e, self.last_query["pivots_scored"]))
-        return rows, n_e
+        found = query(self, *a, **kw)
+        seen.append((len(found.rows), found.n_examined, self.last_query["pivots_scored"]))
+        return found
 
     monkeypatch.setattr(Forest, "query", recording)
     X, y = problem(rng, n=6000, d=40, flip=0.02)

@@ -16,7 +16,7 @@ BAD = {
     "block_solver": "newton", "shrink_threshold": -1.0, "seed": -1, "init_iters": 0,
     "quick_iters": 0, "max_iters": 0, "dual_switch_iters": 0, "primal_eps": 0.0,
     "resolve_growth": 1.0, "check_growth": 0.0, "query_share": -0.1, "min_precision": 1.5,
-    "dense_query": 2.0, "memo_share": 0, "cost_model": "yes", "visit_cost": -1.0,
+    "dense_query": 2.0, "cost_model": "yes", "visit_cost": -1.0,
     "read_cost": -1.0, "query_read_cost": float("inf"), "scan_margin": 0.0,
     "pool_band": -1.0, "pool_share": 0, "resident_share": 0.0, "spilled_rounds": 0,
     "spilled_final_rounds": 0, "spilled_stall": 0, "spilled_window_iters": 0,

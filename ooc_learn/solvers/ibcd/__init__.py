@@ -11,7 +11,7 @@ Where to find what:
 - ``check.py``: the convergence check of §4.3 (a sequential scan, or the pool of rows near
   the margin that the last scan kept).
 - ``active_set.py``: S in memory and spilled to disk (§4.2).
-- ``rows.py``: one reader for the index's leaf reads and S's row fetches.
+- ``rows.py``: the reader the index reads its rows through (S takes the query's copies).
 - ``start.py``: w_0 from a random sample, or a warm start.
 - ``config.py``: :class:`IBCDConfig`, every parameter and tuned constant, validated;
   ``state.py``: the run's state and counters.

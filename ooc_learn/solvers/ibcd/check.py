@@ -124,7 +124,6 @@ class Checker:
 
     def _scan(self, w, w_t, want, keep_pool):
         """The check on every row (a sequential pass); refreshes the pool."""
-        self.src.clear()
         self.pool.clear()
         # the selection, then the pool, each with room for the pass's chunks left beside it
         want = self._reserve_selection(want)

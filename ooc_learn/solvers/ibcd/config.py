@@ -85,9 +85,6 @@ class IBCDConfig:
     dense_query : float
         A query that found every row asked, with at least this share of the rows it examined
         qualifying, doubles the next query's n (up to query_share / 2 of the rows).
-    memo_share : int
-        The leaves a query read are remembered for the fetch that follows in at most 1 /
-        memo_share of the cap.
     cost_model : bool
         Whether the query-or-scan choice is made (off: the index is asked until a query is
         cut, as Algorithm 1 is written; the sampled rule turns it off too).
@@ -158,7 +155,6 @@ class IBCDConfig:
     query_share: float = 0.05
     min_precision: float = 0.05
     dense_query: float = 0.4
-    memo_share: int = 8
     cost_model: bool = True
     visit_cost: float = 100_000.0
     read_cost: float = 2.0
@@ -235,7 +231,6 @@ _RULES = [
     ("query_share", _num(0), "Try 0.05."),
     ("min_precision", _num(0, hi=1), "Try 0.05."),
     ("dense_query", _num(0, hi=1), "Try 0.4."),
-    ("memo_share", _int(1), "Try 8."),
     ("cost_model", lambda v: isinstance(v, (bool, np.bool_)), "True or False."),
     ("visit_cost", _num(0), "Try 100000."),
     ("read_cost", _num(0), "Try 2."),
@@ -257,7 +252,7 @@ _WANT = {
     "resident_share": "in (0, 1]", "resolve_growth": "> 1", "check_growth": "> 0",
     "primal_eps": "> 0", "scan_margin": "> 0",
     **{k: "an int >= 1" for k in ("n", "max_outer", "init_sample", "block_iters", "init_iters",
-                                 "quick_iters", "max_iters", "dual_switch_iters", "memo_share",
+                                 "quick_iters", "max_iters", "dual_switch_iters",
                                  "pool_share", "spilled_rounds", "spilled_final_rounds",
                                  "spilled_stall", "spilled_window_iters",
                                  "spilled_resolve_rounds")},

@@ -5,7 +5,8 @@ The convex problem is (7) on the rows that are not outliers at the outer iterate
 step of :meth:`InnerLoop.run`:
 
 1. **query** the metric forest for up to ``nq`` fresh rows N satisfying eq. 10 (not an
-   outlier at w_t, y w^T x < 1), not in S; they join S;
+   outlier at w_t, y w^T x < 1), not in S; they join S with the values, labels and norms
+   the query copied as it verified them (nothing is read again);
 2. **choose the block** B = N ∪ the next n_e - |N| rows of the old S (a cyclic reader), n_e
    the rows the query examined;
 3. **solve** the block problem (11) (dual CD, or TRON on its primal (16)); each time S has
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ooc_learn.index.found import Found
+
 from .._common import margins
 from .check import reserve_rows
 from .rows import row_sqn
@@ -35,6 +38,8 @@ __all__ = ["InnerLoop"]
 
 # what the loop does after a query is judged
 _ASK_AGAIN, _STOP, _CHECK = range(3)
+# the query's answer once the scan took over
+_NOTHING = Found(np.empty(0, np.int64), 0, None, None, None)
 
 
 class InnerLoop:
@@ -79,11 +84,13 @@ class InnerLoop:
         were outliers at ``w_prev``."""
         reshrink(self.st)
         while True:
-            found, n_e = self.query()
+            found = self.query()
             m_old = self.take_rows(found)
-            self.solve_step(m_old, len(found), n_e)
+            k, n_e = len(found.rows), found.n_examined
+            del found
+            self.solve_step(m_old, k, n_e)
             if not self.scan_only:
-                then = self.judge_query(len(found), n_e)
+                then = self.judge_query(k, n_e)
                 if then == _ASK_AGAIN:
                     continue
                 if then == _STOP:
@@ -92,45 +99,45 @@ class InnerLoop:
                 return self.added, self.came_back
 
     # ---- 1. query -------------------------------------------------------------------------
-    def query(self):
-        """Fresh rows satisfying eq. 10 from the index (none once the scan took over), and
-        the rows the search examined."""
+    def query(self) -> Found:
+        """Fresh rows satisfying eq. 10 from the index with their values (none once the scan
+        took over), and the rows the search examined."""
         st, cfg = self.st, self.cfg
-        st.rows.clear()
         if self.scan_only:
-            found, n_e = np.empty(0, np.int64), 0
+            found = _NOTHING
         else:
-            found, n_e = st.forest.query(
+            found = st.forest.query(
                 st.w, w_outer=self.w_t, s=cfg.s, n=self.nq, exclude=st.in_S,
                 seed=st.draw_seed(), loss=cfg.loss, max_examined=self.max_examined,
-                bounded=True, min_precision=cfg.min_precision, max_read=self.max_examined)
+                bounded=True, min_precision=cfg.min_precision, max_read=self.max_examined,
+                with_rows=True)
             lq = self.last = st.forest.last_query
             self.q_cost = ((lq["rows_examined"] + lq["pivots_scored"]
                             + cfg.query_read_cost * lq["rows_read"]) * self.row_work
                            + cfg.visit_cost * (lq["nodes_expanded"] + lq["leaves_scanned"]))
-            self.q_found = len(found)
+            self.q_found = len(found.rows)
             st.stats.queries += 1
-        st.stats.rows_examined += int(n_e)
+        st.stats.rows_examined += found.n_examined
         self.queried_at_solution, self.at_solution = self.at_solution, False
-        return found, n_e
+        return found
 
-    def take_rows(self, found) -> int:
-        """The query's rows join S; returns |S| before them (the rows from that position on
-        are new). The fetched rows and the copies that assemble them in query order (three
-        at most) are reserved first; where the cap cannot hold them all, as many as it can
+    def take_rows(self, found: Found) -> int:
+        """The query's rows join S with their values; returns |S| before them (the rows from
+        that position on are new). They are reserved first, three times over (what the fetch
+        they replace took, its rows and their copies in query order: kept, so that a cap
+        presses the caches as before); where the cap cannot hold them all, as many as it can
         join now, and a later query or check finds the others again."""
         st = self.st
         m_old = st.S.m
-        k = len(found)
+        k = len(found.rows)
         if not k:
             return m_old
         budget = st.store.budget
         k_in = reserve_rows(budget, k, 3 * self.row_bytes, "IBCD fresh rows")
         st.stats.fetches_cut += int(k_in < k)
         try:
-            XN, yN = st.rows.fetch(found[:k_in])
-            rearranged = self.join(found[:k_in], XN, yN)
-            del XN, yN
+            rearranged = self.join(found.rows[:k_in], found.X[:k_in], found.y[:k_in],
+                                   found.sqnorm[:k_in])
         finally:
             budget.release(3 * k_in * self.row_bytes)
         if rearranged:  # the new rows are S's last k_in
@@ -277,7 +284,6 @@ class InnerLoop:
         read and S's grown buffers coexist for a moment, so room for twice as many is
         asked)."""
         st, cfg, S = self.st, self.cfg, self.st.S
-        st.rows.clear()
         want = max(cfg.n, int(cfg.check_growth * S.m))
         if S.spilled:  # the rows pass through memory on their way to S's file
             want = max(cfg.n, min(want, S.window_rows()))
@@ -287,13 +293,14 @@ class InnerLoop:
         return st.checker.check(st.w, self.w_t, want, thresh, keep_pool=not S.spilled)
 
     # ---- S --------------------------------------------------------------------------------
-    def join(self, rows, XN, yN) -> bool:
-        """Rows join S (:func:`admit`); returns whether S was rearranged."""
+    def join(self, rows, XN, yN, sqn=None) -> bool:
+        """Rows join S (:func:`admit`; ``sqn`` their squared norms, if known); returns
+        whether S was rearranged."""
         self.added += len(rows)
         if self.w_prev is not None:
             self.came_back += int((margins(XN, yN.astype(np.float64), self.w_prev,
                                            self.cfg.bias) < self.low).sum())
-        rearranged = admit(self.st, rows, XN, yN, self.resolve)
+        rearranged = admit(self.st, rows, XN, yN, self.resolve, sqn)
         self.st.checker.drop_answer()  # the rows are S's now
         return rearranged
 
@@ -337,8 +344,9 @@ def reshrink(st) -> None:
     st.forest.shrink(st.cfg.shrink_threshold, rows=st.S.rows[: st.S.m])
 
 
-def admit(st, rows, XN, yN, resolve) -> bool:
-    """Rows ``rows`` (``XN``, ``yN``) join S and are marked on the index. Under a tight cap
+def admit(st, rows, XN, yN, resolve, sqn=None) -> bool:
+    """Rows ``rows`` (``XN``, ``yN``; squared norms ``sqn``, computed here if None) join S and
+    are marked on the index. Under a tight cap
     (§4.2): when they do not fit, the check's pool gives its room up, then the inactive rows
     (alpha = 0, y w^T x >= 1) leave S, then (13) is solved on S (``resolve()``) and pruned
     again, and only then S spills to disk. Returns whether S was rearranged (the cyclic
@@ -358,7 +366,7 @@ def admit(st, rows, XN, yN, resolve) -> bool:
             st.stats.S_resolves_before_spill += 1
         if not S.fits(k, nnz):
             S.spill()
-    S.add(rows, XN, yN.astype(np.float64), row_sqn(XN))
+    S.add(rows, XN, yN.astype(np.float64), row_sqn(XN) if sqn is None else sqn)
     st.in_S[rows] = True
     if moved:  # rows left S: their marks must go
         reshrink(st)

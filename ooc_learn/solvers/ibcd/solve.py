@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ooc_learn.losses import get_loss
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.resources import release_free_heap
 
 from .. import _kernels as K
-from .._common import kernel_args, margins
+from .._common import margins
 from ..dcd import dcd_subproblem
 from ..tron import L2LossPrimal, tron
 

@@ -96,7 +96,7 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
     rng = np.random.default_rng(cfg.seed)
     # counted from here: opening the forest already reads (and caches) pivot rows
     rows_read0, bytes_read0 = store.rows_read, store.bytes_read
-    rows = RowSource(store, cfg.memo_share)
+    rows = RowSource(store)
     forest = rows.open_forest()
     n_all = store.n_samples
     held = held_out(holdout, n_all, "holdout of solve_ibcd")
@@ -134,7 +134,6 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
         S.release()
         store.budget.release(n_all)
         forest.close()
-        rows.clear()
 
 
 class _Relaxation:

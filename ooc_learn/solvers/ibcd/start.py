@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.errors import ParameterError
 
 from .. import _kernels as K
-from .._common import kernel_args
 from ..dcd import solve_dcd
 from .rows import row_sqn
 

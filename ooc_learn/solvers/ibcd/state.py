@@ -53,7 +53,7 @@ class IBCDState:
 
     cfg: IBCDConfig
     store: object
-    rows: object          #: the RowSource that serves the forest's and S's reads
+    rows: object          #: the RowSource the forest and the check read rows through
     forest: object
     S: object             #: the ActiveSet
     in_S: np.ndarray
