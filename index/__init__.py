@@ -23,7 +23,9 @@ with their argument bundles in ``kernel_args``.
 from .forest import Forest, open_forest, outlier_margin
 from .lmdb_io import ForestWriter
 from .records import INDEX_FORMAT_VERSION
+from .search_config import SearchConfig
 from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, FlatTree, build_block_tree
 
-__all__ = ["Forest", "open_forest", "outlier_margin", "ForestWriter", "INDEX_FORMAT_VERSION",
+__all__ = ["Forest", "SearchConfig", "open_forest", "outlier_margin", "ForestWriter",
+           "INDEX_FORMAT_VERSION",
            "FlatTree", "build_block_tree", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]

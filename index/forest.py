@@ -9,14 +9,15 @@ and for n_e, the number of rows it examined. Rows near the hyperplane w are foun
 neighbours of the query −V(ŵ) in the degree-2 embedding (§3.2): −V(ŵ)ᵀV(x̂) = −(ŵᵀx̂)². The
 search is best-bin-first (§4.1): one priority queue over the partitions of every tree, trees
 entering in a random order (the seed). A partition is ranked by its pivot's angle to the
-hyperplane, blended with the lower bound its covering radius gives (see SearchConfig.rank_mu), instead
-of the paper's nearest Voronoi boundary: in V-space the query is at distance ≥ √2 from every
-row, so boundary distances bound nothing (and ranked leaves worse). Pivots are rows of their
-node, read from the store (format 2 keeps no vectors in LMDB): a node of at most SearchConfig.span_bytes
-of rows is read in one slice that also serves every leaf below it. Every returned row is
-verified exactly from its stored values; a pivot row that qualifies is returned as soon as
-its margin is computed (SearchConfig.pivot_candidates). Shrinking on the index (§4.3) stops visiting rows
-far outside the range, and nodes whose rows are all shrunk.
+hyperplane, blended with the lower bound its covering radius gives (``rank_mu`` of
+:class:`~ooc_learn.index.search_config.SearchConfig`), instead of the paper's nearest Voronoi
+boundary: in V-space the query is at distance ≥ √2 from every row, so boundary distances
+bound nothing (and ranked leaves worse). Pivots are rows of their node, read from the store
+(format 2 keeps no vectors in LMDB): a node of at most ``span_bytes`` of rows is read in one
+slice that also serves every leaf below it. Every returned row is verified exactly from its
+stored values; a pivot row that qualifies is returned as soon as its margin is computed
+(``pivot_candidates``). Shrinking on the index (§4.3) stops visiting rows far outside the
+range, and nodes whose rows are all shrunk.
 
 The parts: the search loop runs in numba (``_search_kernels.bbf_run``) for as long as the
 decoded records and rows it needs are at hand (:class:`~ooc_learn.index.resident.Resident`),
@@ -29,7 +30,6 @@ opened index, its records and its rows are :class:`~ooc_learn.index.view.ForestV
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,7 @@ from .found import Found, RowBuffer
 from .frontier import FRONTIER_ENTRY_BYTES, SEEN_MIN, Frontier
 from .kernel_args import Children, Picks, Query, Stops
 from .records import Node
+from .search_config import SearchConfig
 from .view import ForestView
 
 # outlier_margin: imported by callers from here too (the solvers, tests)
@@ -56,50 +57,6 @@ if Node._fields[2:9] != Children._fields:
     raise ImportError("lmdb_io.Node's columns must be kernel_args.Children's (see expand)")
 _NO_MASK = np.zeros(0, np.uint8)
 _NO_FEN = np.zeros(0, np.int32)
-@dataclass(frozen=True)
-class SearchConfig:
-    """The search's tunables, validated (the measurements behind each default are in the
-    benchmark log, not here).
-
-    span_bytes : int
-        Bytes: a node whose rows take at most this much is read whole (one slice of data.h5
-        serving its pivots and every leaf below it) when expanded; larger nodes read their
-        pivot rows.
-    span_read_share : float
-        A span is also at most 1/span_read_share of the rows a query may read (max_read).
-    rank_mu : float
-        Ranking of an internal child, in [0, 1]: max(parent, (1 − μ)·α + μ·max(α − r, 0)),
-        α its pivot's angle to the hyperplane and r its covering radius (1: the exact bound).
-    rank_lam : float
-        Ranking of a leaf, no unit: α + λ·r.
-    pivot_candidates : "qualifying" | "reached" | "none"
-        Which pivot rows are candidates (their margins are computed to rank their
-        partitions): "qualifying": one satisfying eq. 10 is returned, and counted in n_e, as
-        its parent is expanded, the others are left to the leaf scans; "reached": the pivot
-        of each partition the search pops is examined, qualifying or not; "none": pivots only
-        rank, every row is examined in its leaf.
-    """
-
-    span_bytes: int = 128 << 10
-    span_read_share: float = 4.0
-    rank_mu: float = 0.5
-    rank_lam: float = 0.0
-    pivot_candidates: str = "qualifying"
-
-    def __post_init__(self):
-        checks = (("span_bytes", self.span_bytes >= 0, ">= 0"),
-                  ("span_read_share", self.span_read_share > 0, "> 0"),
-                  ("rank_mu", 0.0 <= self.rank_mu <= 1.0, "in [0, 1]"),
-                  ("rank_lam", math.isfinite(self.rank_lam), "finite"),
-                  ("pivot_candidates",
-                   self.pivot_candidates in ("qualifying", "reached", "none"),
-                   "'qualifying', 'reached' or 'none'"))
-        for name, ok, want in checks:
-            if not ok:
-                raise ParameterError(f"The '{name}' parameter of SearchConfig must be {want}. "
-                                     f"Got {getattr(self, name)!r} instead.", "")
-
-
 class Forest(ForestView):
     """A metric forest bound to a row provider, queried for the IBCD step (eq. 10).
 

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from ooc_learn.index.forest import SearchConfig, open_forest
+from ooc_learn.index.forest import open_forest
+from ooc_learn.index.search_config import SearchConfig
 from ooc_learn.index.lmdb_io import index_nbytes
 from ooc_learn.index.orderer import forest_orderer
 from ooc_learn.storage.ingest import ingest, ingest_arrays

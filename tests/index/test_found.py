@@ -7,6 +7,7 @@ from _forest_helpers import blobs, make_indexed
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.index import forest as forest_mod
+from ooc_learn.index.search_config import SearchConfig
 from ooc_learn.index._row_kernels import row_sqnorm
 from ooc_learn.solvers._kernels import row_sqnorms
 from ooc_learn.storage.arrays import kernel_args
@@ -35,7 +36,7 @@ def assert_rows_of(found, X, y):
 def test_the_rows_returned_are_the_stores(tmp_path, data_rng, csr, budget, pivots):
     X, y = blobs(data_rng, n=3000, d=6, csr=csr)   # zero rows and duplicates included
     store, _ = make_indexed(X, y, tmp_path, n_blocks=3, width=4, leaf_size=8, budget=budget)
-    cfg = forest_mod.SearchConfig(pivot_candidates=pivots)
+    cfg = SearchConfig(pivot_candidates=pivots)
     with store.forest(search=cfg) as f:
         assert f.node_cache.enabled == (budget == "64M")
         # every qualifying row (n=None, about half of them) would not fit the small cap

@@ -5,6 +5,7 @@ import pytest
 from _forest_helpers import blobs, brute_force, make_indexed
 
 from ooc_learn.index import forest as forest_mod
+from ooc_learn.index.search_config import SearchConfig
 from ooc_learn.storage.budget import MemoryBudget
 from ooc_learn.storage.errors import BudgetExceededError
 
@@ -17,7 +18,7 @@ def test_exact_with_and_without_pivot_candidates(tmp_path, data_rng, pivots, csr
     store, _ = make_indexed(X, y, tmp_path, n_blocks=3, width=width, leaf_size=2)
     w = np.append(data_rng.normal(size=6), 0.3)
     ref = brute_force(store, w)
-    with store.forest(search=forest_mod.SearchConfig(pivot_candidates=pivots)) as f:
+    with store.forest(search=SearchConfig(pivot_candidates=pivots)) as f:
         rows, n_e = f.query(w, n=None)
         q = f.last_query
         # every row examined once (a pivot row examined is not scanned again), none repeated

@@ -261,7 +261,7 @@ def test_bad_shrink_parameters(tmp_path, data_rng):
                                        ("rank_mu", 1.5), ("rank_lam", float("nan")),
                                        ("pivot_candidates", "all")])
 def test_search_config_refuses_bad_values_naming_them(field, bad):
-    from ooc_learn.index.forest import SearchConfig
+    from ooc_learn.index.search_config import SearchConfig
 
     with pytest.raises(ParameterError, match=f"'{field}' parameter of SearchConfig"):
         SearchConfig(**{field: bad})

@@ -12,7 +12,8 @@ from _forest_helpers import blobs, brute_force, make_indexed
 
 from ooc_learn.api import ingest_arrays
 from ooc_learn.index._record_kernels import CRC_TABLE, decode_records
-from ooc_learn.index.forest import Forest, SearchConfig, open_forest
+from ooc_learn.index.forest import Forest, open_forest
+from ooc_learn.index.search_config import SearchConfig
 from ooc_learn.index.kernel_args import NodeArrays
 from ooc_learn.index.records import decode_node, encode_nodes
 from ooc_learn.index.node_record import CHILD_BYTES as RECORD_CHILD_BYTES

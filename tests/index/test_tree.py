@@ -170,7 +170,7 @@ def test_covering_radii_are_the_smallest_cos2_to_the_pivot(data_rng, csr):
 def test_every_partition_ranking_is_exact_without_a_limit(tmp_path, data_rng, mu, lam):
     from _forest_helpers import brute_force, make_indexed
 
-    from ooc_learn.index.forest import SearchConfig
+    from ooc_learn.index.search_config import SearchConfig
 
     X, y = blobs(data_rng, n=800, d=6)
     store, _ = make_indexed(X, y, tmp_path, n_blocks=2, width=3, leaf_size=5)
