@@ -443,8 +443,10 @@ class Forest(ForestView):
                     stats["truncated"] = True
                     break
                 vals = buf.values()
-            # a Node's columns are the Children bundle (packed), radius chosen for the query
-            kids = node[2:8] + (node.radius_aug if aug else node.radius,)
+            # a Node's columns are the Children bundle, radius chosen for the query; as the
+            # named tuple bbf_run passes, so this call has bbf_run's signature (compiled once,
+            # by a first run's helper too)
+            kids = Children(*node[2:8], node.radius_aug if aug else node.radius)
             fr.size = expand_node(*P, yP, at, query, kids, pri, fr.pri, fr.ent, fr.size,
                                   order & ~ORDER_MASK, count, ss, se, t, picks, vals)
             count += k
