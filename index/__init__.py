@@ -20,12 +20,12 @@ seen, Fenwick tree of shrunk rows), ``_search_kernels`` (expand, scan, the searc
 with their argument bundles in ``kernel_args``.
 """
 
-from .forest import Forest, open_forest, outlier_margin
+from .forest import Forest, open_forest
 from .lmdb_io import ForestWriter
 from .records import INDEX_FORMAT_VERSION
 from .search_config import SearchConfig
 from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, FlatTree, build_block_tree
 
-__all__ = ["Forest", "SearchConfig", "open_forest", "outlier_margin", "ForestWriter",
+__all__ = ["Forest", "SearchConfig", "open_forest", "ForestWriter",
            "INDEX_FORMAT_VERSION",
            "FlatTree", "build_block_tree", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]

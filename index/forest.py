@@ -42,16 +42,14 @@ from ._frontier_kernels import (ORDER_MASK, ORDER_SHIFT, fenwick_mark, fenwick_p
                                 frontier_pop, frontier_push)
 from ._search_kernels import (BBF_LOW_PREC, BBF_MISS, BBF_READ_LIMIT, bbf_run, expand_node,
                               scan_leaf)
-from .found import Found, RowBuffer
+from .found import RowBuffer
 from .frontier import FRONTIER_ENTRY_BYTES, SEEN_MIN, Frontier
 from .kernel_args import Children, Picks, Query, Stops
 from .records import Node
 from .search_config import SearchConfig
 from .view import ForestView
 
-# outlier_margin: imported by callers from here too (the solvers, tests)
-__all__ = ["Forest", "Found", "SearchConfig", "open_forest", "view_labels", "outlier_margin",
-           "FRONTIER_ENTRY_BYTES"]
+__all__ = ["Forest", "open_forest", "view_labels", "FRONTIER_ENTRY_BYTES"]
 
 if Node._fields[2:9] != Children._fields:
     raise ImportError("lmdb_io.Node's columns must be kernel_args.Children's (see expand)")
