@@ -200,7 +200,9 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
                stop_reason=why, n_sv=int(nz.sum()),
                rows_read=st.store.rows_read - rows_read0,
                bytes_read=st.store.bytes_read - bytes_read0,
-               objective=objective_on_S(S, st.w, get_loss(cfg.loss).base(), cfg.C, cfg.bias),
+               # the last outer iteration's (w has not moved since; a spilled S is not
+               # read back again for it)
+               objective=stats.outer_log[-1]["objective_S"],
                spills=S.spills, rows_spilled=S.rows_spilled,
                rows_read_back=S.rows_read_back, seconds=time.perf_counter() - t0)
     if not stats.S_converged:
