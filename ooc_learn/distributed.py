@@ -22,10 +22,14 @@ This module is the cluster's plumbing (clients, a worker's budget and open store
 gathering); each task lives beside the code it runs, which imports this module, never the
 other way round.
 
-The tasks of a worker work under one memory cap: ``TASK_SHARE`` of the worker's memory limit
-(Dask's ``memory_limit``; Dask spills, pauses and restarts workers from 60-95 % of the limit,
-and the worker process itself takes its part), shared by its threads and, across tasks, by
-the store's block cache; a worker without a limit uses the default cap. A task whose worker
+The tasks of a worker work under one memory cap for the whole worker process (as
+``--memory`` is for a command): ``PAUSE_MARGIN`` of the share of the worker's memory limit at
+which Dask pauses the worker (``distributed.worker.memory.pause``, 80 % by default), its
+fixed part (the interpreter, Dask, numba, h5py) charged first. It is shared by its threads
+and, across tasks, by the store's block cache. (It was half the limit besides the fixed part:
+below ~1 GB of limit the budget's caches then took the worker past the pause, and a paused
+worker that holds its memory never runs the next task.) A worker without a limit uses the
+default cap. A task whose worker
 dies is run again on another (``RETRIES``), with the same answer since tasks only read.
 
 Dask is the optional extra ``[dask]`` (``pip install -e ".[dask]"``), imported only when a
@@ -40,8 +44,9 @@ from ooc_learn.storage.errors import ParameterError
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
            "stores_seen", "check_store_visible", "gather"]
 
-# a task's share of its worker's memory limit per thread (see the module docstring)
-TASK_SHARE = 0.5
+# the tasks' cap: this share of the memory at which Dask pauses the worker (see the module
+# docstring)
+PAUSE_MARGIN = 0.9
 # how often a task whose worker died is run again
 RETRIES = 2
 
@@ -88,25 +93,40 @@ _WORKER_BUDGET: dict = {}  # pid -> this worker process's budget
 
 
 def task_budget():
-    """The memory budget of the tasks on this worker: ``TASK_SHARE`` of the worker's memory
-    limit (the default cap where the worker has none), one per worker process and shared by
+    """The memory budget of the tasks on this worker, one per worker process and shared by
     its tasks, so that they share its store's block cache too (a class task reads the
     blocks the previous class on this worker left cached, so one-vs-rest reads each block
-    about once per worker, not once per class)."""
+    about once per worker, not once per class). A cap for the whole process below Dask's
+    pause threshold (see the module docstring); the default cap where the worker has no
+    memory limit."""
     import os
 
-    from ooc_learn.storage.budget import MemoryBudget
+    from ooc_learn.storage.budget import MemoryBudget, format_size
+    from ooc_learn.storage.errors import BudgetExceededError
 
     budget = _WORKER_BUDGET.get(os.getpid())
     if budget is not None:
         return budget
     try:
+        from dask import config
         from dask.distributed import get_worker
 
         limit = get_worker().memory_manager.memory_limit
+        pause = config.get("distributed.worker.memory.pause", 0.8) or 1.0
     except (ImportError, ValueError, AttributeError):
         limit = None
-    budget = MemoryBudget(max(32 << 20, int(TASK_SHARE * limit)) if limit else None)
+    if limit:
+        cap = int(PAUSE_MARGIN * min(1.0, float(pause)) * limit)
+        try:
+            budget = MemoryBudget.for_process(cap)
+        except BudgetExceededError as exc:
+            raise BudgetExceededError(
+                f"The Dask worker's memory limit {format_size(limit)} leaves its tasks "
+                f"{format_size(cap)} below the pause threshold: {exc.args[0]}",
+                "Start the workers with a larger memory limit (dask worker --memory-limit, "
+                "LocalCluster(memory_limit=...)).") from None
+    else:
+        budget = MemoryBudget(None)
     _WORKER_BUDGET.clear()
     _WORKER_BUDGET[os.getpid()] = budget
     return budget

@@ -272,3 +272,76 @@ def test_a_store_the_workers_cannot_see_is_refused_before_any_task(client, store
     check_store_visible(client, stores / "bin")  # seen by both
     with pytest.raises(ParameterError, match="not visible to 2 of the cluster's 2 workers"):
         check_store_visible(client, tmp_path / "nowhere.store")
+
+
+def test_cocoa_rounds_over_working_sets_reach_the_optimum_reading_nothing(client, sparse_store):
+    """Between full rounds each shard's passes run over its resident working set (the rows
+    nearest the margin): those rounds read no row, the dual still rises every round, and the
+    run stops only on a full round's gap, at the optimum; the same as every round over every
+    row."""
+    from ooc_learn.solvers.cocoa import train_cocoa
+
+    ref = train(sparse_store, solver="dcd", loss="sqhinge", eps=1e-6, max_outer=100)
+    p_ref = _primal(sparse_store, ref, 1.0, "sqhinge")
+    seen = []
+    m = train_cocoa(sparse_store, client, shards=2, loss="sqhinge", eps=1e-3, epochs=5,
+                    max_rounds=400, on_round=seen.append)
+    every = train_cocoa(sparse_store, client, shards=2, loss="sqhinge", eps=1e-3, epochs=5,
+                        max_rounds=400, working_set=False)
+    st = m.meta["stats"]
+    assert st["converged"] and every.meta["stats"]["converged"]
+    assert 0 < st["full_rounds"] < st["rounds"]
+    assert every.meta["stats"]["full_rounds"] == every.meta["stats"]["rounds"]
+    assert seen[-1]["full"] and sum(not s["full"] for s in seen) == st["rounds"] - st["full_rounds"]
+    assert np.all(np.diff(st["duals"]) >= -1e-9 * abs(st["duals"][-1]))
+    assert 0 < st["work_rows"] <= 2000
+    for model in (m, every):
+        assert abs(_primal(sparse_store, model, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
+
+
+def test_cocoa_working_sets_stay_within_a_small_worker_budget(client, sparse_store, tmp_path):
+    """Workers whose budget holds a part of their shard keep the rows nearest the margin
+    that fit (fewer than the shard's), and the run still reaches the optimum."""
+    import shutil
+
+    from ooc_learn import distributed as dist
+    from ooc_learn.solvers.cocoa import train_cocoa
+
+    path = tmp_path / "copy"  # opened afresh under the small budget
+    shutil.copytree(sparse_store, path)
+
+    def small(limit):
+        from ooc_learn.storage.budget import MemoryBudget
+
+        dist._WORKER_BUDGET.clear()
+        if limit:
+            dist._WORKER_BUDGET[os.getpid()] = MemoryBudget(limit)
+
+    client.run(small, 1 << 20)
+    try:
+        m = train_cocoa(path, client, shards=2, loss="sqhinge", eps=1e-3, epochs=5,
+                        max_rounds=400)
+    finally:
+        client.run(small, None)
+    st = m.meta["stats"]
+    assert st["converged"] and 0 < st["work_rows"] < 2000
+    ref = train(sparse_store, solver="dcd", loss="sqhinge", eps=1e-6, max_outer=100)
+    p_ref = _primal(sparse_store, ref, 1.0, "sqhinge")
+    assert abs(_primal(path, m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
+
+
+def test_a_worker_budget_caps_the_whole_process_below_dasks_pause():
+    """A worker's tasks share a budget for the whole worker process below the share of its
+    memory limit at which Dask pauses it (their caches must not take it there: a paused
+    worker holding them would never run the next task)."""
+    from ooc_learn.distributed import PAUSE_MARGIN, make_client, task_budget
+
+    c, cluster = make_client(workers=1, memory="1G")
+    try:
+        cap, fixed, limit = c.submit(
+            lambda: (task_budget().cap, task_budget().fixed, task_budget().limit)).result()
+    finally:
+        c.close()
+        cluster.close()
+    assert cap == int(PAUSE_MARGIN * 0.8 * (1 << 30))
+    assert fixed > 50 << 20 and limit == cap - fixed
