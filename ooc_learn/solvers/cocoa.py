@@ -26,8 +26,8 @@ CD, and the rows nearest the margin (alpha > 0 first, then y w^T x < 1 + ``WORK_
 many as ``WORK_SHARE`` of the worker's budget holds) kept resident as the shard's working
 set; its other passes run over that set. The rounds that follow run over the working sets
 only and read nothing: any subset of a shard's coordinates is a valid CoCoA+ local solver,
-so the dual still rises every round, and the loss over the set gives a gap that only the
-full round's can confirm (the rows outside the set lose nothing in it, but may have moved).
+so the dual still rises every round; the loss over the sets is a lower bound of P(w), so the
+gap it gives only tells when a full round should confirm it.
 A full round comes next where that gap falls below ``eps``, or after ``CHECK_EVERY`` rounds;
 only a full round's gap stops the run. Under a cap that holds less than the shard, this
 replaces ``epochs`` reads of it a round by one every few rounds.
@@ -206,8 +206,9 @@ class _Local:
         return loss_sum
 
     def on_work(self, sh: _Shard, epochs: int) -> float:
-        """The working set only: its loss at w (the rows outside it have alpha = 0 and
-        were beyond the band at the last full round) and ``epochs`` passes over it."""
+        """The working set only: its loss at w and ``epochs`` passes over it (the rows
+        outside it keep their alphas: beyond the band at the last full round, or beyond
+        what the budget held)."""
         loss_sum = self.loss_of(self.margins(sh.work.X, sh.work.y))
         for _ in range(epochs):
             self._work_epoch(sh)
