@@ -42,7 +42,7 @@ from .labels import decide_task
 from .replace import check_store_target, remove_stale, replace_dir, temp_sibling
 from .resources import peak_rss_bytes
 from .sharded import ShardedStore
-from .shuffle import balanced_sizes
+from .shuffle import MemoryBucket, balanced_sizes
 from .stop import check_stop
 from .store import Store
 
@@ -277,8 +277,12 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     buffer_bytes = max(1 << 16, budget.limit // 4)
     counter = IOCount()
     t0 = time.perf_counter()
-    with budget.reservation(buffer_bytes, "bucket write buffer"):
-        # ---- pass 1: parse and deal into buckets ------------------------------------------
+    # the write buffer stays reserved while the buckets it holds stay in memory (a source
+    # that fits it is never written to bucket files: read once, the store written once)
+    budget.reserve(buffer_bytes, "bucket write buffer")
+    held = buffer_bytes
+    try:
+        # ---- pass 1: parse and deal into buckets ----------------------------------------------
         p = parse_and_deal(tmp, sources, chunks, chunks_total, fmt=fmt, shards=shards,
                             label_names=label_names, source_names=source_names,
                             label_column=label_column, delimiter=delimiter, header=header,
@@ -286,7 +290,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                             shape_kw=shape_kw, buffer_bytes=buffer_bytes,
                             rng=np.random.default_rng(deal_ss), counter=counter,
                             progress=progress)
-        # ---- decide base, width, layout, task, blocks -------------------------------------
+        # ---- decide base, width, layout, task, blocks -----------------------------------------
         shape = Shape(p, n_blocks=n_blocks, block_rows=block_rows, check=True, **shape_kw)
         if shards:
             if p.n < shards:
@@ -300,24 +304,36 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         sizes = balanced_sizes(p.n, shape.n_blocks)  # the plan's, unless bucket b is block b
         block_need = check_block_fits(budget, int(sizes.max()), shape.bytes_per_row)
         t1 = time.perf_counter()
-        buckets = [(p.buckets.path(b), int(r)) for b, r in enumerate(p.buckets.rows)]
+        buckets = [(p.buckets.bucket(b), int(r)) for b, r in enumerate(p.buckets.rows)]
         rng = np.random.default_rng(plan_ss)
         redealt = 0
         if len(buckets) != shape.n_blocks:
             buckets, redealt = redeal(tmp, buckets, int(sizes.max()), int(sizes.min()),
                                        buffer_bytes=buffer_bytes, rng=rng, counter=counter)
             if redealt:
-                log.warning("ingest: %d of the buckets were larger than a block (the source is "
-                            "larger than its first rows suggested) and were dealt again; pass "
-                            "--blocks to deal into the final blocks at once.", redealt)
-    bucket_bytes = counter.written
-    # ---- pass 3: buckets -> blocks ----------------------------------------------------------
-    t2 = time.perf_counter()
-    with budget.reservation(block_need, "ingest block"):
+                log.warning("ingest: %d of the buckets were larger than a block (the source "
+                            "is larger than its first rows suggested) and were dealt again; "
+                            "pass --blocks to deal into the final blocks at once.", redealt)
+        # ---- pass 3: buckets -> blocks --------------------------------------------------------
+        t2 = time.perf_counter()
+        if not (p.buckets.in_memory and budget.try_reserve(block_need)):
+            if p.buckets.in_memory:  # the block does not fit beside them: to their files
+                before = p.buckets.bytes_written
+                p.buckets.spill()
+                counter.written += p.buckets.bytes_written - before
+                buckets = [(q.path if isinstance(q, MemoryBucket) else q, r)
+                           for q, r in buckets]
+            budget.release(held)
+            held = 0
+            budget.reserve(block_need, "ingest block")
+        held += block_need
+        bucket_bytes = counter.written
         write_store(tmp, p, shape, buckets, task=task_, label_map=label_map, mapper=mapper,
-                     seed=seed, positive_label=positive_label, n_features=n_features,
-                     block_orderer=block_orderer, rng=rng, counter=counter, progress=progress,
-                     shards=shards)
+                    seed=seed, positive_label=positive_label, n_features=n_features,
+                    block_orderer=block_orderer, rng=rng, counter=counter, progress=progress,
+                    shards=shards)
+    finally:
+        budget.release(held)
     shutil.rmtree(tmp / "buckets", ignore_errors=True)
     shutil.rmtree(tmp / "redeal", ignore_errors=True)
     store_bytes = _dir_bytes(tmp)

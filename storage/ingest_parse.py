@@ -228,7 +228,7 @@ def parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_names
             h.stop()
     if p.n == 0:
         raise IngestError("The sources contain no data rows.", "Check the input files.")
-    p.buckets.close()
+    p.buckets.close(in_memory=True)  # no files where its buffer held every row
     counter.read += p.bytes_in
     counter.written += p.buckets.bytes_written
     return p

@@ -31,8 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-__all__ = ["Dealer", "BucketWriter", "Record", "iter_records", "read_bucket", "plan_blocks",
-           "balanced_sizes", "deal_chunk"]
+__all__ = ["Dealer", "BucketWriter", "MemoryBucket", "Record", "iter_records", "read_bucket",
+           "plan_blocks", "balanced_sizes", "deal_chunk"]
 
 _HEADER = np.dtype("<i8")
 _CSR, _DENSE = 0, 1
@@ -114,6 +114,11 @@ class BucketWriter:
         a reader holds at once.
 
     Attributes ``rows`` (rows per bucket), ``bytes_written``.
+
+    A writer closed with ``in_memory=True`` that never had to flush (every row it was given
+    fits its buffer) writes nothing: :meth:`bucket` then hands each bucket out as a
+    :class:`MemoryBucket` (ingest reads its source once and writes the store once).
+    :meth:`spill` writes them after all.
     """
 
     def __init__(self, directory, n_buckets: int, buffer_bytes: int,
@@ -131,6 +136,22 @@ class BucketWriter:
         # reopening every bucket file at every flush is slow
         self._files: dict = {}
         self._max_open = max(0, _open_files_allowed() - 256)
+        self.flushed = False  # a flush wrote records: the buckets are files
+        self.in_memory = False
+
+    def bucket(self, b: int):
+        """Bucket ``b``: its file, or its :class:`MemoryBucket` where it stayed in memory."""
+        return MemoryBucket(self._pending[b], self.path(b)) if self.in_memory else self.path(b)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def spill(self) -> None:
+        """Write buckets held in memory to their files (:meth:`bucket` then gives paths)."""
+        if self.in_memory:
+            self.in_memory = False
+            self.close()
 
     def path(self, b: int) -> Path:
         return self.directory / f"bucket{b:06d}.bin"
@@ -167,6 +188,7 @@ class BucketWriter:
 
     def flush(self) -> None:
         """Append each bucket's pending rows as records of at most ``record_bytes``."""
+        self.flushed = self.flushed or self._pending_bytes > 0
         for b, pieces in enumerate(self._pending):
             if not pieces:
                 continue
@@ -184,8 +206,12 @@ class BucketWriter:
             pieces.clear()
         self._pending_bytes = 0
 
-    def close(self) -> None:
-        """Flush, and close the bucket files (the files are complete after this)."""
+    def close(self, *, in_memory: bool = False) -> None:
+        """Flush, and close the bucket files (the files are complete after this); with
+        ``in_memory``, keep the rows in memory instead where no flush wrote any."""
+        if in_memory and not self.flushed:
+            self.in_memory = True
+            return
         try:
             self.flush()
         finally:
@@ -283,6 +309,36 @@ def _scatter_rows(rownnz, indices, values, out):
         for _ in range(rownnz[i]):
             out[i, indices[e]] = values[e]
             e += 1
+
+
+class MemoryBucket:
+    """A bucket that stayed in memory: its pieces as :class:`BucketWriter` buffered them,
+    read as a bucket file's records would be (the same rows in the same order); ``path``:
+    its file, once the writer spilled it (:meth:`BucketWriter.spill`)."""
+
+    def __init__(self, pieces, path):
+        self.pieces, self.path = pieces, path
+
+    def records(self):
+        for lab, rid, nz, ind, val in self.pieces:
+            yield Record(lab, rid, nz, ind, val)
+
+    def read(self, layout: str, n_features: int, base: int):
+        """All rows in the store's layout, as :func:`read_bucket` gives a file's."""
+        parts = [r.rows(layout, n_features, base) for r in self.records()]
+        labels = np.concatenate([q[0] for q in self.pieces]) if parts else np.empty(0, "<f8")
+        row_ids = np.concatenate([q[1] for q in self.pieces]) if parts else np.empty(0, "<i8")
+        if not parts:
+            X = (np.zeros((0, int(n_features)), np.float32) if layout == "dense"
+                 else sp.csr_matrix((0, int(n_features)), dtype=np.float32))
+        elif layout == "dense":
+            X = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        else:
+            X = sp.vstack(parts, format="csr") if len(parts) > 1 else parts[0]
+        return labels, row_ids, X
+
+    def unlink(self) -> None:
+        self.pieces.clear()  # the writer's list: its memory goes now
 
 
 class Record(NamedTuple):

@@ -149,6 +149,51 @@ def test_source_is_read_once_and_store_written_once(tmp_path, rng, kind):
             assert st["io_write_bytes"] <= st["bytes_written"] + (8 << 20)
 
 
+@pytest.mark.parametrize("kind", ["libsvm", "npy"])
+def test_a_source_the_write_buffer_holds_is_read_once_and_no_bucket_is_written(
+        tmp_path, rng, kind, monkeypatch):
+    """Where every row fits the bucket write buffer the buckets stay in memory: the source is
+    read once and the store written once, and the store is the one the bucket files give."""
+    from ooc_learn.storage.shuffle import BucketWriter
+
+    src = tmp_path / ("t.svm" if kind == "libsvm" else "x.npy")
+    (svm_source if kind == "libsvm" else npy_source)(src, rng, n=4000)
+    size = src.stat().st_size
+    with ingest([src], tmp_path / "mem", memory="512M", n_blocks=4) as a:
+        st = a.ingest_stats
+        assert st["bucket_bytes"] == 0 and not (tmp_path / "mem" / "buckets").exists()
+        assert st["bytes_read"] == st["bytes_in"] == size
+        assert st["bytes_written"] == st["store_bytes"]
+        # the same rows through bucket files
+        close = BucketWriter.close
+        monkeypatch.setattr(BucketWriter, "close", lambda self, **kw: close(self))
+        with ingest([src], tmp_path / "files", memory="512M", n_blocks=4) as b:
+            assert b.ingest_stats["bucket_bytes"] > 0
+            assert b.ingest_stats["bytes_read"] > size
+            assert np.array_equal(a.block_offsets, b.block_offsets)
+            for (Xa, ya, ia), (Xb, yb, ib) in zip(a.iter_blocks(), b.iter_blocks()):
+                assert np.array_equal(ia, ib) and np.array_equal(ya, yb)
+                assert (abs(Xa - Xb)).max() == 0
+
+
+def test_buckets_in_memory_go_to_files_when_the_block_does_not_fit_beside_them(
+        tmp_path, rng, monkeypatch):
+    """The buckets stay in memory only while the first block fits beside them: otherwise
+    they are written to their files after all, and the store is the same."""
+    from ooc_learn.storage import ingest as ingest_mod
+
+    src = tmp_path / "x.npy"
+    npy_source(src, rng, n=4000)
+    # a block 1 KiB larger than what the buckets' buffer leaves free
+    monkeypatch.setattr(ingest_mod, "check_block_fits",
+                        lambda budget, rows, per_row: budget.available + 1024)
+    with ingest([src], tmp_path / "t", memory="512M", n_blocks=4) as st:
+        assert st.ingest_stats["bucket_bytes"] > 0  # spilled to files
+        assert st.ingest_stats["bytes_read"] == st.ingest_stats["bytes_in"] + \
+            st.ingest_stats["bucket_bytes"]
+        assert st.n_samples == 4000
+
+
 def test_sha256_of_a_source_parsed_in_many_chunks(tmp_path, rng):
     src = tmp_path / "t.svm"
     svm_source(src, rng, n=8000)
