@@ -9,7 +9,9 @@ the local code does, so a run on the cluster gives the local run's answer:
 
 - CV folds (:func:`ooc_learn.cv.fold_runs.cv_folds`): cut into one run of consecutive folds
   per worker thread, each fold of a run warm-started from the one before (the first from
-  scratch) and warm along C, as ``n_jobs`` = that many runs them locally in threads
+  scratch) and warm along C, as ``n_jobs`` = that many runs them locally in threads; with
+  more worker threads than folds, runs of consecutive Cs too (each run of folds at each run
+  of Cs a task)
   (identical fold scores for the same folds and seeds); IBCD folds too, since each worker is
   its own process;
 - one-vs-rest classes (:func:`ooc_learn.training.train_classes`,

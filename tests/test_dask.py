@@ -149,6 +149,31 @@ def _primal(store_path, model, C, loss):
     return 0.5 * float(w @ w) + C * float(m.sum() if loss == "hinge" else (m ** 2).sum())
 
 
+
+def test_more_worker_threads_than_folds_cut_the_cs_into_tasks_too(client, stores, monkeypatch):
+    """A cluster with more threads than folds: each run of folds at each run of Cs is a task
+    (2 folds x 3 Cs: 6 tasks), and every C's fold scores are the local run's within the
+    solver's tolerance (a run of Cs starts cold where the local run is warm along C)."""
+    from ooc_learn import distributed as dist
+
+    monkeypatch.setattr(dist, "n_workers", lambda c: 6)
+    sent = []
+    gather = dist.gather
+
+    def spy(c, fn, args_list):
+        sent.extend(args_list)
+        return gather(c, fn, args_list)
+
+    monkeypatch.setattr(dist, "gather", spy)
+    Cs = [0.003, 0.01, 0.1]  # where dual CD converges (from C = 1 on it stops at max_iter)
+    remote = linear_cv_grid(stores / "bin", 2, Cs, solver="dcd", client=client)
+    local = linear_cv_grid(stores / "bin", 2, Cs, solver="dcd", n_jobs=2)
+    assert len(sent) == 6 and sorted(len(a[4]) for a in sent) == [1] * 6
+    for r, l in zip(remote, local):
+        assert np.abs(r.fold_scores - l.fold_scores).max() <= 0.01
+        assert np.mean(np.sign(r.predictions) == np.sign(l.predictions)) >= 0.99
+        assert r.stats["jobs"] == 2
+
 @pytest.fixture(scope="module")
 def sparse_store(tmp_path_factory):
     import scipy.sparse as sp

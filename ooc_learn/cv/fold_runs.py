@@ -34,17 +34,24 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
     a run each fold starts from the one before, the first from scratch; one state per run.
     ``client`` (a ``dask.distributed.Client``): the same runs, one per worker thread, each a
     task on the cluster, every solver (IBCD too: a worker is its own process); the same
-    answer as ``n_jobs`` = that many."""
+    answer as ``n_jobs`` = that many. Where the cluster has more worker threads than folds,
+    the Cs are cut into runs of consecutive Cs too (as many as the threads hold), each run
+    of folds at each run of Cs a task, warm along C within it (the first C of a run from
+    the fold before at that C, the first fold from scratch): the same folds, each C's
+    solutions within the solver's tolerance of the local run's."""
     t0 = time.perf_counter()
     n = st.n_samples
     rows0, bytes0 = st.rows_read, st.bytes_read
     dual, Cs = task.dual, task.Cs
     jobs = max(1, min(int(n_jobs), k)) if dual else 1
+    m = len(Cs)
+    c_runs = [np.arange(m)]
     if client is not None:
         from ooc_learn.distributed import n_workers
 
-        jobs = max(1, min(n_workers(client), k))
-    m = len(Cs)
+        threads = n_workers(client)
+        jobs = max(1, min(threads, k))
+        c_runs = np.array_split(np.arange(m), max(1, min(m, threads // jobs)))
     # per row and C: its decision value (float64); per row: its fold (int32); the dual
     # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
     # per running fold
@@ -71,7 +78,7 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
         chains = fold_chains(k, jobs)
         if client is not None:  # each chain of folds a task on the cluster
             cv_folds(client, st, task, k, warm_start, chains, folds, decision, fold_scores,
-                     logs, on_fold)
+                     logs, on_fold, c_runs=c_runs)
         elif jobs == 1:
             chain(chains[0])
         else:
@@ -118,20 +125,24 @@ def _chain_task(path, positive, k, ids, Cs, params, warm_start):
 
 
 def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision, fold_scores,
-             logs, on_fold=None) -> None:
-    """The runs of folds ``chains`` (:func:`~.linear_folds.fold_chains`) as tasks on the Dask
-    cluster of ``client``; their results written into the arrays as the local run's threads
-    write them."""
+             logs, on_fold=None, c_runs=None) -> None:
+    """The runs of folds ``chains`` (:func:`~.linear_folds.fold_chains`) at each run of Cs
+    ``c_runs`` (index arrays into ``task.Cs``; default all of them in one) as tasks on the
+    Dask cluster of ``client``; their results written into the arrays as the local run's
+    threads write them."""
     from ooc_learn.distributed import gather, shipped_path
 
     path = shipped_path(client, st.path)
-    args = [(path, st.positive, k, ids, task.Cs, task.params, warm_start) for ids in chains]
-    for outs in gather(client, _chain_task, args):
+    c_runs = [np.arange(len(task.Cs))] if c_runs is None else c_runs
+    jobs = [(ids, js) for js in c_runs for ids in chains]
+    args = [(path, st.positive, k, ids, [task.Cs[j] for j in js], task.params, warm_start)
+            for ids, js in jobs]
+    for (_, js), outs in zip(jobs, gather(client, _chain_task, args)):
         for out in outs:
             i = out["fold"]
-            fold_scores[:, i] = out["scores"]
-            decision[:, np.flatnonzero(folds == i)] = out["decision"]
-            for j, entry in enumerate(out["logs"]):
+            fold_scores[js, i] = out["scores"]
+            decision[np.ix_(js, np.flatnonzero(folds == i))] = out["decision"]
+            for j, entry in zip(js, out["logs"]):
                 logs[j][i] = entry
                 if on_fold is not None:
                     on_fold(entry)
