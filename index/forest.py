@@ -150,7 +150,7 @@ class Forest(ForestView):
     def query(self, w, *, w_outer=None, s=1.0, n: int | None = 1000, exclude=None,
               seed: int = 0, loss: str = "hinge", max_examined: int | None = None,
               bounded: bool = False, min_precision: float = 0.0,
-              max_read: int | None = None, with_rows: bool = False):
+              max_read: int | None = None, with_rows: bool = False, trees=None):
         """Up to ``n`` fresh rows satisfying eq. 10, and the number of rows examined
         (``with_rows``: and their values).
 
@@ -201,6 +201,8 @@ class Forest(ForestView):
             its label (as the search reads it: a one-vs-rest view's) and squared norm, so
             the caller reads nothing again. (A pivot row examined as its partition is
             reached, ``pivot_candidates="reached"``, is read after the search.)
+        trees : sequence of int, optional
+            Search these blocks' trees only (a shard's blocks of a store; default: all).
 
         Returns
         -------
@@ -246,8 +248,17 @@ class Forest(ForestView):
         if max_rd < 0:
             raise ParameterError(f"The 'max_read' parameter of query must be >= 0. Got "
                                  f"{max_read!r} instead.", "Use None for no limit.")
+        only = None
+        if trees is not None:
+            only = np.zeros(self.n_blocks, bool)
+            t = np.asarray(trees, dtype=np.int64).ravel()
+            if t.size and (t.min() < 0 or t.max() >= self.n_blocks):
+                raise ParameterError(f"The 'trees' parameter of query must name blocks in "
+                                     f"0:{self.n_blocks}.", "Pass the shard's block numbers.")
+            only[t] = True
         return self._search(wv, b, aug, wt, bt, same, low, int(limit), max_ex, exclude, seed,
-                            bool(bounded), float(min_precision), max_rd, bool(with_rows))
+                            bool(bounded), float(min_precision), max_rd, bool(with_rows),
+                            only)
 
     def _exclusion(self, exclude):
         """The exclusion as a uint8 mask: a caller's mask as is, row positions copied in.
@@ -269,7 +280,7 @@ class Forest(ForestView):
         return mask, self.n_samples
 
     def _search(self, wv, b, aug, wt, bt, same, low, limit, max_ex, exclude, seed, bounded,
-                min_prec=0.0, max_read=math.inf, with_rows=False):
+                min_prec=0.0, max_read=math.inf, with_rows=False, only=None):
         stats = dict(nodes_expanded=0, leaves_scanned=0, nodes_skipped=0, rows_read=0,
                      rows_examined=0, rows_shrunk=0, pivots_scored=0, pivots_examined=0,
                      frontier_peak=0, truncated=False, low_precision=False,
@@ -281,7 +292,8 @@ class Forest(ForestView):
                          soft=bounded) if with_rows else None)
         try:
             rows, n_ex = self._best_bin_first(wv, b, aug, wt, bt, same, low, limit, max_ex,
-                                              excl, seed, fr, stats, min_prec, max_read, buf)
+                                              excl, seed, fr, stats, min_prec, max_read, buf,
+                                              only)
             if buf is None:
                 return rows, n_ex
             return buf.found(rows, n_ex, self._read_found)
@@ -300,7 +312,7 @@ class Forest(ForestView):
         return X, y
 
     def _best_bin_first(self, wv, b, aug, wt, bt, same, low, limit, max_ex, excl, seed, fr,
-                        stats, min_prec=0.0, max_read=math.inf, buf=None):
+                        stats, min_prec=0.0, max_read=math.inf, buf=None, only=None):
         take = self.search.pivot_candidates != "none"
         now = self.search.pivot_candidates == "qualifying"
         rank = np.random.default_rng(seed).permutation(self.n_blocks)
@@ -310,7 +322,7 @@ class Forest(ForestView):
         stats["truncated"] = not fr.ensure(self.n_blocks, SEEN_MIN // 2 if now else 0)
         stats["frontier_entry_bytes"] = FRONTIER_ENTRY_BYTES
         for t, h in enumerate(self.headers):
-            if h.n_rows and not stats["truncated"]:
+            if h.n_rows and not stats["truncated"] and (only is None or only[t]):
                 # roots: priority 0, the tree's rank, pushed before any child
                 fr.size = frontier_push(fr.pri, fr.ent, fr.size, 0.0,
                                         (int(rank[t]) << ORDER_SHIFT) + ORDER_MASK,

@@ -324,6 +324,41 @@ def test_cocoa_rounds_over_working_sets_reach_the_optimum_reading_nothing(client
         assert abs(_primal(sparse_store, model, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
 
 
+
+def test_cocoa_queries_a_cut_stores_index_for_each_shards_blocks(client, tmp_path):
+    """One indexed store cut into 2 shards: the rounds over the working sets ask the index for
+    violators of the shard's own blocks only (each found row joins its shard's set), and the
+    run reaches the optimum as without the queries."""
+    import scipy.sparse as sp
+
+    from ooc_learn.solvers.cocoa import train_cocoa
+
+    rng = np.random.default_rng(0)  # the rows of sparse_store
+    X = sp.random(2000, 3000, density=0.01, random_state=1, format="csr", dtype=np.float32)
+    X.data[:] = 1.0
+    y = np.where(X @ rng.normal(size=3000) + 0.3 * rng.normal(size=2000) > 0, 1, -1)
+    ingest_arrays(X, y, tmp_path / "ix", n_blocks=6, build_index=True).close()
+    ref = train(tmp_path / "ix", solver="dcd", loss="sqhinge", eps=1e-6, max_outer=100)
+    p_ref = _primal(tmp_path / "ix", ref, 1.0, "sqhinge")
+
+    def band(v):  # working sets of the rows inside the margin only: violators stay outside
+        from ooc_learn.solvers import cocoa
+
+        cocoa.WORK_BAND = v
+
+    from ooc_learn.solvers import cocoa
+
+    client.run(band, 0.0)
+    try:
+        runs = [train_cocoa(tmp_path / "ix", client, shards=2, loss="sqhinge", eps=1e-3,
+                            epochs=5, max_rounds=400, query=q) for q in (True, False)]
+    finally:
+        client.run(band, cocoa.WORK_BAND)
+    assert runs[0].meta["stats"]["rows_found"] > 0 == runs[1].meta["stats"]["rows_found"]
+    for m in runs:
+        assert m.meta["stats"]["converged"]
+        assert abs(_primal(tmp_path / "ix", m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
+
 def test_cocoa_working_sets_stay_within_a_small_worker_budget(client, sparse_store, tmp_path):
     """Workers whose budget holds a part of their shard keep the rows nearest the margin
     that fit (fewer than the shard's), and the run still reaches the optimum."""

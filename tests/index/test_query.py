@@ -61,6 +61,24 @@ def test_unlimited_traversal_equals_brute_force(tmp_path, data_rng, csr, width):
         assert np.array_equal(np.sort(rows), brute_force(store, wb))
 
 
+
+def test_a_query_of_some_trees_searches_their_blocks_only(tmp_path, data_rng):
+    """``trees``: a shard's blocks of a store. Unlimited, it returns exactly the qualifying
+    rows of those blocks, examining no other; a limited one returns valid rows of them."""
+    X, y = blobs(data_rng, n=900, d=8)
+    store, _ = make_indexed(X, y, tmp_path, n_blocks=3, width=3, leaf_size=12)
+    w = data_rng.normal(size=8)
+    off = np.asarray(store.block_offsets)
+    mine = np.concatenate([np.arange(off[0], off[1]), np.arange(off[2], off[3])])
+    with store.forest() as f:
+        rows, n_e = f.query(w, n=None, trees=[0, 2])
+        ref = brute_force(store, w)
+        assert np.array_equal(np.sort(rows), ref[np.isin(ref, mine)]) and n_e == mine.size
+        rows, _ = f.query(w, n=5, trees=[2])
+        assert len(rows) == 5 and np.all((rows >= off[2]) & (rows < off[3]))
+        with pytest.raises(ParameterError, match="trees"):
+            f.query(w, n=5, trees=[3])
+
 @pytest.mark.parametrize("csr", [False, True])
 def test_limited_queries_return_valid_fresh_rows(tmp_path, data_rng, csr):
     X, y = blobs(data_rng, n=1200, d=10, csr=csr)
