@@ -141,7 +141,8 @@ def keep_open(path):
     """Keep the store at ``path`` open on this worker between tasks (the last
     ``KEEP_STORES``), so that its block cache, shared by the views under the worker's
     budget, outlives each task: the next class or fold reads the blocks the last one left.
-    The cache gives them back under pressure like any other."""
+    The cache gives them back under pressure like any other. Returns that store (a task may
+    keep what it opened on it, e.g. an index, while it stays open)."""
     import os
 
     from ooc_learn.storage.store import open_store
@@ -153,6 +154,7 @@ def keep_open(path):
     _KEPT[key] = st  # the most recent last
     while len(_KEPT) > KEEP_STORES:
         _KEPT.pop(next(iter(_KEPT))).close()
+    return st
 
 
 def _data_files_exist(paths) -> list[bool]:
