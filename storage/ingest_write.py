@@ -19,8 +19,7 @@ from .arrays import row_sqnorms
 from .ingest_parse import IOCount, Parsed
 from .ingest_plan import Shape
 from .sharded import shard_name, write_manifest
-from .shuffle import (BucketWriter, Dealer, MemoryBucket, deal_chunk, iter_records, plan_blocks,
-                      read_bucket)
+from .shuffle import BucketWriter, Dealer, deal_chunk, iter_records, plan_blocks, read_bucket
 from .stop import check_stop
 from .store import Store
 from .writer import StoreWriter
@@ -40,8 +39,7 @@ def redeal(tmp: Path, buckets: list, max_rows: int, min_rows: int, *, buffer_byt
         k = -(-rows // min_rows)
         writer = BucketWriter(tmp / "redeal" / f"{i:06d}", k, buffer_bytes=buffer_bytes)
         dealer = Dealer(k, rng)
-        for rec in (path.records() if isinstance(path, MemoryBucket)
-                    else iter_records(path, counter.add_read)):
+        for rec in iter_records(path, counter.add_read):
             indptr, indices, values = rec.csr()
             writer.add(dealer.deal(rec.n_rows), rec.labels, rec.row_ids, indptr, indices,
                        values)
@@ -58,9 +56,7 @@ def _load_bucket(path, rows: int, blocks, counts, pending: dict, *, shape: Shape
     """Read one bucket and hand its rows, in the store's layout, to the blocks of the plan
     (a random share to each when it is shared); ``drop(path)`` deletes the file (default:
     at once)."""
-    labels, row_ids, X = (path.read(shape.layout, shape.d, shape.base)
-                          if isinstance(path, MemoryBucket) else
-                          read_bucket(path, shape.layout, shape.d, shape.base, counter.add_read))
+    labels, row_ids, X = read_bucket(path, shape.layout, shape.d, shape.base, counter.add_read)
     if labels.shape[0] != rows:  # pragma: no cover - the writer counted what it wrote
         raise OSError(f"bucket file {path} holds {labels.shape[0]} rows, expected {rows}")
     if len(blocks) == 1:

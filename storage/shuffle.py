@@ -31,6 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from .arrays import stack_rows
+
 __all__ = ["Dealer", "BucketWriter", "MemoryBucket", "Record", "iter_records", "read_bucket",
            "plan_blocks", "balanced_sizes", "deal_chunk"]
 
@@ -142,10 +144,6 @@ class BucketWriter:
     def bucket(self, b: int):
         """Bucket ``b``: its file, or its :class:`MemoryBucket` where it stayed in memory."""
         return MemoryBucket(self._pending[b], self.path(b)) if self.in_memory else self.path(b)
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
 
     def spill(self) -> None:
         """Write buckets held in memory to their files (:meth:`bucket` then gives paths)."""
@@ -324,18 +322,11 @@ class MemoryBucket:
             yield Record(lab, rid, nz, ind, val)
 
     def read(self, layout: str, n_features: int, base: int):
-        """All rows in the store's layout, as :func:`read_bucket` gives a file's."""
-        parts = [r.rows(layout, n_features, base) for r in self.records()]
-        labels = np.concatenate([q[0] for q in self.pieces]) if parts else np.empty(0, "<f8")
-        row_ids = np.concatenate([q[1] for q in self.pieces]) if parts else np.empty(0, "<i8")
-        if not parts:
-            X = (np.zeros((0, int(n_features)), np.float32) if layout == "dense"
-                 else sp.csr_matrix((0, int(n_features)), dtype=np.float32))
-        elif layout == "dense":
-            X = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        else:
-            X = sp.vstack(parts, format="csr") if len(parts) > 1 else parts[0]
-        return labels, row_ids, X
+        """All rows (at least one) in the store's layout, as :func:`read_bucket` gives a
+        file's."""
+        return (np.concatenate([q[0] for q in self.pieces]),
+                np.concatenate([q[1] for q in self.pieces]),
+                stack_rows([r.rows(layout, n_features, base) for r in self.records()]))
 
     def unlink(self) -> None:
         self.pieces.clear()  # the writer's list: its memory goes now
@@ -405,7 +396,11 @@ def _decode(body: np.ndarray, m: int, kind: int, k: int) -> Record:
 
 def iter_records(path, counter=None):
     """Yield the :class:`Record` s of one bucket file, one record in memory at a time (two
-    reads each); ``counter(nbytes)`` sees every read."""
+    reads each); ``counter(nbytes)`` sees every read. (Of a :class:`MemoryBucket`, its
+    records, nothing read.)"""
+    if isinstance(path, MemoryBucket):
+        yield from path.records()
+        return
     with open(path, "rb") as fh:
         while True:
             head = np.fromfile(fh, _HEADER, 3)
@@ -427,7 +422,10 @@ def read_bucket(path, layout: str, n_features: int, base: int, counter=None):
     The file is read with one call and its records are decoded from that buffer straight
     into the outputs: a record costs a few array views, where :func:`iter_records` and
     :meth:`Record.rows` cost two reads and an array of its own.
-    ``counter(nbytes)`` sees the bytes read."""
+    ``counter(nbytes)`` sees the bytes read. (Of a :class:`MemoryBucket`, its rows, nothing
+    read.)"""
+    if isinstance(path, MemoryBucket):
+        return path.read(layout, n_features, base)
     buf = np.fromfile(path, np.uint8)
     if counter is not None:
         counter(buf.nbytes)
