@@ -1,6 +1,8 @@
 """Ingest sources into a block store under the memory cap.
 
-The sources are read once and the store is written once (see :mod:`shuffle`):
+The sources are read once and the store is written once where the write buffer holds them
+(else once more through bucket files), or where they are arrays on disk read by row position
+(:mod:`.ingest_direct`); the bucket path (see :mod:`shuffle`):
 
 1. parse every source in chunks (numba parsers) and deal each chunk's rows straight into R0
    balanced random buckets (every bucket a stratified sample of the whole input, so blocks
@@ -35,6 +37,7 @@ import scipy.sparse as sp
 
 from .budget import MemoryBudget
 from .errors import IngestError, ParameterError
+from .ingest_direct import ingest_direct, probe_array_files
 from .ingest_parse import IOCount, parse_and_deal
 from .ingest_plan import Shape, check_block_fits
 from .ingest_write import redeal, write_store
@@ -144,10 +147,11 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         ``store.ingest_stats`` holds ``seconds``,
         ``bytes_in`` (the sources' size), ``bytes_read`` (sources + buckets read back),
         ``bytes_written`` (buckets + the store with its index), ``store_bytes``,
-        ``bucket_bytes``, ``buckets`` (how many pass 1 dealt into), ``io_read_bytes`` /
-        ``io_write_bytes`` (this process's block I/O from ``/proc/self/io`` over the ingest,
-        None where unavailable), ``peak_rss_bytes`` and ``pass_seconds`` (parse, redeal,
-        write).
+        ``bucket_bytes``, ``buckets`` (how many pass 1 dealt into), ``direct_passes`` (the
+        passes of a direct ingest, :mod:`~ooc_learn.storage.ingest_direct`; None for the
+        buckets), ``io_read_bytes`` / ``io_write_bytes`` (this process's block I/O from
+        ``/proc/self/io`` over the ingest, None where unavailable), ``peak_rss_bytes`` and
+        ``pass_seconds`` (parse, redeal, write; direct: read, write).
 
     Examples
     --------
@@ -279,6 +283,24 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     t0 = time.perf_counter()
     # the write buffer stays reserved while the buckets it holds stay in memory (a source
     # that fits it is never written to bucket files: read once, the store written once)
+    if chunks is None and not label_names:
+        # arrays on disk the buffer does not hold (as buckets): read by row arithmetic, in
+        # group passes
+        files = probe_array_files(sources, fmt, label_column)
+        if files is not None and sum(f.n * (4 * f.n_features + 24) for f in files) > buffer_bytes:
+            done = ingest_direct(tmp, files, budget=budget, layout=layout, task=task,
+                                 n_blocks=n_blocks, block_rows=block_rows,
+                                 n_features=n_features, positive_label=positive_label,
+                                 source_names=source_names, block_orderer=block_orderer,
+                                 seed=seed, rng=np.random.default_rng(plan_ss),
+                                 counter=counter, progress=progress, shards=shards)
+            if done is not None:
+                p, shape, task_, info = done
+                took = time.perf_counter() - t0
+                return _stats(tmp, p, shape, task_, counter, bucket_bytes=0, buckets=0,
+                              redealt=0, pass_seconds={"read": info["read_seconds"],
+                                                       "write": took - info["read_seconds"]},
+                              direct=info)
     budget.reserve(buffer_bytes, "bucket write buffer")
     held = buffer_bytes
     try:
@@ -336,12 +358,20 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         budget.release(held)
     shutil.rmtree(tmp / "buckets", ignore_errors=True)
     shutil.rmtree(tmp / "redeal", ignore_errors=True)
-    store_bytes = _dir_bytes(tmp)
     pass_seconds = {"parse": t1 - t0, "redeal": t2 - t1, "write": time.perf_counter() - t2}
+    return _stats(tmp, p, shape, task_, counter, bucket_bytes=bucket_bytes,
+                  buckets=int(p.buckets.n_buckets), redealt=redealt, pass_seconds=pass_seconds,
+                  direct=None)
+
+
+def _stats(tmp, p, shape, task_, counter, *, bucket_bytes, buckets, redealt, pass_seconds,
+           direct) -> dict:
+    """The figures of an ingest (``store.ingest_stats``; see :func:`ingest`)."""
+    store_bytes = _dir_bytes(tmp)
     log.debug("ingest passes (s): %s", pass_seconds)
     return {"n_samples": p.n, "n_features": shape.d, "n_blocks": shape.n_blocks,
             "layout": shape.layout, "task": task_, "nnz": int(p.nnz), "bytes_in": p.bytes_in,
             "bytes_read": counter.read, "bytes_written": counter.written + store_bytes,
-            "store_bytes": store_bytes, "bucket_bytes": bucket_bytes,
-            "buckets": int(p.buckets.n_buckets), "redealt_buckets": redealt,
-            "pass_seconds": pass_seconds}
+            "store_bytes": store_bytes, "bucket_bytes": bucket_bytes, "buckets": buckets,
+            "redealt_buckets": redealt, "pass_seconds": pass_seconds,
+            "direct_passes": None if direct is None else direct["passes"]}

@@ -24,7 +24,7 @@ from .stop import check_stop
 from .store import Store
 from .writer import StoreWriter
 
-__all__ = ["redeal", "write_store"]
+__all__ = ["StoreOutput", "redeal", "store_metadata", "write_store"]
 
 
 def redeal(tmp: Path, buckets: list, max_rows: int, min_rows: int, *, buffer_bytes, rng,
@@ -83,113 +83,161 @@ def _stack(parts, layout: str):
     return labels, row_ids, X
 
 
-def _write_blocks(writers, forests, buckets: list, plan, offsets, *, shape: Shape, mapper,
-                  rng, counter: IOCount, progress) -> None:
-    """Pass 3: build block after block from the buckets (each read once) and write them:
-    block c to ``writers[c % K]`` as its block c // K (K = 1: the store's own block c),
-    ordered by ``forests[c % K]`` (a random order without)."""
-    K = len(writers)
-    from concurrent.futures import ThreadPoolExecutor
+class StoreOutput:
+    """The store ingest writes, block after block: ``data.h5`` with the orderer's files (the
+    index), or with ``shards`` K one such store per shard, block c going to shard c mod K as
+    its block c // K, and the manifest written last (see :mod:`~ooc_learn.storage.sharded`).
 
-    from tqdm.auto import tqdm
+    ``block_sizes`` are the rows of every block, in order. ``nnz`` None: counted as the
+    blocks come. Labels given to :meth:`write` as None are set later by :meth:`set_labels`
+    (the direct ingest learns the task only after its last pass).
+    """
 
-    starts = np.concatenate(([0], np.cumsum([r for _, r in buckets])))
-    pending: dict = {}
-    nxt = 0
-    # read buckets are deleted by a side thread: freeing a bucket file's extents is slow, and
-    # the GIL is released meanwhile
-    dropped = []
-    with ThreadPoolExecutor(1) as unlinker, tqdm(
-            total=len(offsets) - 1, unit="block", desc="write", disable=not progress,
-            leave=False) as bar:
+    def __init__(self, tmp: Path, block_sizes, *, shape: Shape, task, metadata: dict, nnz,
+                 block_orderer, seed: int, shards: int | None):
+        self.tmp, self.shape, self.shards = tmp, shape, shards
+        K = self.K = shards or 1
+        block_sizes = np.asarray(block_sizes, np.int64)
+        self.writers, self.forests = [], []
+        try:
+            for k in range(K):
+                blocks = np.arange(k, block_sizes.size, K)
+                local = np.zeros(blocks.size + 1, np.int64)
+                np.cumsum(block_sizes[blocks], out=local[1:])
+                where, meta, nnz_k = tmp, metadata, nnz
+                if shards:
+                    where = tmp / shard_name(k)
+                    meta = dict(metadata, nnz=None,
+                                shard={"index": k, "of": K, "blocks": blocks.tolist()},
+                                params=dict(metadata["params"], n_blocks=int(blocks.size),
+                                            shard=k, shards=K))
+                    nnz_k = None  # counted as the blocks come
+                self.writers.append(StoreWriter(where, n_samples=int(local[-1]),
+                                                n_features=shape.d, nnz=nnz_k,
+                                                layout=shape.layout, block_offsets=local,
+                                                task=task, metadata=meta))
+                if block_orderer is not None:
+                    self.forests.append(block_orderer(where, n_blocks=int(blocks.size),
+                                                      n_samples=int(local[-1]),
+                                                      n_features=shape.d, seed=seed + k))
+        except BaseException:
+            self.abort()
+            raise
 
-        def drop(path):
-            dropped.append(unlinker.submit(path.unlink))
+    def write(self, c: int, X, y, row_ids, rng) -> np.ndarray:
+        """Order block ``c``'s rows (its tree's leaf order, else at random), write them, and
+        return the order."""
+        sq = row_sqnorms(X).astype(np.float32)
+        k, b = c % self.K, c // self.K
+        if self.forests:
+            perm = self.forests[k].order(b, int(self.writers[k].block_offsets[b]), X, sq)
+        else:
+            perm = rng.permutation(X.shape[0])
+        self.writers[k].write_block(b, X[perm], None if y is None else y[perm], row_ids[perm],
+                                    sq[perm])
+        return perm
 
-        for c in range(len(offsets) - 1):
-            check_stop()  # a safe point for SIGINT / SIGTERM, one a block
-            while nxt < len(buckets) and starts[nxt] < offsets[c + 1]:
-                path, rows = buckets[nxt]
-                if rows:
-                    _load_bucket(path, rows, plan.bucket_blocks[nxt], plan.bucket_counts[nxt],
-                                 pending, shape=shape, rng=rng, counter=counter, drop=drop)
-                nxt += 1
-            labels, row_ids, X = _stack(pending.pop(c), shape.layout)
-            y = mapper(labels).astype(np.float32)
-            sq = row_sqnorms(X).astype(np.float32)
-            k, b = c % K, c // K
-            if forests is not None:
-                perm = forests[k].order(b, int(writers[k].block_offsets[b]), X, sq)
-            else:
-                perm = rng.permutation(len(labels))
-            writers[k].write_block(b, X[perm], y[perm], row_ids[perm], sq[perm])
-            del X
-            bar.update(1)
-    for f in dropped:
-        f.result()  # an unlink that failed is an error like any other
+    def set_labels(self, c: int, y) -> None:
+        """The stored labels of block ``c`` (in its written order), where :meth:`write` had
+        none."""
+        self.writers[c % self.K].set_labels(c // self.K, y)
+
+    def finish(self, counter: IOCount, **metadata) -> None:
+        """Close the index, stamp and close the stores (``metadata`` updates theirs: what the
+        last pass decided), and write the manifest of a sharded store."""
+        for forest in self.forests:
+            forest.close()
+        self.forests = []
+        for writer in self.writers:
+            for key, value in metadata.items():
+                if key == "task":
+                    writer.task = value
+                    writer.metadata["params"]["task"] = value
+                elif not (key == "nnz" and self.shards):  # a shard counts its own
+                    writer.metadata[key] = value
+            writer.finish()
+            counter.written += writer.spooled_bytes
+            counter.read += writer.spooled_bytes
+        if self.shards:
+            listed = []
+            for k, writer in enumerate(self.writers):
+                with Store(writer.directory) as st:
+                    listed.append({"path": shard_name(k), "n_samples": st.n_samples,
+                                   "n_blocks": st.n_blocks, "nnz": st.nnz,
+                                   "fingerprint": st.fingerprint()})
+            w = self.writers[0]
+            write_manifest(self.tmp, listed, n_features=self.shape.d, task=w.task,
+                           layout=self.shape.layout, label_map=w.metadata["label_map"])
+
+    def abort(self) -> None:
+        for writer in self.writers:
+            writer.abort()
+        for forest in self.forests:
+            if hasattr(forest, "abort"):
+                forest.abort()
+        self.forests = []
 
 
-def write_store(tmp: Path, p: Parsed, shape: Shape, buckets: list, *, task, label_map,
-                 mapper, seed, positive_label, n_features, block_orderer, rng, counter,
-                 progress, shards: int | None = None) -> None:
-    """Pass 3: plan the blocks from the buckets, write ``data.h5`` and the orderer's files;
-    with ``shards`` K, block c goes to the store ``tmp/shard-(c mod K)`` instead, and the
-    manifest is written last (see :mod:`~ooc_learn.storage.sharded`)."""
-    plan = plan_blocks([r for _, r in buckets], shape.n_blocks)
-    offsets = np.zeros(shape.n_blocks + 1, np.int64)
-    np.cumsum(plan.block_sizes, out=offsets[1:])
-    K = shards or 1
-    metadata = {
+def store_metadata(p: Parsed, shape: Shape, *, task, label_map, seed, positive_label,
+                   n_features) -> dict:
+    """The metadata every ingest writes into its store (``data.h5`` and ``meta.json``)."""
+    return {
         "label_map": label_map, "sources": p.sources, "formats": sorted(p.formats),
         "zero_based": shape.base == 0, "nnz": int(p.nnz), "density": shape.density,
         "params": {"n_blocks": int(shape.n_blocks), "seed": int(seed), "layout": shape.layout,
                    "task": task, "positive_label": positive_label,
                    "n_features": n_features},
     }
-    targets, forests = [], []  # per shard (one without shards): its writer, its orderer
+
+
+def write_store(tmp: Path, p: Parsed, shape: Shape, buckets: list, *, task, label_map,
+                 mapper, seed, positive_label, n_features, block_orderer, rng, counter,
+                 progress, shards: int | None = None) -> None:
+    """Pass 3: plan the blocks from the buckets, then build block after block from them
+    (each bucket read once, a shared one split at random) and write it into a
+    :class:`StoreOutput`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    plan = plan_blocks([r for _, r in buckets], shape.n_blocks)
+    offsets = np.zeros(shape.n_blocks + 1, np.int64)
+    np.cumsum(plan.block_sizes, out=offsets[1:])
+    metadata = store_metadata(p, shape, task=task, label_map=label_map, seed=seed,
+                              positive_label=positive_label, n_features=n_features)
+    out = StoreOutput(tmp, plan.block_sizes, shape=shape, task=task, metadata=metadata,
+                      nnz=None if shards else p.nnz, block_orderer=block_orderer, seed=seed,
+                      shards=shards)
+    starts = np.concatenate(([0], np.cumsum([r for _, r in buckets])))
+    pending: dict = {}
+    nxt = 0
+    # read buckets are deleted by a side thread: freeing a bucket file's extents is slow, and
+    # the GIL is released meanwhile
+    dropped = []
     try:
-        for k in range(K):
-            blocks = np.arange(k, shape.n_blocks, K)
-            sizes = plan.block_sizes[blocks]
-            local = np.zeros(blocks.size + 1, np.int64)
-            np.cumsum(sizes, out=local[1:])
-            where, meta, nnz = tmp, metadata, p.nnz
-            if shards:
-                where = tmp / shard_name(k)
-                meta = dict(metadata, nnz=None,
-                            shard={"index": k, "of": K, "blocks": blocks.tolist()},
-                            params=dict(metadata["params"], n_blocks=int(blocks.size),
-                                        shard=k, shards=K))
-                nnz = None  # counted as the blocks come
-            targets.append(StoreWriter(where, n_samples=int(local[-1]), n_features=shape.d,
-                                       nnz=nnz, layout=shape.layout, block_offsets=local,
-                                       task=task, metadata=meta))
-            if block_orderer is not None:
-                forests.append(block_orderer(where, n_blocks=int(blocks.size),
-                                             n_samples=int(local[-1]), n_features=shape.d,
-                                             seed=seed + k))
-        _write_blocks(targets, forests or None, buckets, plan, offsets, shape=shape,
-                      mapper=mapper, rng=rng, counter=counter, progress=progress)
-        for forest in forests:
-            forest.close()
-        forests = []
-        for writer in targets:
-            writer.finish()
-            counter.written += writer.spooled_bytes
-            counter.read += writer.spooled_bytes
-        if shards:
-            listed = []
-            for k, writer in enumerate(targets):
-                with Store(writer.directory) as st:
-                    listed.append({"path": shard_name(k), "n_samples": st.n_samples,
-                                   "n_blocks": st.n_blocks, "nnz": st.nnz,
-                                   "fingerprint": st.fingerprint()})
-            write_manifest(tmp, listed, n_features=shape.d, task=task, layout=shape.layout,
-                           label_map=label_map)
+        with ThreadPoolExecutor(1) as unlinker, tqdm(
+                total=shape.n_blocks, unit="block", desc="write", disable=not progress,
+                leave=False) as bar:
+
+            def drop(path):
+                dropped.append(unlinker.submit(path.unlink))
+
+            for c in range(shape.n_blocks):
+                check_stop()  # a safe point for SIGINT / SIGTERM, one a block
+                while nxt < len(buckets) and starts[nxt] < offsets[c + 1]:
+                    path, rows = buckets[nxt]
+                    if rows:
+                        _load_bucket(path, rows, plan.bucket_blocks[nxt],
+                                     plan.bucket_counts[nxt], pending, shape=shape, rng=rng,
+                                     counter=counter, drop=drop)
+                    nxt += 1
+                labels, row_ids, X = _stack(pending.pop(c), shape.layout)
+                out.write(c, X, mapper(labels).astype(np.float32), row_ids, rng)
+                del X
+                bar.update(1)
+        for f in dropped:
+            f.result()  # an unlink that failed is an error like any other
+        out.finish(counter)
     except BaseException:
-        for writer in targets:
-            writer.abort()
-        for forest in forests:
-            if hasattr(forest, "abort"):
-                forest.abort()
+        out.abort()
         raise

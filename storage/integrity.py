@@ -24,9 +24,11 @@ def digest(a: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(a))
 
 
-def block_digests(parts: dict, layout: str) -> list[int]:
-    """The digests of one block's slices of the datasets (``HASHED[layout]``, in order)."""
-    return [digest(parts[k]) for k in HASHED[layout]]
+def block_digests(parts: dict, layout: str, missing=None) -> list[int]:
+    """The digests of one block's slices of the datasets (``HASHED[layout]``, in order); a
+    dataset not in ``parts`` gets ``missing`` where that is given (its slice comes later)."""
+    return [digest(parts[k]) if k in parts or missing is None else missing
+            for k in HASHED[layout]]
 
 
 def check_row_pointers(path, indptr: np.ndarray, nnz: int, where: str) -> None:

@@ -310,11 +310,12 @@ class Store:
         return self.metadata.get("label_map", {})
 
     def fingerprint(self) -> str:
-        """Identifies the data: the sources' sha256 and the shuffle parameters."""
+        """Identifies the data: the sources' digests and the shuffle parameters."""
         import hashlib
 
         h = hashlib.sha256()
-        h.update(json.dumps([s.get("sha256") for s in self.metadata.get("sources", [])]).encode())
+        h.update(json.dumps([s.get("sha256") or s.get("sha256_pieces")
+                             for s in self.metadata.get("sources", [])]).encode())
         h.update(json.dumps(self.metadata.get("params", {}), sort_keys=True).encode())
         h.update(f"{self.n_samples},{self.n_features}".encode())
         return h.hexdigest()[:16]

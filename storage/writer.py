@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from .arrays import row_sqnorms
 from .errors import ParameterError
 from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, META_FILE
-from .integrity import HASHED, block_digests
+from .integrity import HASHED, block_digests, digest
 from .stop import check_stop
 from .store import open_store
 
@@ -47,6 +47,7 @@ class StoreWriter:
         self.layout, self.task, self.metadata = layout, task, metadata
         self.block_offsets = np.asarray(block_offsets, dtype=np.int64)
         self._next_block = 0
+        self._labels_due: set = set()
         self._nnz_pos = 0
         self._hashes = np.zeros((len(self.block_offsets) - 1, len(HASHED[layout])), np.uint64)
         n, d = self.n_samples, self.n_features
@@ -71,15 +72,20 @@ class StoreWriter:
             raise ParameterError(f"Unknown layout {layout!r}.")
 
     def write_block(self, b: int, X, y, row_ids, sqnorm=None) -> None:
-        """Write block ``b`` (blocks in order). ``X`` dense float32 or CSR with sorted indices."""
+        """Write block ``b`` (blocks in order). ``X`` dense float32 or CSR with sorted indices;
+        ``y`` None: the labels come later, by :meth:`set_labels`."""
         if b != self._next_block:
             raise ValueError(f"blocks must be written in order: expected {self._next_block}, got {b}")
         start, stop = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
         if X.shape[0] != stop - start:
             raise ValueError(f"block {b} has {X.shape[0]} rows, expected {stop - start}")
         f = self._file
-        parts = {"y": np.asarray(y, dtype=np.float32), "row_id": np.asarray(row_ids, np.int64),
+        parts = {"row_id": np.asarray(row_ids, np.int64),
                  "sqnorm": np.asarray(row_sqnorms(X) if sqnorm is None else sqnorm, np.float32)}
+        if y is not None:
+            parts["y"] = np.asarray(y, dtype=np.float32)
+        else:
+            self._labels_due.add(b)
         if self.layout == "dense":
             parts["X"] = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float32)
             if self.nnz is None:  # counted as the blocks come (a shard's)
@@ -100,14 +106,25 @@ class StoreWriter:
             f["indptr"][start + 1:stop + 1] = parts["indptr"][1:]
             self._nnz_pos = a + nb
         for name in ("y", "row_id", "sqnorm") + (("X",) if self.layout == "dense" else ()):
-            f[name][start:stop] = parts[name]
-        self._hashes[b] = block_digests(parts, self.layout)
+            if name in parts:
+                f[name][start:stop] = parts[name]
+        self._hashes[b] = block_digests(parts, self.layout, missing=0)
         self._next_block += 1
+
+    def set_labels(self, b: int, y) -> None:
+        """The labels of block ``b``, written without them (in the block's written order)."""
+        start, stop = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+        y = np.asarray(y, dtype=np.float32)
+        if y.shape != (stop - start,):
+            raise ValueError(f"block {b} has {stop - start} rows, got {y.shape[0]} labels")
+        self._file["y"][start:stop] = y
+        self._hashes[b, HASHED[self.layout].index("y")] = digest(y)
+        self._labels_due.discard(b)
 
     def finish(self) -> None:
         """Stamp the attributes, mark complete (last), close, and write ``meta.json``."""
-        if self._next_block != len(self.block_offsets) - 1:
-            raise ValueError("not every block was written")
+        if self._next_block != len(self.block_offsets) - 1 or self._labels_due:
+            raise ValueError("not every block was written, or not every block's labels")
         f = self._file
         if self.nnz is None:  # a shard's entries, counted in write_block
             self.nnz = self.metadata["nnz"] = self._nnz_pos

@@ -92,7 +92,9 @@ def _info_body(args):
              f"alone: --memory also holds the process, ~150M)"]
     for s in meta.get("sources", []):
         lines.append(f"source       {s.get('name')}  {s.get('rows')} rows  "
-                     f"{s.get('bytes')} bytes  sha256 {s.get('sha256')}")
+                     f"{s.get('bytes')} bytes  " + (
+                         f"sha256 {s['sha256']}" if s.get("sha256") else
+                         f"sha256 of its {s.get('piece_rows')}-row pieces {s.get('sha256_pieces')}"))
     return {"json": info, "text": "\n".join(lines)}
 
 

@@ -139,7 +139,8 @@ def _ingest_body(args):
                    dict(s, path=str(store.shard_path(k))) for k, s in enumerate(store.shards)],
                "layout": store.layout, "task": store.task, "seconds": round(st["seconds"], 4),
                "bytes_in": st["bytes_in"], "bytes_read": st["bytes_read"],
-               "bytes_written": st["bytes_written"], "peak_rss_bytes": st["peak_rss_bytes"]}
+               "bytes_written": st["bytes_written"], "direct_passes": st["direct_passes"],
+               "peak_rss_bytes": st["peak_rss_bytes"]}
         text = (f"{out['store']}: {out['n_samples']} rows x {out['n_features']} features in "
                 f"{store.n_shards} shards ({', '.join(str(s['n_samples']) for s in store.shards)}"
                 f" rows), {out['layout']}, {out['task']} ({out['seconds']:.2f} s)")
@@ -149,6 +150,7 @@ def _ingest_body(args):
            "task": store.task, "nnz": store.nnz, "has_index": store.has_index,
            "seconds": round(st["seconds"], 4), "bytes_in": st["bytes_in"],
            "bytes_read": st["bytes_read"], "bytes_written": st["bytes_written"],
+           "direct_passes": st["direct_passes"],
            "mb_per_second": round(st["bytes_in"] / 1e6 / max(st["seconds"], 1e-9), 2),
            "peak_rss_bytes": st["peak_rss_bytes"]}
     store.close()

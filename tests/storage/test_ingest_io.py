@@ -378,7 +378,10 @@ def test_bucket_records_survive_short_writes(tmp_path, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("later", ["alike", "denser"])
-def test_binary_sources_deal_into_a_quarter_more_buckets_than_blocks(tmp_path, rng, later):
+def test_binary_sources_deal_into_a_quarter_more_buckets_than_blocks(tmp_path, rng, later,
+                                                                    monkeypatch):
+    from ooc_learn.storage import ingest as ingest_mod
+
     # a .npy's rows are all one size: the bucket count is the block count estimated from the
     # first chunk plus a quarter (not doubled to a power of two), so records are larger. Rows
     # denser than the first chunk's (a dense layout where CSR was estimated: fewer rows a
@@ -390,6 +393,9 @@ def test_binary_sources_deal_into_a_quarter_more_buckets_than_blocks(tmp_path, r
     y = rng.choice([-1.0, 1.0], n).astype(np.float32)
     src = tmp_path / "x.npy"
     np.save(src, np.column_stack([y, X]))
+    # the bucket path, as for a compressed .npy (an uncompressed one this size is read by row
+    # position: storage/ingest_direct.py)
+    monkeypatch.setattr(ingest_mod, "probe_array_files", lambda *a, **k: None)
     # 17 MB under an 8 MiB cap: blocks and parse chunks hold a small share of it
     with ingest([src], tmp_path / "s", build_index=False, memory="8M", seed=1) as store:
         st = store.ingest_stats
