@@ -626,3 +626,24 @@ def dense_to_csr(X, indptr):
             values[e] = v
             e += v != 0
     return indices[:nnz], values[:nnz]
+
+
+@njit(cache=True, nogil=True)
+def dense_row_stats(X, sq):
+    """One pass over the float32 rows ``X``: their squared norms (summed in float64) into
+    ``sq``; returns ``(non-zeros, first row holding a NaN or infinite value, or -1)``. A
+    float32's square is finite in float64, so a row's sum is finite exactly when its values
+    are: the norms a store keeps double as the check of its values."""
+    m, d = X.shape
+    nnz = 0
+    bad = -1
+    for i in range(m):
+        s = 0.0
+        for j in range(d):
+            v = np.float64(X[i, j])
+            s += v * v
+            nnz += v != 0
+        sq[i] = s
+        if bad < 0 and not np.isfinite(s):
+            bad = i
+    return nnz, bad

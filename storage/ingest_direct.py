@@ -7,23 +7,26 @@ Where every source is a dense array at a known place in a plain file (an uncompr
 them), a row is found by arithmetic and no intermediate file is needed:
 
 1. the rows are cut into *runs* of consecutive rows (:func:`plan_passes`; about 1/256 of a
-   group, 64 KiB to 4 MiB), and the runs are dealt into P *groups* the way the
-   :class:`~ooc_learn.storage.shuffle.Dealer` deals rows: every consecutive P runs give one run
-   to each group, in a fresh random order. A group is a systematic random sample of the whole
-   input (a source sorted by class gives every group the global shares), and one group fits
-   the memory cap beside a block being written;
-2. pass g reads group g's runs in file order (one ``preadv`` each), deals its rows into its
-   share of the blocks (a Dealer again: each block a stratified sample of the group), and
-   orders and writes those blocks as the bucket path does (:class:`~.ingest_write.StoreOutput`);
+   group, 64 KiB to 4 MiB) and dealt to the blocks' *slots* the way the
+   :class:`~ooc_learn.storage.shuffle.Dealer` deals rows (every consecutive R runs one to each
+   of the R blocks, in a fresh random order); a run belongs to the group of its slot's block.
+   So each of the P groups (as many as the cap needs, each holding whole blocks) gets its
+   blocks' share of every stretch of the input: a source sorted by class gives every group
+   the global shares. A few runs are split so that every group holds exactly the rows of its
+   blocks, whose sizes are the balanced ones of the bucket path;
+2. pass g reads group g's runs in file order (one ``preadv`` each, the kernel's read-ahead
+   off: the runs between belong to other passes), deals its rows into its blocks (a Dealer
+   again: each block a stratified sample of the group), and orders and writes them as the
+   bucket path does (:class:`~.ingest_write.StoreOutput`). The next group is read on a side
+   thread meanwhile (two groups share the memory a group would have alone);
 3. the task is known only when every label has been seen: the raw labels are spooled in
    store order (8 bytes a row) and every block's labels are written after the last pass.
 
-Block sizes are balanced within a group; groups differ by at most one run, so blocks of
-different groups may differ by a few rows more than one. An auto layout is decided on the
-first group (a 1/P sample of the rows): where it comes out sparse, the bucket path takes over
-and that group is read once more. A source's digest here is ``sha256_runs``: the sha256 of its
-runs' sha256 digests in file order (labels of an ``.npz`` after its rows), ``run_rows`` rows a
-run: the runs are read out of order, so the whole file's sha256 would need a read of its own.
+An auto layout is decided on the first group (a 1/P sample of the rows): where it comes out
+sparse, the bucket path takes over and that group is read once more. A source's digest here
+is ``sha256_pieces``, the sha256 of the sha256 digests of its pieces of ``piece_rows`` rows
+(about 32 KiB) in file order (an ``.npz``'s labels after its rows), the same whatever the cap:
+the runs are read out of order, so the file's own sha256 would need a read of its own.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _parse_kernels as K
 from .errors import IngestError
 from .ingest_parse import IOCount, Parsed
 from .ingest_plan import DENSE_THRESHOLD, Shape, check_block_fits
@@ -303,8 +307,7 @@ class _GroupReader:
         self.file_row0 = np.concatenate(([0], np.cumsum([f.n for f in files])))
         self.pieces = [[[None] * -(-f.n // piece_rows) for f in files] for _ in range(2)]
         self.hasher = ThreadPoolExecutor(1)
-        self.pending = []
-        self.seconds = 0.0  # in read()
+        self.pending: dict = {}  # group -> its pieces' hash futures
 
     def _read(self, buf: memoryview, i: int, offset: int) -> int:
         _pread_into(self.fds[i], buf, offset, self.files[i].path)
@@ -312,8 +315,8 @@ class _GroupReader:
         self.bar.update(len(buf))
         return len(buf)
 
-    def _hash_run(self, part: int, i: int, a: int, k: int, buf: memoryview, item: int,
-                  offset: int) -> None:
+    def _hash_run(self, g: int, part: int, i: int, a: int, k: int, buf: memoryview,
+                  item: int, offset: int) -> None:
         """Hash the pieces of file i whose first row is in rows a..a+k (``buf``, ``item``
         bytes a row, row 0 at ``offset`` in the file)."""
         h, n = self.piece_rows, self.files[i].n
@@ -325,8 +328,9 @@ class _GroupReader:
         if hi > a + k:  # the last piece runs past this run: its rest is read here too
             rest = memoryview(bytearray((hi - a - k) * item))
             self._read(rest, i, offset + (a + k) * item)
-        self.pending.append(self.hasher.submit(self._hash, self.pieces[part][i], q0, q1,
-                                               buf[(q0 * h - a) * item:], rest, h * item))
+        self.pending.setdefault(g, []).append(self.hasher.submit(
+            self._hash, self.pieces[part][i], q0, q1, buf[(q0 * h - a) * item:], rest,
+            h * item))
 
     @staticmethod
     def _hash(into, q0, q1, buf, rest, step):
@@ -339,7 +343,6 @@ class _GroupReader:
 
     def read(self, g: int):
         """``(rows, labels or None, row ids)`` of group g, the rows as stored in the files."""
-        t0 = time.perf_counter()
         f0 = self.files[0]
         runs = np.flatnonzero(self.plan.run_group == g)
         m = int(self.plan.run_rows[runs].sum())
@@ -356,25 +359,24 @@ class _GroupReader:
             a, k = int(self.plan.run_start[r]), int(self.plan.run_rows[r])
             piece = xb[at * f.row_bytes:(at + k) * f.row_bytes]
             self._read(piece, i, f.x_offset + a * f.row_bytes)
-            self._hash_run(0, i, a, k, piece, f.row_bytes, f.x_offset)
+            self._hash_run(g, 0, i, a, k, piece, f.row_bytes, f.x_offset)
             if y is not None:
                 s = f.y_dtype.itemsize
                 ypiece = yb[at * s:(at + k) * s]
                 self._read(ypiece, i, f.y_offset + a * s)
-                self._hash_run(1, i, a, k, ypiece, s, f.y_offset)
+                self._hash_run(g, 1, i, a, k, ypiece, s, f.y_offset)
             ids[at:at + k] = self.file_row0[i] + np.arange(a, a + k)
             at += k
-        self.seconds += time.perf_counter() - t0
         return X, y, ids
 
-    def wait(self) -> None:
-        """Every piece read so far is hashed (its buffer may go)."""
-        for fut in self.pending:
+    def wait(self, g: int) -> None:
+        """Every piece group g read is hashed (its buffer may go)."""
+        for fut in self.pending.pop(g, ()):
             fut.result()
-        self.pending = []
 
     def digests(self) -> list[str]:
-        self.wait()
+        for g in list(self.pending):
+            self.wait(g)
         out = []
         for i, f in enumerate(self.files):
             h = hashlib.sha256()
@@ -391,25 +393,34 @@ class _GroupReader:
 
 
 def _block_values(X_raw, sel, f: ArrayFile, d: int, ids, files, file_row0):
-    """Block rows ``sel`` of a group as float32 features (columns padded to ``d``) and float64
-    labels; a NaN or infinite value is refused naming its file and row."""
-    rows = np.take(X_raw, sel, axis=0)
-    keep = slice(None) if f.label_col is None else (
-        slice(1, None) if f.label_col == 0 else slice(0, -1) if f.label_col == f.width - 1
-        else np.r_[0:f.label_col, f.label_col + 1:f.width])
-    labels = None if f.label_col is None else rows[:, f.label_col].astype(np.float64)
+    """Block rows ``sel`` of a group: ``(X, labels, sq, nnz)``, the features as float32
+    (columns padded to ``d``), the raw labels (float64, or None where they are not in the
+    rows), the float32 squared norms and the non-zeros; a NaN or infinite value is refused
+    naming its file, row and column."""
+    if f.label_col is None:
+        keep = slice(None)
+    elif f.label_col in (0, f.width - 1):
+        keep = slice(1, None) if f.label_col == 0 else slice(0, -1)
+    else:
+        keep = np.r_[0:f.label_col, f.label_col + 1:f.width]
+    labels = None if f.label_col is None else X_raw[sel, f.label_col].astype(np.float64)
     with np.errstate(over="ignore"):  # via float64 as the parsers do: overflow is infinite
-        src = rows[:, keep]
-        X = np.zeros((sel.shape[0], d), np.float32)
-        X[:, :f.n_features] = src if src.dtype == np.float32 else src.astype(np.float64)
-    bad = ~np.isfinite(X)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        i = int(np.searchsorted(file_row0, ids[r], "right")) - 1
-        raise IngestError(f"a value in row {int(ids[r] - file_row0[i]) + 1} is NaN or infinite",
-                          "Impute or drop missing values before ingesting; the store holds "
-                          "finite float32 values only.", path=files[i].path, column=int(c) + 1)
-    return X, labels
+        if f.dtype == np.float32 and d == f.n_features:
+            X = X_raw[sel, keep] if isinstance(keep, slice) else X_raw[sel][:, keep]
+        else:
+            src = X_raw[sel][:, keep]
+            X = np.zeros((sel.shape[0], d), np.float32)
+            X[:, :f.n_features] = src.astype(np.float64, copy=False)
+    sq = np.empty(X.shape[0], np.float64)
+    nnz, bad = K.dense_row_stats(np.ascontiguousarray(X), sq)
+    if bad >= 0:
+        c = int(np.flatnonzero(~np.isfinite(X[bad]))[0])
+        i = int(np.searchsorted(file_row0, ids[bad], "right")) - 1
+        raise IngestError(f"a value in row {int(ids[bad] - file_row0[i]) + 1} is NaN or "
+                          "infinite", "Impute or drop missing values before ingesting; the "
+                          "store holds finite float32 values only.", path=files[i].path,
+                          column=c + 1)
+    return X, labels, sq.astype(np.float32), int(nnz)
 
 
 @dataclass
@@ -446,6 +457,8 @@ def _decide_layout(files: list[ArrayFile], budget, *, layout, n_blocks, block_ro
     block_need = check_block_fits(budget, -(-p.n // shape.n_blocks), shape.bytes_per_row)
     row_bytes = f0.row_bytes + (0 if f0.y_dtype is None else f0.y_dtype.itemsize) + 8
     group_bytes = budget.limit - budget.used - block_need - budget.limit // 8
+    if p.n * row_bytes > group_bytes:  # passes: the next group is read while one is written
+        group_bytes //= 2
     piece_rows = max(1, PIECE_BYTES // f0.row_bytes)
     plan = None if group_bytes <= 0 else plan_passes(
         [f.n for f in files], row_bytes, shape.n_blocks, group_bytes, rng, align=piece_rows)
@@ -470,13 +483,13 @@ def _write_group(out: StoreOutput, lay: _Layout, g: int, first_block: int, rows,
     for j in range(k):
         check_stop()
         sel = order[bounds[j]:bounds[j + 1]]
-        X, labels = _block_values(rows, sel, f0, d, ids[sel], files, file_row0)
+        X, labels, sq, block_nnz = _block_values(rows, sel, f0, d, ids[sel], files, file_row0)
         if labels is None:
             labels = labels_raw[sel].astype(np.float64)
         _check_labels(labels, ids[sel], files, file_row0)
         lay.parsed.tracker.add(labels)
-        nnz += int(np.count_nonzero(X))
-        perm = out.write(first_block + j, X, None, ids[sel], rng)
+        nnz += block_nnz
+        perm = out.write(first_block + j, X, None, ids[sel], rng, sq=sq, nnz=block_nnz)
         labels[perm].tofile(spool)
     return nnz
 
@@ -487,8 +500,8 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
     """Write the store into ``tmp`` in group passes (see module doc).
 
     Returns ``(parsed, shape, task, info)`` (``info``: ``passes``, ``run_rows``,
-    ``read_seconds``), or None
-    where the bucket path must take over (see :func:`_decide_layout`; or an auto layout that
+    ``read_seconds``: the time spent waiting for reads), or None where the bucket path must
+    take over (see :func:`_decide_layout`; or an auto layout that
     the first group shows sparse: nothing is written then).
     """
     from tqdm.auto import tqdm
@@ -504,30 +517,43 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
     bar = tqdm(total=sum(os.path.getsize(f.path) for f in files), unit="B", unit_scale=True,
                desc="ingest", disable=not progress, leave=False)
     reader = _GroupReader(files, plan, lay.piece_rows, counter, bar)
+    prefetch = ThreadPoolExecutor(1)
+    held: dict = {}  # group -> the bytes reserved for it while it is in memory
+
+    def start_reading(g):
+        rows = int(plan.run_rows[plan.run_group == g].sum())
+        budget.reserve(rows * lay.row_bytes, f"ingest group {g + 1} of {plan.n_groups}")
+        held[g] = rows * lay.row_bytes
+        return prefetch.submit(reader.read, g)
+
     out = None
+    waited = 0.0
     try:
         with budget.reservation(block_need, "ingest block"), open(spool_path, "wb") as spool:
+            reading = start_reading(0)
             for g in range(plan.n_groups):
-                rows = int(plan.run_rows[plan.run_group == g].sum())
-                with budget.reservation(rows * lay.row_bytes,
-                                        f"ingest group {g + 1} of {plan.n_groups}"):
-                    X_raw, y_raw, ids = reader.read(g)
-                    if out is None:  # the first group decides an auto layout
-                        if layout == "auto" and (_nonzero_features(X_raw, files[0])
-                                                 < DENSE_THRESHOLD * rows * shape.d):
-                            return None
-                        out = StoreOutput(tmp, plan.block_sizes, shape=shape, task=task,
-                                          metadata=store_metadata(
-                                              p, shape, task=task, label_map={}, seed=seed,
-                                              positive_label=positive_label,
-                                              n_features=n_features),
-                                          nnz=None, block_orderer=block_orderer, seed=seed,
-                                          shards=shards)
-                    p.nnz = (0 if g == 0 else p.nnz) + _write_group(
-                        out, lay, g, int(first_block[g]), X_raw, y_raw, ids, files,
-                        reader.file_row0, spool, rng)
-                    reader.wait()  # the runs' digests are taken before their memory goes
-                    del X_raw, y_raw, ids
+                t0 = time.perf_counter()
+                X_raw, y_raw, ids = reading.result()
+                waited += time.perf_counter() - t0
+                if out is None:  # the first group decides an auto layout
+                    if layout == "auto" and (_nonzero_features(X_raw, files[0])
+                                             < DENSE_THRESHOLD * ids.shape[0] * shape.d):
+                        return None
+                    out = StoreOutput(tmp, plan.block_sizes, shape=shape, task=task,
+                                      metadata=store_metadata(
+                                          p, shape, task=task, label_map={}, seed=seed,
+                                          positive_label=positive_label,
+                                          n_features=n_features),
+                                      nnz=None, block_orderer=block_orderer, seed=seed,
+                                      shards=shards)
+                if g + 1 < plan.n_groups:
+                    reading = start_reading(g + 1)
+                p.nnz = (0 if g == 0 else p.nnz) + _write_group(
+                    out, lay, g, int(first_block[g]), X_raw, y_raw, ids, files,
+                    reader.file_row0, spool, rng)
+                reader.wait(g)  # the runs' digests are taken before their memory goes
+                del X_raw, y_raw, ids
+                budget.release(held.pop(g))
         for f, digest in zip(files, reader.digests()):
             shown = source_names.get(f.path)
             p.sources.append({"name": shown or Path(f.path).name,
@@ -553,11 +579,14 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
             out.abort()
         raise
     finally:
+        prefetch.shutdown(wait=True, cancel_futures=True)
+        for nbytes in held.values():
+            budget.release(nbytes)
         reader.close()
         bar.close()
         spool_path.unlink(missing_ok=True)
     return p, shape, task_, {"passes": plan.n_groups, "run_rows": plan.rows_per_run,
-                             "read_seconds": reader.seconds}
+                             "read_seconds": waited}
 
 
 def _nonzero_features(X_raw, f: ArrayFile) -> int:

@@ -124,17 +124,18 @@ class StoreOutput:
             self.abort()
             raise
 
-    def write(self, c: int, X, y, row_ids, rng) -> np.ndarray:
+    def write(self, c: int, X, y, row_ids, rng, sq=None, nnz=None) -> np.ndarray:
         """Order block ``c``'s rows (its tree's leaf order, else at random), write them, and
-        return the order."""
-        sq = row_sqnorms(X).astype(np.float32)
+        return the order (``sq``, ``nnz``: the rows' float32 squared norms and a dense
+        block's non-zeros, where the caller has them)."""
+        sq = row_sqnorms(X).astype(np.float32) if sq is None else sq
         k, b = c % self.K, c // self.K
         if self.forests:
             perm = self.forests[k].order(b, int(self.writers[k].block_offsets[b]), X, sq)
         else:
             perm = rng.permutation(X.shape[0])
         self.writers[k].write_block(b, X[perm], None if y is None else y[perm], row_ids[perm],
-                                    sq[perm])
+                                    sq[perm], nnz=nnz)
         return perm
 
     def set_labels(self, c: int, y) -> None:

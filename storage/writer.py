@@ -71,9 +71,10 @@ class StoreWriter:
         else:  # pragma: no cover - callers validate
             raise ParameterError(f"Unknown layout {layout!r}.")
 
-    def write_block(self, b: int, X, y, row_ids, sqnorm=None) -> None:
+    def write_block(self, b: int, X, y, row_ids, sqnorm=None, nnz: int | None = None) -> None:
         """Write block ``b`` (blocks in order). ``X`` dense float32 or CSR with sorted indices;
-        ``y`` None: the labels come later, by :meth:`set_labels`."""
+        ``y`` None: the labels come later, by :meth:`set_labels`; ``nnz``: the non-zeros of a
+        dense ``X`` where the caller has counted them."""
         if b != self._next_block:
             raise ValueError(f"blocks must be written in order: expected {self._next_block}, got {b}")
         start, stop = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
@@ -89,7 +90,7 @@ class StoreWriter:
         if self.layout == "dense":
             parts["X"] = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float32)
             if self.nnz is None:  # counted as the blocks come (a shard's)
-                self._nnz_pos += int(np.count_nonzero(parts["X"]))
+                self._nnz_pos += int(np.count_nonzero(parts["X"]) if nnz is None else nnz)
         else:
             X = sp.csr_matrix(X) if not sp.issparse(X) else X
             a = self._nnz_pos

@@ -40,7 +40,7 @@ def check_rows(store, X, y_stored):
     return ids
 
 
-@pytest.mark.parametrize("memory", ["4M", "8M"])
+@pytest.mark.parametrize("memory", ["6M", "12M"])
 def test_a_sorted_npy_is_read_once_into_balanced_stratified_blocks(tmp_path, rng, memory):
     src = tmp_path / "x.npy"
     X, y = sorted_npy(src, rng)
@@ -64,9 +64,11 @@ def test_a_sorted_npy_is_read_once_into_balanced_stratified_blocks(tmp_path, rng
         for b in range(store.n_blocks):
             blk = ids[store.block_offsets[b]:store.block_offsets[b + 1]]
             got = np.bincount(y[blk].astype(int), minlength=3) / len(blk)
-            # a block is a sample of every part of the file: its groups' runs are dealt
-            # from all of it (a run of ~80 rows is a few % of a block here)
-            assert np.abs(got - share).max() < 0.06, (b, got, share)
+            # a block is a sample of every part of the file: its group's runs are dealt from
+            # all of it. A run is ~1/30 of a group here (~1/150 at scale), and where a class
+            # boundary falls inside a round of runs the group's runs there may be all of one
+            # class: two boundaries, a run each, ~3 % each
+            assert np.abs(got - share).max() < 0.08, (b, got, share)
         # the digest is the sha256 of the file's 32 KiB pieces of rows, whatever the cap
         meta = store.metadata["sources"][0]
         rows = src.read_bytes()[size - X.shape[0] * 101 * 4:]
