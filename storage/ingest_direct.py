@@ -278,7 +278,12 @@ def _even_out(run_file, run_start, run_rows, run_group, target):
 
 def _pread_into(fd: int, buf: memoryview, offset: int, path: str) -> None:
     while len(buf):
-        got = os.preadv(fd, [buf], offset)
+        if hasattr(os, "preadv"):
+            got = os.preadv(fd, [buf], offset)
+        else:  # pragma: no cover - platforms without preadv
+            data = os.pread(fd, len(buf), offset)
+            got = len(data)
+            buf[:got] = data
         if got <= 0:
             raise IngestError("the file ended early (truncated while ingest read it)",
                               "Re-create the file and ingest again.", path=path)
@@ -303,7 +308,8 @@ class _GroupReader:
         for f in files:
             self.fds.append(os.open(f.path, os.O_RDONLY))
             # the runs between ours belong to other passes: no read-ahead
-            os.posix_fadvise(self.fds[-1], 0, 0, os.POSIX_FADV_RANDOM)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self.fds[-1], 0, 0, os.POSIX_FADV_RANDOM)
         self.file_row0 = np.concatenate(([0], np.cumsum([f.n for f in files])))
         self.pieces = [[[None] * -(-f.n // piece_rows) for f in files] for _ in range(2)]
         self.hasher = ThreadPoolExecutor(1)

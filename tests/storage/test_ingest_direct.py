@@ -235,8 +235,8 @@ def test_probe_takes_only_plain_arrays(tmp_path, rng):
     assert probe_array_files([tmp_path / "t.npy"], "auto", None) is None
 
 
-@pytest.mark.parametrize("n,blocks,group", [(1003, 7, 300), (50000, 8, 9000), (50000, 64, 9000), (10, 10, 1),
-                                            (777, 3, 777)])
+@pytest.mark.parametrize("n,blocks,group", [(1003, 7, 300), (50000, 8, 9000),
+                                            (50000, 64, 9000), (10, 10, 1), (777, 3, 777)])
 def test_the_plan_gives_every_group_its_blocks_rows_from_all_of_the_input(n, blocks, group):
     files = [n // 3, n - n // 3]
     plan = plan_passes(files, 100, blocks, group * 100, np.random.default_rng(0), align=16)
