@@ -89,15 +89,15 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     instead; with the dual one too, once dual CD has not converged in ``dual_switch_iters``
     passes of a solve a stop may rest on (LIBLINEAR's ``-s 1``), and from then on.
 
-    A spilled S is solved by rounds of a working set: one pass over its windows computes
-    every projected gradient; if the spread is below ``eps`` S is solved; else the rows that
-    can move (alpha > 0, or a violated bound) are read back and solved by dual CD with
-    shrinking while the others stay fixed in w, a window at a time in S's order (block
-    minimisation over S, Yu et al. 2010) in even rounds and the most violating rows of all
-    of S in one window in odd rounds (which finishes where the sweep zigzags between
-    windows). At most ``max_rounds`` rounds (default: ``spilled_rounds`` on the way,
-    ``spilled_final_rounds`` for a solve a stop rests on, which also ends once the spread
-    has not fallen for ``spilled_stall`` rounds).
+    A spilled S is solved by rounds of a working set. Even rounds sweep S window by window
+    (block minimisation over S, Yu et al. 2010; :func:`_sweep_spilled`): each window is read
+    once, its projected gradients taken and its rows that can move (alpha > 0, or a violated
+    bound) solved by dual CD with shrinking while the others stay fixed in w; a sweep whose
+    spread is below ``eps`` ends the solve. Odd rounds solve the most violating rows of all
+    of S (by the last sweep's gradients) in one window, which finishes where the sweep
+    zigzags between windows. At most ``max_rounds`` rounds (default: ``spilled_rounds`` on
+    the way, ``spilled_final_rounds`` for a solve a stop rests on, which also ends once the
+    spread has not fallen for ``spilled_stall`` rounds).
     """
     cfg, S, w, stats = st.cfg, st.S, st.w, st.stats
     final = max_iter >= cfg.max_iters
@@ -130,34 +130,55 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
         return 0.0
     base = get_loss(cfg.loss).base()
     upper, diag = base.dual_upper(cfg.C), base.dual_diag(cfg.C)
-    rounds, last, best, since_best = 0, np.inf, np.inf, 0
+    rounds, last, spread, best, since_best = 0, np.inf, np.inf, np.inf, 0
+    PG = None
     while True:
-        G = S_margins(S, w, cfg.bias) - 1.0 + diag * alpha
-        PG = np.where(alpha <= 0, np.minimum(G, 0), np.where(alpha >= upper, np.maximum(G, 0), G))
-        spread = float(PG.max() - PG.min())
         stats.spilled_rounds += 1
-        best, since_best = (spread, 0) if spread < 0.99 * best else (best, since_best + 1)
+        if rounds % 2 == 0:
+            PG, last = _sweep_spilled(st, S, max_iter, upper, diag)
+            spread = float(PG.max() - PG.min()) if PG.size else 0.0
+            best, since_best = (spread, 0) if spread < 0.99 * best else (best, since_best + 2)
+        else:
+            free = np.flatnonzero((alpha > 0) | (PG != 0))
+            cap = S.window_rows()
+            if free.size > cap:
+                free = np.sort(free[np.argsort(-np.abs(PG[free]), kind="stable")[:cap]])
+            last = 0.0
+            if free.size:
+                res = solve_block(st, S, free, iters=max_iter, solver="dual", shrinking=True)
+                last = 0.0 if res.converged else float(res.pg_max - res.pg_min)
+        rounds += 1
         if spread < cfg.eps or rounds >= max_rounds or (final and since_best >= cfg.spilled_stall):
             stats.S_converged = spread < cfg.eps
             # like the in-memory solve: the spread its last (working-set) pass left
             return 0.0 if spread < cfg.eps else min(spread, last)
-        can_move = (alpha > 0) | (PG != 0)
-        cap = S.window_rows()
-        worst = 0.0
-        if rounds % 2 == 0:
-            blocks = (a + np.flatnonzero(can_move[a:a + cap]) for a in range(0, S.m, cap))
-        else:
-            free = np.flatnonzero(can_move)
-            if free.size > cap:
-                free = np.sort(free[np.argsort(-np.abs(PG[free]), kind="stable")[:cap]])
-            blocks = (free,)
-        for B in blocks:
-            if B.size:
-                res = solve_block(st, S, B, iters=max_iter, solver="dual", shrinking=True)
-                if not res.converged:
-                    worst = max(worst, float(res.pg_max - res.pg_min))
-        rounds += 1
-        last = worst
+
+
+def _sweep_spilled(st, S, max_iter: int, upper: float, diag: float):
+    """One pass of block minimisation over a spilled S: each window is read once, its
+    projected gradients taken with w as it stands and its movable rows (alpha > 0, or a
+    violated bound) solved by dual CD with the rest fixed in w. Returns the projected
+    gradients as the pass saw them (their spread is the stop test, as dual CD's pass measures
+    each coordinate's before moving it) and the largest spread a window's solve left."""
+    cfg, w = st.cfg, st.w
+    y, sqn, alpha = S.state()
+    PG = np.empty(S.m)
+    worst = 0.0
+    for a, b, X in S.windows():
+        al = alpha[a:b]
+        G = margins(X, y[a:b], w, cfg.bias) - 1.0 + diag * al
+        PG[a:b] = np.where(al <= 0, np.minimum(G, 0), np.where(al >= upper, np.maximum(G, 0), G))
+        B = np.flatnonzero((al > 0) | (PG[a:b] != 0))
+        if not B.size:
+            continue
+        with S.budget.reservation(S.bytes_of(a + B), "IBCD block"):
+            sub = _Block(X[B], y[a:b][B], sqn[a:b][B], al[B].copy())
+            res = solve_block(st, sub, np.arange(B.size, dtype=np.int64), iters=max_iter,
+                              solver="dual", shrinking=True)
+            alpha[a + B] = sub.alpha
+        if not res.converged:
+            worst = max(worst, float(res.pg_max - res.pg_min))
+    return PG, worst
 
 
 def solve_block(st, S, B, *, iters: int, solver: str, shrinking: bool = False):
