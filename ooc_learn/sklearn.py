@@ -11,7 +11,9 @@ and they pass ``sklearn.utils.estimator_checks.check_estimator``.
 - in-memory data ``fit(X, y)`` (a dense array or a scipy sparse matrix): the rows are
   ingested into a temporary store (with its index for IBCD) under ``memory`` and trained there,
   exactly as ``ooc-ingest`` then ``ooc-train`` would (the same store for the same rows and
-  seed, so the same model as the CLI's), the folder removed when ``fit`` returns; or
+  seed where the buffer holds them, so the same model as the CLI's), the folder removed when
+  ``fit`` returns. A memory-mapped ``.npy`` (``np.load(path, mmap_mode="r")``) larger than
+  the buffer is read from its file by row position, not through its mapping; or
 - a store ``fit(store)`` (a :class:`~ooc_learn.Store` or the path of one) with ``y`` left
   out: the labels are the store's, and the data never need to fit in memory.
 

@@ -37,7 +37,7 @@ import scipy.sparse as sp
 
 from .budget import MemoryBudget
 from .errors import IngestError, ParameterError
-from .ingest_direct import ingest_direct, probe_array_files
+from .ingest_direct import ingest_direct, memmap_array_file, probe_array_files
 from .ingest_parse import IOCount, parse_and_deal
 from .ingest_plan import Shape, check_block_fits
 from .ingest_write import redeal, write_store
@@ -96,7 +96,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
            label_column=None, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
            overwrite: bool = False, progress: bool = False, shards: int | None = None,
-           _chunks=None, _chunks_total: int = 0) -> Store | ShardedStore:
+           _chunks=None, _chunks_total: int = 0, _files=None) -> Store | ShardedStore:
     """Ingest source files into a new store and return it opened.
 
     Parameters
@@ -191,7 +191,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                              label_column=label_column, delimiter=delimiter, header=header,
                              zero_based=zero_based, block_orderer=block_orderer,
                              seed=seed, progress=progress, chunks=_chunks,
-                             chunks_total=_chunks_total, shards=shards)
+                             chunks_total=_chunks_total, shards=shards, files=_files)
         check_store_target(out, overwrite=overwrite, sources=sources)  # it may have appeared
         check_stop()  # the last point where a stop leaves the old store as it was
         replace_dir(tmp, out)
@@ -217,6 +217,7 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     >>> X = np.eye(4, dtype=np.float32); y = np.array([1, -1, 1, -1])
     >>> store = ingest_arrays(X, y, "/tmp/doc.store", overwrite=True)   # doctest: +SKIP
     """
+    mapped = None if sp.issparse(X) else memmap_array_file(X, y)
     X = X if sp.issparse(X) else np.asarray(X)
     y = np.asarray(y).ravel()
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
@@ -227,8 +228,12 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
         kwargs["label_names"] = [str(n) for n in names]
         y = y.astype(np.float64)
     chunk_rows = max(1, (4 << 20) // max(1, 4 * X.shape[1]))
+    # a memory-mapped .npy (np.load(..., mmap_mode="r")) is read from its file by row
+    # position, as ingest reads the file itself: never through its mapping whole
     return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
-                  _chunks_total=X.shape[0], **kwargs)
+                  _chunks_total=X.shape[0],
+                  _files=[mapped] if mapped and "label_names" not in kwargs else None,
+                  **kwargs)
 
 
 def _array_chunks(X, y, chunk_rows: int):
@@ -274,33 +279,34 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                  n_features, positive_label, label_names, source_names, label_column,
                  delimiter, header,
                  zero_based, block_orderer, seed, progress, chunks, chunks_total,
-                 shards=None):
+                 shards=None, files=None):
     deal_ss, plan_ss = np.random.SeedSequence(seed).spawn(2)
     shape_kw = dict(layout=layout, n_features=n_features, zero_based=zero_based,
                     limit=budget.limit)
     buffer_bytes = max(1 << 16, budget.limit // 4)
     counter = IOCount()
     t0 = time.perf_counter()
+    if files is None and chunks is None and not label_names:
+        files = probe_array_files(sources, fmt, label_column)
+    # arrays on disk the buffer does not hold (as buckets): read by row position, in group
+    # passes (ingest_direct); None back where it declines
+    if (files is not None and not label_names
+            and sum(f.n * (4 * f.n_features + 24) for f in files) > buffer_bytes):
+        done = ingest_direct(tmp, files, budget=budget, layout=layout, task=task,
+                             n_blocks=n_blocks, block_rows=block_rows,
+                             n_features=n_features, positive_label=positive_label,
+                             source_names=source_names, block_orderer=block_orderer,
+                             seed=seed, rng=np.random.default_rng(plan_ss),
+                             counter=counter, progress=progress, shards=shards)
+        if done is not None:
+            p, shape, task_, info = done
+            took = time.perf_counter() - t0
+            return _stats(tmp, p, shape, task_, counter, bucket_bytes=0, buckets=0,
+                          redealt=0, pass_seconds={"read": info["read_seconds"],
+                                                   "write": took - info["read_seconds"]},
+                          direct=info)
     # the write buffer stays reserved while the buckets it holds stay in memory (a source
     # that fits it is never written to bucket files: read once, the store written once)
-    if chunks is None and not label_names:
-        # arrays on disk the buffer does not hold (as buckets): read by row arithmetic, in
-        # group passes
-        files = probe_array_files(sources, fmt, label_column)
-        if files is not None and sum(f.n * (4 * f.n_features + 24) for f in files) > buffer_bytes:
-            done = ingest_direct(tmp, files, budget=budget, layout=layout, task=task,
-                                 n_blocks=n_blocks, block_rows=block_rows,
-                                 n_features=n_features, positive_label=positive_label,
-                                 source_names=source_names, block_orderer=block_orderer,
-                                 seed=seed, rng=np.random.default_rng(plan_ss),
-                                 counter=counter, progress=progress, shards=shards)
-            if done is not None:
-                p, shape, task_, info = done
-                took = time.perf_counter() - t0
-                return _stats(tmp, p, shape, task_, counter, bucket_bytes=0, buckets=0,
-                              redealt=0, pass_seconds={"read": info["read_seconds"],
-                                                       "write": took - info["read_seconds"]},
-                              direct=info)
     budget.reserve(buffer_bytes, "bucket write buffer")
     held = buffer_bytes
     try:

@@ -52,7 +52,8 @@ from .shuffle import Dealer, balanced_sizes
 from .source_io import label_index
 from .stop import check_stop
 
-__all__ = ["ArrayFile", "probe_array_files", "plan_passes", "ingest_direct", "RUN_BYTES"]
+__all__ = ["ArrayFile", "memmap_array_file", "probe_array_files", "plan_passes",
+           "ingest_direct", "RUN_BYTES"]
 
 #: runs of a group: about this many, within RUN_BYTES
 RUNS_PER_GROUP = 256
@@ -82,10 +83,17 @@ class ArrayFile:
     label_col: int | None = None
     y_offset: int | None = None
     y_dtype: np.dtype | None = None
+    y_array: np.ndarray | None = None  # labels in memory (a memory-mapped X's)
 
     @property
     def row_bytes(self) -> int:
         return self.width * self.dtype.itemsize
+
+    @property
+    def source_bytes(self) -> int:
+        """The source's size: its file, or a memory-mapped array's rows (a view may map a
+        part of its file)."""
+        return self.n * self.row_bytes if self.fmt == "memmap" else os.path.getsize(self.path)
 
     @property
     def n_features(self) -> int:
@@ -94,7 +102,7 @@ class ArrayFile:
     @property
     def layout_key(self) -> tuple:
         return (self.width, self.dtype.str, self.label_col, None if self.y_dtype is None
-                else self.y_dtype.str)
+                else self.y_dtype.str, self.y_array is None)
 
 
 def _npy_header(fh, offset: int):
@@ -181,6 +189,32 @@ def probe_array_files(sources, fmt: str, label_column, npz_keys=("X", "y")):
             return None
         files.append(f)
     return files or None
+
+
+def memmap_array_file(X, y) -> ArrayFile | None:
+    """``X``'s rows as an :class:`ArrayFile` where ``X`` is (a C-ordered view of) a numpy
+    memmap of a file that the file's reads see as it is (mode "r", "r+" or "w+", not the
+    private "c"), with ``y`` its labels in memory; else None."""
+    import mmap
+
+    m = X
+    while isinstance(m, np.ndarray) and not isinstance(m, np.memmap):
+        m = m.base
+    if (not isinstance(m, np.memmap) or getattr(m, "_mmap", None) is None
+            or not m.filename or m.mode == "c" or not isinstance(X, np.ndarray)
+            or X.ndim != 2 or X.shape[0] == 0 or X.shape[1] < 1 or not X.flags.c_contiguous
+            or X.dtype.hasobject or X.dtype.kind not in "biuf"):
+        return None
+    y = np.asarray(y)
+    if y.dtype.kind not in "biuf" or y.reshape(-1).shape[0] != X.shape[0]:
+        return None
+    # where X's first row lies in the file: the mapping starts at the offset rounded down
+    # to the allocation granularity (as np.memmap maps it), X at its distance from there
+    mapped = np.frombuffer(m._mmap, np.uint8).ctypes.data
+    start = m.offset - m.offset % mmap.ALLOCATIONGRANULARITY
+    return ArrayFile(str(m.filename), "memmap", X.shape[0], X.shape[1], X.dtype,
+                     start + X.ctypes.data - mapped, y_dtype=np.dtype(np.float64),
+                     y_array=np.ascontiguousarray(y.reshape(-1), dtype=np.float64))
 
 
 @dataclass
@@ -366,7 +400,9 @@ class _GroupReader:
             piece = xb[at * f.row_bytes:(at + k) * f.row_bytes]
             self._read(piece, i, f.x_offset + a * f.row_bytes)
             self._hash_run(g, 0, i, a, k, piece, f.row_bytes, f.x_offset)
-            if y is not None:
+            if f.y_array is not None:  # labels in memory: hashed whole in digests()
+                y[at:at + k] = f.y_array[a:a + k]
+            elif y is not None:
                 s = f.y_dtype.itemsize
                 ypiece = yb[at * s:(at + k) * s]
                 self._read(ypiece, i, f.y_offset + a * s)
@@ -387,6 +423,11 @@ class _GroupReader:
         for i, f in enumerate(self.files):
             h = hashlib.sha256()
             for part in (0, 1) if f.y_dtype is not None else (0,):
+                if part == 1 and f.y_array is not None:
+                    step = self.piece_rows * f.y_array.itemsize
+                    labels = memoryview(f.y_array.view(np.uint8))
+                    self.pieces[1][i] = [hashlib.sha256(labels[a:a + step]).digest()
+                                         for a in range(0, len(labels), step)]
                 for d in self.pieces[part][i]:
                     h.update(d)
             out.append(h.hexdigest())
@@ -520,7 +561,7 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
     block_need = check_block_fits(budget, int(plan.block_sizes.max()), shape.bytes_per_row)
     first_block = np.concatenate(([0], np.cumsum(plan.group_blocks)))
     spool_path = tmp / "labels.spool"
-    bar = tqdm(total=sum(os.path.getsize(f.path) for f in files), unit="B", unit_scale=True,
+    bar = tqdm(total=sum(f.source_bytes for f in files), unit="B", unit_scale=True,
                desc="ingest", disable=not progress, leave=False)
     reader = _GroupReader(files, plan, lay.piece_rows, counter, bar)
     prefetch = ThreadPoolExecutor(1)
@@ -565,7 +606,7 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
             p.sources.append({"name": shown or Path(f.path).name,
                               "path": shown or str(Path(f.path).resolve()), "rows": f.n,
                               "sha256_pieces": digest, "piece_rows": lay.piece_rows,
-                              "bytes": os.path.getsize(f.path)})
+                              "bytes": f.source_bytes})
             p.bytes_in += p.sources[-1]["bytes"]
         # every label seen: the task, and the stored labels block by block from the spool
         task_, label_map, mapper = decide_task(p.tracker, task, positive_label,

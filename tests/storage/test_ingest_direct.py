@@ -263,3 +263,31 @@ def test_the_plan_gives_every_group_its_blocks_rows_from_all_of_the_input(n, blo
             assert got[:-2].min() >= plan.group_blocks[g] - 1, got  # a split may move one
     if n > 50:  # one block of n rows does not fit a group of 50
         assert plan_passes([n], 100, 1, 50 * 100, np.random.default_rng(0)) is None
+
+
+@pytest.mark.parametrize("view", ["whole", "rows", "asarray"])
+def test_a_memory_mapped_npy_is_read_from_its_file_by_row_position(tmp_path, rng, view):
+    """ingest_arrays of np.load(..., mmap_mode="r") (or a C-ordered view of it) reads the rows
+    from the file, by row position, with the labels from memory; a private (copy-on-write)
+    mapping, whose changes the file does not see, and plain arrays go through the buckets."""
+    from ooc_learn.api import ingest_arrays
+
+    np.save(tmp_path / "x.npy", rng.random((30000, 60), dtype=np.float32))
+    X = np.load(tmp_path / "x.npy", mmap_mode="r")
+    y = np.where(rng.random(30000) < 0.3, 2.0, 7.0)
+    X, y = {"whole": (X, y), "rows": (X[1234:25000], y[1234:25000]),
+            "asarray": (np.asarray(X[5:]), y[5:])}[view]
+    with ingest_arrays(X, y, tmp_path / "s", memory="6M", build_index=True) as st:
+        stats = st.ingest_stats
+        assert stats["direct_passes"] >= 2 and st.verify() == [] and st.task == "binary"
+        check_rows(st, np.asarray(X), np.where(y == 7.0, 1.0, -1.0).astype(np.float32))
+        spool = 8 * X.shape[0]
+        assert X.nbytes <= stats["bytes_read"] - spool <= 1.05 * X.nbytes
+        meta = st.metadata["sources"][0]
+        assert meta["name"] == "x.npy" and meta["rows"] == X.shape[0]
+    cow = np.load(tmp_path / "x.npy", mmap_mode="c")
+    cow[0, 0] = 5.0  # only in this process's copy of the page
+    with ingest_arrays(cow, np.resize(y, 30000), tmp_path / "c", memory="6M") as st:
+        assert st.ingest_stats["direct_passes"] is None
+        Xs, _, ids = st.read_range(0, st.n_samples)
+        assert Xs[np.flatnonzero(ids == 0)[0], 0] == 5.0
