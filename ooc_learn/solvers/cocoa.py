@@ -56,6 +56,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ooc_learn.losses import get_loss
 from ooc_learn.storage.arrays import matrix_nbytes, stack_rows
 from ooc_learn.storage.errors import ParameterError
 
@@ -183,9 +184,8 @@ def _shard_round(run: str, path: str, shard: int, blocks, w, fresh: bool, sigma:
                 return {"lost": True}
             sh = _STATE[(run, shard)] = _Shard(st, blocks)
         sum_a, sum_a2 = float(sh.alpha.sum()), float(sh.alpha @ sh.alpha)  # at the start
-        upper, diag = (C, 0.0) if loss == "hinge" else (math.inf, 1.0 / (2.0 * C))
         w = np.asarray(w, dtype=np.float64)
-        local = _Local(w, float(sigma), upper, diag, float(bias), loss,
+        local = _Local(w, float(sigma), float(C), float(bias), loss,
                        np.array([np.uint64(seed) ^ np.uint64(shard * 0x9E3779B9 + 1)],
                                 np.uint64))
         restricted = not full and sh.work is not None
@@ -208,10 +208,11 @@ class _Local:
     """A round's local dual CD on one shard: ``w_loc = w + sigma dw`` (CoCoA+'s sub-problem,
     ``_kernels.cocoa_epoch``) and the loss at the round's ``w``."""
 
-    def __init__(self, w, sigma, upper, diag, bias, loss, state):
+    def __init__(self, w, sigma, C, bias, loss, state):
         self.w, self.w_loc, self.dw = w, w.copy(), np.zeros_like(w)
-        self.sigma, self.upper, self.diag, self.bias = sigma, upper, diag, bias
-        self.loss, self.state = loss, state
+        self.loss = get_loss(loss)
+        self.sigma, self.bias, self.state = sigma, bias, state
+        self.upper, self.diag = self.loss.dual_upper(C), self.loss.dual_diag(C)
         self.updates = 0
 
     def epoch(self, X, y, sqn, alpha) -> None:
@@ -228,8 +229,7 @@ class _Local:
         return margins(X, y, self.w, self.bias)
 
     def loss_of(self, z) -> float:
-        m = np.maximum(0.0, 1.0 - z)
-        return float(m.sum() if self.loss == "hinge" else (m ** 2).sum())
+        return float(self.loss.value(z).sum())
 
     def full(self, st, sh: _Shard, epochs: int, keep_work: bool = True) -> float:
         """Every row of the shard: the loss at w and a pass of local dual CD, block by block,
