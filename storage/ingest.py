@@ -39,7 +39,7 @@ from .budget import MemoryBudget
 from .errors import IngestError, ParameterError
 from .ingest_direct import ingest_direct, memmap_array_file, probe_array_files
 from .ingest_parse import IOCount, parse_and_deal
-from .ingest_plan import Shape, check_block_fits
+from .ingest_plan import Shape, check_block_fits, dense_row_bytes
 from .ingest_write import redeal, write_store
 from .labels import decide_task
 from .replace import check_store_target, remove_stale, replace_dir, temp_sibling
@@ -232,7 +232,7 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     # position, as ingest reads the file itself: never through its mapping whole
     return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
                   _chunks_total=X.shape[0],
-                  _files=[mapped] if mapped and "label_names" not in kwargs else None,
+                  _files=[mapped] if mapped else None,
                   **kwargs)
 
 
@@ -291,7 +291,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
     # arrays on disk the buffer does not hold (as buckets): read by row position, in group
     # passes (ingest_direct); None back where it declines
     if (files is not None and not label_names
-            and sum(f.n * (4 * f.n_features + 24) for f in files) > buffer_bytes):
+            and sum(f.n * dense_row_bytes(f.n_features) for f in files) > buffer_bytes):
         done = ingest_direct(tmp, files, budget=budget, layout=layout, task=task,
                              n_blocks=n_blocks, block_rows=block_rows,
                              n_features=n_features, positive_label=positive_label,

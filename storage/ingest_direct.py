@@ -212,9 +212,9 @@ def memmap_array_file(X, y) -> ArrayFile | None:
     # to the allocation granularity (as np.memmap maps it), X at its distance from there
     mapped = np.frombuffer(m._mmap, np.uint8).ctypes.data
     start = m.offset - m.offset % mmap.ALLOCATIONGRANULARITY
+    y = np.ascontiguousarray(y.reshape(-1))  # no copy where it is one already
     return ArrayFile(str(m.filename), "memmap", X.shape[0], X.shape[1], X.dtype,
-                     start + X.ctypes.data - mapped, y_dtype=np.dtype(np.float64),
-                     y_array=np.ascontiguousarray(y.reshape(-1), dtype=np.float64))
+                     start + X.ctypes.data - mapped, y_dtype=y.dtype, y_array=y)
 
 
 @dataclass
@@ -232,6 +232,16 @@ class PassPlan:
     @property
     def n_groups(self) -> int:
         return int(self.group_blocks.shape[0])
+
+    @property
+    def first_block(self) -> np.ndarray:
+        """The first block of each group (and the block count last)."""
+        return np.concatenate(([0], np.cumsum(self.group_blocks)))
+
+    def group_rows(self, g: int) -> int:
+        """Rows of group g: its blocks'."""
+        first = self.first_block
+        return int(self.block_sizes[first[g]:first[g + 1]].sum())
 
 
 def plan_passes(file_rows, row_bytes: int, n_blocks: int, group_bytes: int,
@@ -256,8 +266,7 @@ def plan_passes(file_rows, row_bytes: int, n_blocks: int, group_bytes: int,
     n_groups = min(n_blocks, -(-n // group_rows))
     while True:
         group_blocks = balanced_sizes(n_blocks, n_groups)
-        first = np.concatenate(([0], np.cumsum(group_blocks)))
-        target = np.add.reduceat(sizes, first[:-1])
+        target = np.add.reduceat(sizes, np.concatenate(([0], np.cumsum(group_blocks)[:-1])))
         if target.max() <= group_rows:
             break
         n_groups += 1
@@ -385,7 +394,7 @@ class _GroupReader:
         """``(rows, labels or None, row ids)`` of group g, the rows as stored in the files."""
         f0 = self.files[0]
         runs = np.flatnonzero(self.plan.run_group == g)
-        m = int(self.plan.run_rows[runs].sum())
+        m = self.plan.group_rows(g)
         X = np.empty((m, f0.width), f0.dtype)
         y = None if f0.y_dtype is None else np.empty(m, f0.y_dtype)
         ids = np.empty(m, np.int64)
@@ -462,11 +471,10 @@ def _block_values(X_raw, sel, f: ArrayFile, d: int, ids, files, file_row0):
     nnz, bad = K.dense_row_stats(np.ascontiguousarray(X), sq)
     if bad >= 0:
         c = int(np.flatnonzero(~np.isfinite(X[bad]))[0])
-        i = int(np.searchsorted(file_row0, ids[bad], "right")) - 1
-        raise IngestError(f"a value in row {int(ids[bad] - file_row0[i]) + 1} is NaN or "
-                          "infinite", "Impute or drop missing values before ingesting; the "
-                          "store holds finite float32 values only.", path=files[i].path,
-                          column=c + 1)
+        path, row = _source_row(int(ids[bad]), files, file_row0)
+        raise IngestError(f"a value in row {row} is NaN or infinite", "Impute or drop "
+                          "missing values before ingesting; the store holds finite float32 "
+                          "values only.", path=path, column=c + 1)
     return X, labels, sq.astype(np.float32), int(nnz)
 
 
@@ -479,6 +487,7 @@ class _Layout:
     plan: PassPlan
     row_bytes: int    # a row of a group in memory (as stored in the file, label, row id)
     piece_rows: int   # rows of a digest piece
+    block_need: int   # bytes a block takes while it is built (its balanced size's)
 
 
 def _decide_layout(files: list[ArrayFile], budget, *, layout, n_blocks, block_rows,
@@ -511,7 +520,7 @@ def _decide_layout(files: list[ArrayFile], budget, *, layout, n_blocks, block_ro
         [f.n for f in files], row_bytes, shape.n_blocks, group_bytes, rng, align=piece_rows)
     if plan is None:
         return None
-    return _Layout(p, shape, plan, row_bytes, piece_rows)
+    return _Layout(p, shape, plan, row_bytes, piece_rows, block_need)
 
 
 def _write_group(out: StoreOutput, lay: _Layout, g: int, first_block: int, rows, labels_raw,
@@ -558,8 +567,7 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
     if lay is None:
         return None
     p, shape, plan = lay.parsed, lay.shape, lay.plan
-    block_need = check_block_fits(budget, int(plan.block_sizes.max()), shape.bytes_per_row)
-    first_block = np.concatenate(([0], np.cumsum(plan.group_blocks)))
+    first_block = plan.first_block
     spool_path = tmp / "labels.spool"
     bar = tqdm(total=sum(f.source_bytes for f in files), unit="B", unit_scale=True,
                desc="ingest", disable=not progress, leave=False)
@@ -568,15 +576,15 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
     held: dict = {}  # group -> the bytes reserved for it while it is in memory
 
     def start_reading(g):
-        rows = int(plan.run_rows[plan.run_group == g].sum())
-        budget.reserve(rows * lay.row_bytes, f"ingest group {g + 1} of {plan.n_groups}")
-        held[g] = rows * lay.row_bytes
+        held[g] = plan.group_rows(g) * lay.row_bytes
+        budget.reserve(held[g], f"ingest group {g + 1} of {plan.n_groups}")
         return prefetch.submit(reader.read, g)
 
     out = None
     waited = 0.0
     try:
-        with budget.reservation(block_need, "ingest block"), open(spool_path, "wb") as spool:
+        with budget.reservation(lay.block_need, "ingest block"), \
+                open(spool_path, "wb") as spool:
             reading = start_reading(0)
             for g in range(plan.n_groups):
                 t0 = time.perf_counter()
@@ -646,8 +654,13 @@ def _nonzero_features(X_raw, f: ArrayFile) -> int:
 def _check_labels(labels, ids, files, file_row0) -> None:
     bad = ~np.isfinite(labels)
     if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        i = int(np.searchsorted(file_row0, ids[r], "right")) - 1
-        raise IngestError(f"the label in row {int(ids[r] - file_row0[i]) + 1} is NaN or "
-                          "infinite", "Impute or drop missing values before ingesting; the "
-                          "store holds finite float32 values only.", path=files[i].path)
+        path, row = _source_row(int(ids[np.flatnonzero(bad)[0]]), files, file_row0)
+        raise IngestError(f"the label in row {row} is NaN or infinite", "Impute or drop "
+                          "missing values before ingesting; the store holds finite float32 "
+                          "values only.", path=path)
+
+
+def _source_row(row_id: int, files, file_row0) -> tuple[str, int]:
+    """The file and 1-based row (as an error names them) of the store row id ``row_id``."""
+    i = int(np.searchsorted(file_row0, row_id, "right")) - 1
+    return files[i].path, row_id - int(file_row0[i]) + 1

@@ -14,7 +14,8 @@ import numpy as np
 from .budget import format_size
 from .errors import BudgetExceededError, IngestError
 
-__all__ = ["Shape", "deal_buckets", "check_block_fits", "DENSE_THRESHOLD", "BINARY_HEADROOM"]
+__all__ = ["Shape", "deal_buckets", "check_block_fits", "dense_row_bytes", "DENSE_THRESHOLD",
+           "BINARY_HEADROOM"]
 
 #: auto layout is dense when at least this share of entries is non-zero
 DENSE_THRESHOLD = 0.4
@@ -24,6 +25,12 @@ _DEFAULT_BLOCK_BYTES = 64 << 20
 _MAX_BUCKETS = 1 << 15
 #: headroom of the bucket count over the estimated block count for binary array sources
 BINARY_HEADROOM = 1.25
+
+
+def dense_row_bytes(d: int) -> int:
+    """Bytes of one dense row of ``d`` features as a block holds it (values, label, row id,
+    norm)."""
+    return 4 * d + 24
 
 
 class Shape:
@@ -47,7 +54,8 @@ class Shape:
         self.density = p.nnz / float(n * d)
         self.layout = layout if layout != "auto" else (
             "dense" if self.density >= DENSE_THRESHOLD else "csr")
-        self.bytes_per_row = (4 * d if self.layout == "dense" else 8 + 8 * p.nnz / n) + 24
+        self.bytes_per_row = (dense_row_bytes(d) if self.layout == "dense"
+                              else 8 + 8 * p.nnz / n + 24)
         if block_rows is None and n_blocks is None:
             target = min(_DEFAULT_BLOCK_BYTES, limit // 8)
             block_rows = max(1, int(target // self.bytes_per_row))
