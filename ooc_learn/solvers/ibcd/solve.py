@@ -161,7 +161,7 @@ def _sweep_spilled(st, S, max_iter: int, upper: float, diag: float):
     gradients as the pass saw them (their spread is the stop test, as dual CD's pass measures
     each coordinate's before moving it) and the largest spread a window's solve left."""
     cfg, w = st.cfg, st.w
-    y, sqn, alpha = S.state()
+    y, _, alpha = S.state()
     PG = np.empty(S.m)
     worst = 0.0
     for a, b, X in S.windows():
@@ -171,11 +171,8 @@ def _sweep_spilled(st, S, max_iter: int, upper: float, diag: float):
         B = np.flatnonzero((al > 0) | (PG[a:b] != 0))
         if not B.size:
             continue
-        with S.budget.reservation(S.bytes_of(a + B), "IBCD block"):
-            sub = _Block(X[B], y[a:b][B], sqn[a:b][B], al[B].copy())
-            res = solve_block(st, sub, np.arange(B.size, dtype=np.int64), iters=max_iter,
-                              solver="dual", shrinking=True)
-            alpha[a + B] = sub.alpha
+        res = _solve_block_spilled(st, S, a + B, iters=max_iter, solver="dual",
+                                   shrinking=True, window=(a, X))
         if not res.converged:
             worst = max(worst, float(res.pg_max - res.pg_min))
     return PG, worst
@@ -209,12 +206,14 @@ def solve_block(st, S, B, *, iters: int, solver: str, shrinking: bool = False):
     return res
 
 
-def _solve_block_spilled(st, S, B, *, iters, solver, shrinking):
+def _solve_block_spilled(st, S, B, *, iters, solver, shrinking, window=None):
     """The block problem when S is on disk: B's rows are read back (reserved first: a run
-    read and the block coexist), solved as a small problem, and their alpha written back."""
+    read and the block coexist), or copied from ``window`` = ``(a, X)``, rows a.. of S a
+    sweep holds; solved as a small problem, and their alpha written back."""
     y, sqn, alpha = S.state()
-    with S.budget.reservation(2 * S.bytes_of(B), "IBCD block"):
-        sub = _Block(S.take(B), y[B], sqn[B], alpha[B].copy())
+    with S.budget.reservation((2 if window is None else 1) * S.bytes_of(B), "IBCD block"):
+        rows = S.take(B) if window is None else window[1][B - window[0]]
+        sub = _Block(rows, y[B], sqn[B], alpha[B].copy())
         res = solve_block(st, sub, np.arange(B.size, dtype=np.int64), iters=iters,
                           solver=solver, shrinking=shrinking)
         alpha[B] = sub.alpha
