@@ -24,6 +24,7 @@ _EXPORTS = {
     "UsageError": "ooc_learn.storage.errors",
     "ParameterError": "ooc_learn.storage.errors",
     "IngestError": "ooc_learn.storage.errors",
+    "NonFiniteError": "ooc_learn.storage.errors",
     "StoreFormatError": "ooc_learn.storage.errors",
     "StoreExistsError": "ooc_learn.storage.errors",
     "BudgetExceededError": "ooc_learn.storage.errors",

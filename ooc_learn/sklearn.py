@@ -13,7 +13,9 @@ and they pass ``sklearn.utils.estimator_checks.check_estimator``.
   exactly as ``ooc-ingest`` then ``ooc-train`` would (the same store for the same rows and
   seed where the buffer holds them, so the same model as the CLI's), the folder removed when
   ``fit`` returns. A memory-mapped ``.npy`` (``np.load(path, mmap_mode="r")``) larger than
-  the buffer is read from its file by row position, not through its mapping; or
+  the buffer is read from its file by row position, not through its mapping, and checked
+  for NaN / Inf block by block as it is read (scikit-learn's check would touch every page of
+  the mapping); or
 - a store ``fit(store)`` (a :class:`~ooc_learn.Store` or the path of one) with ``y`` left
   out: the labels are the store's, and the data never need to fit in memory.
 
@@ -48,6 +50,18 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 __all__ = ["LinearSVC", "LinearSVR", "SparseRLS"]
 
 _LOSSES = {"hinge": "hinge", "squared_hinge": "sqhinge", "sqhinge": "sqhinge"}
+
+
+def _validate_fit(estimator, X, y, **kwargs):
+    """``validate_data`` of ``fit(X, y)``. The rows of a memory-mapped file are checked for
+    NaN and Inf by the ingest as it reads them, a block at a time (a
+    :class:`~ooc_learn.NonFiniteError`, which is a ``ValueError``): scikit-learn's check
+    would touch every page of the mapping, the whole file in the process's RSS."""
+    from ooc_learn.storage.ingest_direct import file_mapping
+
+    mapped = isinstance(X, np.ndarray) and file_mapping(X) is not None
+    return validate_data(estimator, X, y, accept_sparse="csr", ensure_all_finite=not mapped,
+                         **kwargs)
 
 
 def _is_store_like(X) -> bool:
@@ -210,8 +224,7 @@ class LinearSVC(ClassifierMixin, _LinearEstimator):
             self.classes_ = (np.asarray(names)[np.asarray(model.classes_, np.intp)] if names
                              else np.asarray(model.classes_))
         else:
-            X, y = validate_data(self, X, y, accept_sparse="csr",
-                                 dtype=[np.float64, np.float32])
+            X, y = _validate_fit(self, X, y, dtype=[np.float64, np.float32])
             check_classification_targets(y)
             self.classes_, codes = np.unique(y, return_inverse=True)
             k = self.classes_.shape[0]
@@ -302,8 +315,7 @@ class LinearSVR(RegressorMixin, _LinearEstimator):
         if _is_store_like(X):
             model = self._fit_store(X, y)
         else:
-            X, y = validate_data(self, X, y, accept_sparse="csr", y_numeric=True,
-                                 dtype=[np.float64, np.float32])
+            X, y = _validate_fit(self, X, y, y_numeric=True, dtype=[np.float64, np.float32])
             model = self._fit_arrays(X, np.asarray(y, dtype=np.float64), "regression")
         self._keep(model)
         self.coef_ = np.asarray(model.coef_, dtype=np.float64).ravel()

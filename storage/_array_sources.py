@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from . import _parse_kernels as K
-from .errors import IngestError
+from .errors import IngestError, NonFiniteError
 from .source_io import (IDX_TYPES, INDEX_SENTINEL, RawChunk, is_idx_head, label_index,
                         open_binary, read_full)
 
@@ -39,7 +39,7 @@ def _finite(a: np.ndarray, path, what: str, row0: int) -> None:
     if bad.any():
         r, *c = np.argwhere(bad)[0] if a.ndim == 2 else (np.argmax(bad),)
         col = int(c[0]) + 1 if c else None
-        raise IngestError(f"{what} in row {row0 + int(r) + 1} is NaN or infinite",
+        raise NonFiniteError(f"{what} in row {row0 + int(r) + 1} is NaN or infinite",
                           "Impute or drop missing values before ingesting; the store holds "
                           "finite float32 values only.", path=path, column=col)
 
@@ -194,7 +194,7 @@ def _csr_chunk(labels, indptr, indices, data, width: int, row0: int, bytes_read:
     bad = ~np.isfinite(values)
     if bad.any():
         k = int(np.argmax(bad))
-        raise IngestError(f"a value in row {row0 + int(np.searchsorted(indptr, k, 'right'))} is "
+        raise NonFiniteError(f"a value in row {row0 + int(np.searchsorted(indptr, k, 'right'))} is "
                           "NaN or infinite", "Impute or drop missing values before ingesting.",
                           path=p, column=int(indices[k]) + 1)
     code, r, idx = K.sort_check_rows(indptr, indices, values, width)

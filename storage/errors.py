@@ -13,6 +13,7 @@ __all__ = [
     "OOCError",
     "UsageError",
     "IngestError",
+    "NonFiniteError",
     "StoreFormatError",
     "StoreExistsError",
     "BudgetExceededError",
@@ -64,6 +65,11 @@ class IngestError(UsageError):
         if token is not None:
             message = f"{message} (token {token!r})"
         super().__init__(f"{prefix}: {message}" if prefix else message, hint)
+
+
+class NonFiniteError(IngestError, ValueError):
+    """A value or a label of the input is NaN or infinite (the store holds finite values
+    only). Also a ``ValueError``, as scikit-learn's input checks raise for such data."""
 
 
 class StoreFormatError(UsageError):

@@ -36,7 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .budget import MemoryBudget
-from .errors import IngestError, ParameterError
+from .errors import IngestError, NonFiniteError, ParameterError
 from .ingest_direct import ingest_direct, memmap_array_file, probe_array_files
 from .ingest_parse import IOCount, parse_and_deal
 from .ingest_plan import Shape, check_block_fits, dense_row_bytes
@@ -250,7 +250,7 @@ def _array_chunks(X, y, chunk_rows: int):
         bad = np.flatnonzero(~np.isfinite(Xc.data))
         if bad.size:  # as the file sources refuse it: the store holds finite values only
             row = int(np.searchsorted(Xc.indptr, bad[0], side="right")) - 1
-            raise IngestError(f"Row {a + row} of X holds a NaN or infinite value (column "
+            raise NonFiniteError(f"Row {a + row} of X holds a NaN or infinite value (column "
                               f"{int(Xc.indices[bad[0]])}).",
                               "Impute or drop missing values before ingesting; the store "
                               "holds finite float32 values only.", path="<arrays>")

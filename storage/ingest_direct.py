@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _parse_kernels as K
-from .errors import IngestError
+from .errors import IngestError, NonFiniteError
 from .ingest_parse import IOCount, Parsed
 from .ingest_plan import DENSE_THRESHOLD, Shape, check_block_fits
 from .ingest_write import StoreOutput, store_metadata
@@ -52,7 +52,7 @@ from .shuffle import Dealer, balanced_sizes
 from .source_io import label_index
 from .stop import check_stop
 
-__all__ = ["ArrayFile", "memmap_array_file", "probe_array_files", "plan_passes",
+__all__ = ["ArrayFile", "file_mapping", "memmap_array_file", "probe_array_files", "plan_passes",
            "ingest_direct", "RUN_BYTES"]
 
 #: runs of a group: about this many, within RUN_BYTES
@@ -191,12 +191,10 @@ def probe_array_files(sources, fmt: str, label_column, npz_keys=("X", "y")):
     return files or None
 
 
-def memmap_array_file(X, y) -> ArrayFile | None:
-    """``X``'s rows as an :class:`ArrayFile` where ``X`` is (a C-ordered view of) a numpy
-    memmap of a file that the file's reads see as it is (mode "r", "r+" or "w+", not the
-    private "c"), with ``y`` its labels in memory; else None."""
-    import mmap
-
+def file_mapping(X) -> np.memmap | None:
+    """The memmap behind ``X`` where ``X`` is a 2-D, C-ordered, numeric (view of a) memmap of
+    a file whose reads see it as it is (mode "r", "r+" or "w+", not the private "c"): the
+    rows :func:`memmap_array_file` can read from the file; else None."""
     m = X
     while isinstance(m, np.ndarray) and not isinstance(m, np.memmap):
         m = m.base
@@ -204,6 +202,18 @@ def memmap_array_file(X, y) -> ArrayFile | None:
             or not m.filename or m.mode == "c" or not isinstance(X, np.ndarray)
             or X.ndim != 2 or X.shape[0] == 0 or X.shape[1] < 1 or not X.flags.c_contiguous
             or X.dtype.hasobject or X.dtype.kind not in "biuf"):
+        return None
+    return m
+
+
+def memmap_array_file(X, y) -> ArrayFile | None:
+    """``X``'s rows as an :class:`ArrayFile` where ``X`` is (a C-ordered view of) a numpy
+    memmap of a file that the file's reads see as it is (mode "r", "r+" or "w+", not the
+    private "c"), with ``y`` its labels in memory; else None."""
+    import mmap
+
+    m = file_mapping(X)
+    if m is None:
         return None
     y = np.asarray(y)
     if y.dtype.kind not in "biuf" or y.reshape(-1).shape[0] != X.shape[0]:
@@ -472,7 +482,7 @@ def _block_values(X_raw, sel, f: ArrayFile, d: int, ids, files, file_row0):
     if bad >= 0:
         c = int(np.flatnonzero(~np.isfinite(X[bad]))[0])
         path, row = _source_row(int(ids[bad]), files, file_row0)
-        raise IngestError(f"a value in row {row} is NaN or infinite", "Impute or drop "
+        raise NonFiniteError(f"a value in row {row} is NaN or infinite", "Impute or drop "
                           "missing values before ingesting; the store holds finite float32 "
                           "values only.", path=path, column=c + 1)
     return X, labels, sq.astype(np.float32), int(nnz)
@@ -655,7 +665,7 @@ def _check_labels(labels, ids, files, file_row0) -> None:
     bad = ~np.isfinite(labels)
     if bad.any():
         path, row = _source_row(int(ids[np.flatnonzero(bad)[0]]), files, file_row0)
-        raise IngestError(f"the label in row {row} is NaN or infinite", "Impute or drop "
+        raise NonFiniteError(f"the label in row {row} is NaN or infinite", "Impute or drop "
                           "missing values before ingesting; the store holds finite float32 "
                           "values only.", path=path)
 
