@@ -63,7 +63,8 @@ class InnerLoop:
         self.m_solved = max(st.S.m, n)  # |S| when (13) was last solved on it
         # the scan check has taken the index's place for the rest of this problem
         self.scan_only = False
-        # w solves (13) on S (to eps): a sampled stop is judged by a query at such a w
+        # w solves (13) on S (to eps, or quick_iters passes): a sampled stop is judged by a
+        # query at such a w
         self.at_solution = False
         self.queried_at_solution = False
         self.converges = False  # the last full solve of S converged
@@ -193,12 +194,17 @@ class InnerLoop:
                    and k / n_trav < cfg.sample_eps)
         if sampled:
             # the rule speaks for the w it was asked at, and the stop returns the solution
-            # of (13) on S: unless asked at one, S is solved and the index asked again
-            self.solve_S(cfg.max_iters)
+            # of (13) on S: unless asked at one, S is solved (quick_iters passes, as a check
+            # solves it first) and the index asked again there; where the rule holds again,
+            # the solve goes on to max_iters and the loop stops. A resident S whose dual CD
+            # does not reach eps spends max_iters passes on each full solve: one per stop,
+            # not one per time the rule held
             if not self.queried_at_solution:
+                self.solve_S(cfg.quick_iters)
                 self.at_solution = True
                 stats.sample_rule_rechecks += 1
                 return _ASK_AGAIN
+            self.solve_S(cfg.max_iters)
             stats.stopped_by_sample_rule += 1
             st.checker.drop_answer()
             return _STOP
