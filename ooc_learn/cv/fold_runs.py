@@ -3,10 +3,9 @@ one after another, in threads, or as tasks on a Dask cluster.
 
 Folds outside, Cs inside: fold i at C_1 starts from fold i-1 at C_1 and fold i at C_j from
 fold i at C_(j-1), so two warm states live at once, not one per fold. With ``n_jobs`` > 1 or
-a Dask client the folds are cut into runs of consecutive folds
-(:func:`~.linear_folds.fold_chains`) that go side by side, each warm within itself; the Dask
-task of a run (:func:`cv_folds`) sits here beside the thread that runs the same folds
-locally.
+a Dask client the (fold, C) pairs are cut into tasks of consecutive folds at a run of Cs
+(:func:`~.linear_folds.fold_tasks`) that go side by side, each warm within itself; the Dask
+task (:func:`cv_folds`) sits here beside the thread that runs the same folds locally.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import time
 import numpy as np
 
 from .fold_task import FoldTask, fold_path
-from .linear_folds import fold_chains, fold_plan
+from .linear_folds import fold_plan, fold_tasks
 from .result import CVResult
 
 __all__ = ["cross_validate", "cv_folds"]
@@ -29,29 +28,28 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
     fold i at C_1 from fold i-1 at C_1; so two states live at once, not one per fold.
     Regression (SVR's dual: beta signed, no labels in w): each C's folds stop relative to
     the first violation of that C's first solve. ``n_jobs`` > 1 (the dual CD solvers): the
-    folds are cut into that many runs of consecutive folds
-    (:func:`~.linear_folds.fold_chains`), run in threads (the kernels release the GIL); within
-    a run each fold starts from the one before, the first from scratch; one state per run.
-    ``client`` (a ``dask.distributed.Client``): the same runs, one per worker thread, each a
+    (fold, C) pairs are cut into tasks (:func:`~.linear_folds.fold_tasks`: runs of
+    consecutive folds at every C, and the folds left over cut into runs of Cs, so that the
+    threads share the solves evenly), run by that many threads (the kernels release the
+    GIL); within a task each fold starts from the one before and each C from the one
+    before, the first from scratch; one state per running task. ``client`` (a
+    ``dask.distributed.Client``): the same tasks for the cluster's worker threads, each a
     task on the cluster, every solver (IBCD too: a worker is its own process); the same
     answer as ``n_jobs`` = that many. Where the cluster has more worker threads than folds,
-    the Cs are cut into runs of consecutive Cs too (as many as the threads hold), each run
-    of folds at each run of Cs a task, warm along C within it (the first C of a run from
-    the fold before at that C, the first fold from scratch): the same folds, each C's
+    each fold's Cs are cut into runs (as many as the threads hold): the same folds, each C's
     solutions within the solver's tolerance of the local run's."""
     t0 = time.perf_counter()
     n = st.n_samples
     rows0, bytes0 = st.rows_read, st.bytes_read
     dual, Cs = task.dual, task.Cs
-    jobs = max(1, min(int(n_jobs), k)) if dual else 1
+    jobs = threads = max(1, min(int(n_jobs), k)) if dual else 1
     m = len(Cs)
-    c_runs = [np.arange(m)]
     if client is not None:
         from ooc_learn.distributed import n_workers
 
         threads = n_workers(client)
         jobs = max(1, min(threads, k))
-        c_runs = np.array_split(np.arange(m), max(1, min(m, threads // jobs)))
+    tasks = fold_tasks(k, m, threads)
     # per row and C: its decision value (float64); per row: its fold (int32); the dual
     # solvers' warm alpha (float64) twice (fold i-1 at C_1, and the C path) and w, or one
     # per running fold
@@ -65,27 +63,26 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
         fold_scores = np.empty((m, k))
         logs = [[None] * k for _ in range(m)]
 
-        def chain(ids):
-            """Folds ``ids`` in turn, each warm-started from the one before (the first from
-            scratch)."""
-            head = None
+        def run(ids, cs):
+            """Folds ``ids`` in turn at the Cs ``cs`` (a slice), each warm-started from the
+            one before (the first from scratch)."""
+            head, sub = None, task.at(cs)
             for i in ids:
-                head = fold_path(task, folds, contiguous, int(i), head,
-                                  warm_start=warm_start, decision=decision,
-                                  fold_scores=fold_scores, logs=logs, references=references,
-                                  on_fold=on_fold)
+                head = fold_path(sub, folds, contiguous, int(i), head,
+                                 warm_start=warm_start, decision=decision[cs],
+                                 fold_scores=fold_scores[cs], logs=logs[cs],
+                                 references=references, on_fold=on_fold)
 
-        chains = fold_chains(k, jobs)
-        if client is not None:  # each chain of folds a task on the cluster
-            cv_folds(client, st, task, k, warm_start, chains, folds, decision, fold_scores,
-                     logs, on_fold, c_runs=c_runs)
-        elif jobs == 1:
-            chain(chains[0])
+        if client is not None:  # each task on the cluster
+            cv_folds(client, st, task, k, warm_start, tasks, folds, decision, fold_scores,
+                     logs, on_fold)
+        elif len(tasks) == 1:
+            run(*tasks[0])
         else:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                for f in [pool.submit(chain, ids) for ids in chains]:
+                for f in [pool.submit(run, ids, cs) for ids, cs in tasks]:
                     f.result()
         sizes = np.bincount(folds, minlength=k)
         method = f"{task.solver}-warm" if warm_start else task.solver
@@ -99,8 +96,8 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
 
 
 def _chain_task(path, positive, k, ids, Cs, params, warm_start):
-    """On a worker: folds ``ids`` in turn at every C (each from the one before, the first
-    from scratch), as a thread of the local run does them."""
+    """On a worker: folds ``ids`` in turn at each of ``Cs`` (each from the one before, the
+    first from scratch), as a thread of the local run does them."""
     from ooc_learn.distributed import keep_open, task_budget
     from ooc_learn.storage.store import open_store
 
@@ -124,25 +121,23 @@ def _chain_task(path, positive, k, ids, Cs, params, warm_start):
                      "decision": decision[:, np.flatnonzero(folds == i)].copy()} for i in ids]
 
 
-def cv_folds(client, st, task, k: int, warm_start: bool, chains, folds, decision, fold_scores,
-             logs, on_fold=None, c_runs=None) -> None:
-    """The runs of folds ``chains`` (:func:`~.linear_folds.fold_chains`) at each run of Cs
-    ``c_runs`` (index arrays into ``task.Cs``; default all of them in one) as tasks on the
-    Dask cluster of ``client``; their results written into the arrays as the local run's
-    threads write them."""
+def cv_folds(client, st, task, k: int, warm_start: bool, tasks, folds, decision, fold_scores,
+             logs, on_fold=None) -> None:
+    """The ``tasks`` (:func:`~.linear_folds.fold_tasks`: folds and a slice of ``task.Cs``)
+    as tasks on the Dask cluster of ``client``; their results written into the arrays as
+    the local run's threads write them."""
     from ooc_learn.distributed import gather, shipped_path
 
     path = shipped_path(client, st.path)
-    c_runs = [np.arange(len(task.Cs))] if c_runs is None else c_runs
-    jobs = [(ids, js) for js in c_runs for ids in chains]
-    args = [(path, st.positive, k, ids, [task.Cs[j] for j in js], task.params, warm_start)
-            for ids, js in jobs]
-    for (_, js), outs in zip(jobs, gather(client, _chain_task, args)):
+    args = [(path, st.positive, k, ids, task.Cs[cs], task.params, warm_start)
+            for ids, cs in tasks]
+    js_all = np.arange(len(task.Cs))
+    for (_, cs), outs in zip(tasks, gather(client, _chain_task, args)):
         for out in outs:
             i = out["fold"]
-            fold_scores[js, i] = out["scores"]
-            decision[np.ix_(js, np.flatnonzero(folds == i))] = out["decision"]
-            for j, entry in zip(js, out["logs"]):
+            fold_scores[cs, i] = out["scores"]
+            decision[cs, np.flatnonzero(folds == i)] = out["decision"]
+            for j, entry in zip(js_all[cs], out["logs"]):
                 logs[j][i] = entry
                 if on_fold is not None:
                     on_fold(entry)

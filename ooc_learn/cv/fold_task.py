@@ -103,6 +103,12 @@ class FoldTask:
         other.__dict__.update(self.__dict__, st=st)
         return other
 
+    def at(self, cs: slice):
+        """The same task at the Cs ``cs`` (a slice of ``Cs``) only."""
+        other = object.__new__(FoldTask)
+        other.__dict__.update(self.__dict__, Cs=self.Cs[cs])
+        return other
+
     def solve(self, folds, contiguous, i, C, warm, decision, reference=None):
         """Fold i at C from ``warm``: ``(stats, score, entry)``; its rows' decision values
         go into ``decision``. The dual solvers update ``warm`` in place."""

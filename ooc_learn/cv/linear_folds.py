@@ -16,7 +16,8 @@ import numpy as np
 
 from .folds import store_fold_bounds
 
-__all__ = ["fold_plan", "fold_span", "fold_chains", "fold_rows", "decision_values"]
+__all__ = ["fold_plan", "fold_span", "fold_chains", "fold_tasks", "fold_rows",
+           "decision_values"]
 
 
 def fold_plan(block_offsets, k: int, seed: int = 0):
@@ -52,6 +53,33 @@ def fold_chains(k: int, jobs: int) -> list[list[int]]:
     most one), run side by side; within a run each fold starts from the one before, as all
     of them do one after another (``jobs`` = 1). 5 folds, 2 runs: [0, 1, 2], [3, 4]."""
     return [list(map(int, ids)) for ids in np.array_split(np.arange(k), max(1, min(jobs, k)))]
+
+
+def fold_tasks(k: int, m: int, threads: int) -> list[tuple[list[int], slice]]:
+    """The tasks of a CV of ``k`` folds at ``m`` Cs on ``threads`` threads (local threads or
+    a Dask cluster's): ``(folds, Cs)``, the folds a task solves one after another at each C
+    of the slice, each fold warm from the one before and each C from the one before (the
+    first from scratch). Run in this order, a free thread taking the next task:
+
+    - ``threads`` >= k: one fold a task, its Cs cut into ``threads // k`` runs;
+    - k a multiple of ``threads``, or one C: the runs of :func:`fold_chains`, every C;
+    - else ``threads`` runs of k // threads folds at every C, then each of the r folds left
+      over cut into ceil(threads / r) runs of Cs, so that each thread solves about
+      k m / threads (fold, C) pairs. Runs of k // threads + 1 folds would leave threads idle
+      for m solves each: 5 folds at 4 Cs on 2 threads are [0, 1], [2, 3], fold 4 at C_1..2
+      and fold 4 at C_3..4 (10 and 10 solves), not [0, 1, 2] and [3, 4] (12 and 8).
+    """
+    threads = max(1, int(threads))
+    if threads >= k:
+        runs = np.array_split(np.arange(m), max(1, min(m, threads // k)))
+        return [([i], slice(int(c[0]), int(c[-1]) + 1)) for c in runs for i in range(k)]
+    q, r = divmod(k, threads)
+    if r == 0 or m == 1:
+        return [(ids, slice(0, m)) for ids in fold_chains(k, threads)]
+    runs = np.array_split(np.arange(m), min(m, -(-threads // r)))
+    chains = [(list(range(t * q, (t + 1) * q)), slice(0, m)) for t in range(threads)]
+    return chains + [([i], slice(int(c[0]), int(c[-1]) + 1))
+                     for i in range(threads * q, k) for c in runs]
 
 
 def fold_rows(st, a: int, z: int, mask=None):

@@ -282,3 +282,34 @@ def test_c_search_refusals(store, capsys):
                  ["--cv", "5", "--C-search", "--solver", "pegasos"]):
         assert train_main([str(store), "--quiet"] + argv) == 2
         assert "--C-search" in capsys.readouterr().err
+
+
+def _makespan(tasks, threads):
+    """The (fold, C) solves the busiest thread does when each free thread takes the next task."""
+    import heapq
+
+    load = [0] * threads
+    for ids, cs in tasks:
+        heapq.heappush(load, heapq.heappop(load) + len(ids) * (cs.stop - cs.start))
+    return max(load)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5, 7, 10])
+@pytest.mark.parametrize("m", [1, 2, 4, 5])
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 6, 12])
+def test_fold_tasks_cover_every_fold_and_c_once_and_share_them_evenly(k, m, threads):
+    from ooc_learn.cv.linear_folds import fold_chains, fold_tasks
+
+    tasks = fold_tasks(k, m, threads)
+    pairs = [(i, j) for ids, cs in tasks for i in ids for j in range(m)[cs]]
+    assert sorted(pairs) == [(i, j) for i in range(k) for j in range(m)]
+    for ids, cs in tasks:  # consecutive folds (warm from the one before) at a run of Cs
+        assert ids == list(range(ids[0], ids[0] + len(ids))) and 0 <= cs.start < cs.stop <= m
+    # never busier than runs of whole folds, and within a run of Cs of the even share
+    chains = [(ids, slice(0, m)) for ids in fold_chains(k, min(threads, k))]
+    span = _makespan(tasks, threads)
+    assert span <= _makespan(chains, threads)
+    if threads < k and m > 1:
+        assert span <= -(-k * m // threads) + -(-m // 2)
+    assert fold_tasks(5, 4, 2) == [([0, 1], slice(0, 4)), ([2, 3], slice(0, 4)),
+                                   ([4], slice(0, 2)), ([4], slice(2, 4))]
