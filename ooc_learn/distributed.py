@@ -7,12 +7,14 @@ shared file system), reads only what its fold or class needs, and returns small 
 fold's scores, log and its rows' decision values; a class's model). The driver merges them as
 the local code does, so a run on the cluster gives the local run's answer:
 
-- CV folds (:func:`ooc_learn.cv.fold_runs.cv_folds`): cut into one run of consecutive folds
-  per worker thread, each fold of a run warm-started from the one before (the first from
-  scratch) and warm along C, as ``n_jobs`` = that many runs them locally in threads
-  (identical fold scores for the same folds and seeds); IBCD folds too, since each worker is
-  its own process. With more worker threads than folds, the Cs are cut into runs too, each
-  run of folds at each run of Cs a task (within the solver's tolerance of the local run);
+- CV folds (:func:`ooc_learn.cv.fold_runs.cv_folds`): cut into tasks of consecutive folds
+  at a run of consecutive Cs (:func:`ooc_learn.cv.linear_folds.fold_tasks`: a run of folds
+  at every C per worker thread, the folds left over cut into runs of Cs), each fold of a
+  task warm-started from the one before (the first from scratch) and warm along C, as
+  ``n_jobs`` = that many runs them locally in threads (identical fold scores for the same
+  folds and seeds); IBCD folds too, since each worker is its own process. With more worker
+  threads than folds, each fold's Cs are cut into runs (within the solver's tolerance of
+  the local run);
 - one-vs-rest classes (:func:`ooc_learn.training.train_classes`,
   :func:`ooc_learn.cv.one_vs_rest.cv_classes`): merged in class order, as one class at a time;
 - TreeCV (:func:`ooc_learn.cv.treecv.tree_subtrees`): the subtrees log2(worker threads)
