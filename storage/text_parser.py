@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from . import _parse_kernels as K
-from .errors import IngestError
+from .errors import IngestError, NonFiniteError
 from .labels import LabelNames
 from .sniff import LIBSVM_TOKEN, CSVLayout, is_number, split_fields
 from .source_io import RawChunk, SourceFile, open_binary, readinto_full
@@ -211,7 +211,9 @@ class _TextParser:
             token = None
         if self.fmt == "libsvm" and status == K.E_TOKEN and token.startswith("qid"):
             msg = "malformed qid token; expected 'qid:' and an integer"
-        return IngestError(msg, hint, path=self.path, line=line, column=col, token=token)
+        error = (NonFiniteError if status in (K.E_LABEL_NONFINITE, K.E_VALUE_NONFINITE)
+                 else IngestError)
+        return error(msg, hint, path=self.path, line=line, column=col, token=token)
 
 
 _TOKEN_HINT = ("LIBSVM lines read 'label index:value index:value ...' with integer indices and "

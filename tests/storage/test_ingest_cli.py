@@ -385,3 +385,17 @@ def test_ingest_arrays_takes_string_labels(tmp_path):
         assert st.task == "multiclass" and st.label_map["names"] == ["a", "b", "c"]
         got = dict(zip(st.row_ids().tolist(), st.labels().tolist()))
         assert [got[i] for i in range(6)] == [1, 0, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize("text", ["1 1:0.5\n1 2:nan\n", "inf 1:0.5\n"])
+def test_a_non_finite_value_or_label_in_text_is_a_value_error_too(tmp_path, text):
+    """NonFiniteError: an IngestError (exit 2, the line named) that is also a ValueError,
+    whatever the source (text here; arrays and .npy files in test_ingest_direct)."""
+    from ooc_learn import NonFiniteError
+    from ooc_learn.api import ingest
+
+    src = tmp_path / "bad.svm"
+    src.write_text(text)
+    with pytest.raises(NonFiniteError, match="line") as ei:
+        ingest([src], tmp_path / "s", format="libsvm")
+    assert isinstance(ei.value, ValueError) and ei.value.line is not None

@@ -189,6 +189,7 @@ def test_a_nan_in_a_late_pass_names_file_row_and_column_and_leaves_nothing(tmp_p
         ingest([src], tmp_path / "s", memory=budget)
     msg = str(ei.value)
     assert "row 11001" in msg and "x.npy" in msg and "NaN or infinite" in msg
+    assert isinstance(ei.value, ValueError)  # NonFiniteError, as scikit-learn raises
     if what == "value":
         assert ei.value.column == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
