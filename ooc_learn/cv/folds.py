@@ -159,12 +159,15 @@ class ArraySource:
 class StoreSource:
     """A :class:`~ooc_learn.storage.store.Store` as a row source (reads through its cache).
 
-    Positions are store rows, except inside a block that holds several folds of an indexed
-    store: its rows are in the metric tree's leaf order there, so a range of them is a
-    cluster of similar rows, and the block's positions map to its rows through a fixed random
-    permutation (the permuted block is cached beside the block, paid from the budget): a
-    fold is then a random sample of the block's rows, not one cluster of them, whose error
-    says more about that cluster than about the model.
+    Positions are store rows, except in an indexed store: its blocks hold their rows in the
+    metric tree's leaf order, so a range of them is a cluster of similar rows, and each
+    block's positions map to its rows through a fixed random permutation (the permuted block
+    is cached beside the block, paid from the budget). A fold inside a block (k > blocks) is
+    then a random sample of the block's rows, not one cluster of them, whose error says more
+    about that cluster than about the model; and an incremental learner is fed each block in
+    a random order, as the TreeCV analysis assumes, not cluster after cluster: Pegasos,
+    10 folds of the 1.02M-row augmented Fashion-MNIST store (whole blocks), estimated an
+    error of 0.250 fed in leaf order against 0.106 in random order (its test error 0.10-0.12).
     """
 
     is_store = True
@@ -179,8 +182,7 @@ class StoreSource:
 
     def fold_bounds(self, k: int) -> np.ndarray:
         bounds = store_fold_bounds(self.block_offsets, k)
-        self.dealt = k > self.block_offsets.size - 1 and bool(getattr(self.store, "has_index",
-                                                                       False))
+        self.dealt = bool(getattr(self.store, "has_index", False))
         return bounds
 
     def _dealt_block(self, b: int):
