@@ -131,13 +131,12 @@ def cv_folds(client, st, task, k: int, warm_start: bool, tasks, folds, decision,
     path = shipped_path(client, st.path)
     args = [(path, st.positive, k, ids, task.Cs[cs], task.params, warm_start)
             for ids, cs in tasks]
-    js_all = np.arange(len(task.Cs))
     for (_, cs), outs in zip(tasks, gather(client, _chain_task, args)):
         for out in outs:
             i = out["fold"]
             fold_scores[cs, i] = out["scores"]
             decision[cs, np.flatnonzero(folds == i)] = out["decision"]
-            for j, entry in zip(js_all[cs], out["logs"]):
+            for j, entry in zip(range(len(task.Cs))[cs], out["logs"]):
                 logs[j][i] = entry
                 if on_fold is not None:
                     on_fold(entry)

@@ -99,14 +99,15 @@ class FoldTask:
 
     def on(self, st):
         """The same task on another view of the store (one class against the rest)."""
-        other = object.__new__(FoldTask)
-        other.__dict__.update(self.__dict__, st=st)
-        return other
+        return self._with(st=st)
 
     def at(self, cs: slice):
         """The same task at the Cs ``cs`` (a slice of ``Cs``) only."""
+        return self._with(Cs=self.Cs[cs])
+
+    def _with(self, **changes):
         other = object.__new__(FoldTask)
-        other.__dict__.update(self.__dict__, Cs=self.Cs[cs])
+        other.__dict__.update(self.__dict__, **changes)
         return other
 
     def solve(self, folds, contiguous, i, C, warm, decision, reference=None):

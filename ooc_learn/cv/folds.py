@@ -178,24 +178,23 @@ class StoreSource:
         self.block_offsets = np.asarray(store.block_offsets, dtype=np.int64)
         self.rows_read = 0
         self.seed = int(seed)
-        self.dealt = False
+        self.dealt = bool(getattr(store, "has_index", False))  # blocks in leaf order
 
     def fold_bounds(self, k: int) -> np.ndarray:
-        bounds = store_fold_bounds(self.block_offsets, k)
-        self.dealt = bool(getattr(self.store, "has_index", False))
-        return bounds
+        return store_fold_bounds(self.block_offsets, k)
 
     def _dealt_block(self, b: int):
-        """Block b's rows in the fixed random order its positions stand for."""
+        """Block b's rows in the fixed random order its positions stand for (cached beside
+        the block, which is read through the cache: its bytes are reserved while the copy
+        is made)."""
+        from ooc_learn.storage.arrays import rows_nbytes
+
         def load():
             # stored labels: the cache is shared with the store's other views (classes)
             X, y, ids = self.store.read_block(b, stored_labels=True)
             perm = np.random.default_rng([self.seed, b]).permutation(y.shape[0])
             out = (X[perm], np.asarray(y)[perm], np.asarray(ids)[perm])
-            nbytes = sum(a.nbytes for a in (out[1], out[2])) + (
-                out[0].data.nbytes + out[0].indices.nbytes + out[0].indptr.nbytes
-                if hasattr(out[0], "indptr") else out[0].nbytes)
-            return out, nbytes
+            return out, rows_nbytes(*out)
         X, y, ids = self.store.block_cache.get_or_load(("dealt", b, self.seed), load)
         return X, self.store.labels_out(y), ids
 

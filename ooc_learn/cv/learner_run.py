@@ -86,8 +86,6 @@ class CVRun:
         run.metric, run.k, run.learner = ctx["metric"], ctx["k"], ctx["learner"]
         run.randomized, run.bounds = ctx["randomized"], ctx["bounds"]
         run.rng = np.random.default_rng(seed)
-        if source.is_store:
-            source.fold_bounds(run.k)  # the same positions as the caller's (dealt blocks)
         source.rows_read = 0
         run._start()
         return run
