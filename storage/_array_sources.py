@@ -40,8 +40,7 @@ def _finite(a: np.ndarray, path, what: str, row0: int) -> None:
         r, *c = np.argwhere(bad)[0] if a.ndim == 2 else (np.argmax(bad),)
         col = int(c[0]) + 1 if c else None
         raise NonFiniteError(f"{what} in row {row0 + int(r) + 1} is NaN or infinite",
-                             "Impute or drop missing values before ingesting; the store holds "
-                             "finite float32 values only.", path=path, column=col)
+                             path=path, column=col)
 
 
 def _dense_chunk(labels, feats, row0: int, bytes_read: int, path) -> RawChunk:
@@ -195,9 +194,8 @@ def _csr_chunk(labels, indptr, indices, data, width: int, row0: int, bytes_read:
     if bad.any():
         k = int(np.argmax(bad))
         row = row0 + int(np.searchsorted(indptr, k, "right"))
-        raise NonFiniteError(f"a value in row {row} is NaN or infinite",
-                             "Impute or drop missing values before ingesting.",
-                             path=p, column=int(indices[k]) + 1)
+        raise NonFiniteError(f"a value in row {row} is NaN or infinite", path=p,
+                             column=int(indices[k]) + 1)
     code, r, idx = K.sort_check_rows(indptr, indices, values, width)
     if code:
         what = {K.E_INDEX_NEG: "is negative", K.E_INDEX_BIG: f"is >= the {width} columns",

@@ -71,6 +71,12 @@ class NonFiniteError(IngestError, ValueError):
     """A value or a label of the input is NaN or infinite (the store holds finite values
     only). Also a ``ValueError``, as scikit-learn's input checks raise for such data."""
 
+    HINT = ("Impute or drop missing values before ingesting; the store holds finite float32 "
+            "values only.")
+
+    def __init__(self, message: str, hint: str = HINT, **where):
+        super().__init__(message, hint, **where)
+
 
 class StoreFormatError(UsageError):
     """A path is not a finished store, or was written by an incompatible format version."""

@@ -251,9 +251,7 @@ def _array_chunks(X, y, chunk_rows: int):
         if bad.size:  # as the file sources refuse it: the store holds finite values only
             row = int(np.searchsorted(Xc.indptr, bad[0], side="right")) - 1
             raise NonFiniteError(f"Row {a + row} of X holds a NaN or infinite value (column "
-                                 f"{int(Xc.indices[bad[0]])}).",
-                                 "Impute or drop missing values before ingesting; the store "
-                                 "holds finite float32 values only.", path="<arrays>")
+                                 f"{int(Xc.indices[bad[0]])}).", path="<arrays>")
         yield SimpleNamespace(
             labels=np.asarray(y[a:b], dtype=np.float64), indptr=Xc.indptr.astype(np.int64),
             indices=Xc.indices.astype(np.int64), values=Xc.data.astype(np.float32),

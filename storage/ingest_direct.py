@@ -482,9 +482,8 @@ def _block_values(X_raw, sel, f: ArrayFile, d: int, ids, files, file_row0):
     if bad >= 0:
         c = int(np.flatnonzero(~np.isfinite(X[bad]))[0])
         path, row = _source_row(int(ids[bad]), files, file_row0)
-        raise NonFiniteError(f"a value in row {row} is NaN or infinite", "Impute or drop "
-                             "missing values before ingesting; the store holds finite float32 "
-                             "values only.", path=path, column=c + 1)
+        raise NonFiniteError(f"a value in row {row} is NaN or infinite", path=path,
+                             column=c + 1)
     return X, labels, sq.astype(np.float32), int(nnz)
 
 
@@ -665,9 +664,7 @@ def _check_labels(labels, ids, files, file_row0) -> None:
     bad = ~np.isfinite(labels)
     if bad.any():
         path, row = _source_row(int(ids[np.flatnonzero(bad)[0]]), files, file_row0)
-        raise NonFiniteError(f"the label in row {row} is NaN or infinite", "Impute or drop "
-                             "missing values before ingesting; the store holds finite float32 "
-                             "values only.", path=path)
+        raise NonFiniteError(f"the label in row {row} is NaN or infinite", path=path)
 
 
 def _source_row(row_id: int, files, file_row0) -> tuple[str, int]:

@@ -226,9 +226,7 @@ _MESSAGES = {
                         "Put the numeric label first, e.g. '+1 3:0.5 7:1.0'."),
     K.E_LABEL_NONFINITE: ("the label is NaN or infinite",
                           "Drop the row or give it a finite label."),
-    K.E_VALUE_NONFINITE: ("the value is NaN or infinite",
-                          "Impute or drop missing values before ingesting; the store holds "
-                          "finite float32 values only."),
+    K.E_VALUE_NONFINITE: ("the value is NaN or infinite", NonFiniteError.HINT),
     K.E_INDEX_NEG: ("negative feature index",
                     "Feature indices are integers >= 0 (0-based) or >= 1 (1-based)."),
     K.E_INDEX_BIG: ("feature index above 2**31-1 = 2147483647",
