@@ -515,6 +515,32 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter, pha
 
 
 @njit(cache=True, nogil=True)
+def _kth_smallest(a, m, k):
+    """The k-th smallest of ``a[:m]`` (0-based), reordering ``a[:m]`` in place (Hoare's
+    selection; no copy, unlike ``np.partition``)."""
+    lo, hi = 0, m - 1
+    while lo < hi:
+        pivot = a[(lo + hi) // 2]
+        i, j = lo, hi
+        while i <= j:
+            while a[i] < pivot:
+                i += 1
+            while a[j] > pivot:
+                j -= 1
+            if i <= j:
+                a[i], a[j] = a[j], a[i]
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            break
+    return a[k]
+
+
+@njit(cache=True, nogil=True)
 def primal_value(train, y, alpha, G, C, scratch):
     """min over b of F(alpha, b, xi) = 1/2 a'Qa + C sum_t max(0, 1 - y_t f(x_t)); returns (F, b).
 
@@ -531,8 +557,7 @@ def primal_value(train, y, alpha, G, C, scratch):
         if y[t] > 0:
             npos += 1
         quad += alpha[t] * (G[t] + 1.0)
-    kth = npos - 1 if npos > 0 else 0
-    b = np.partition(scratch[:m], kth)[kth]
+    b = _kth_smallest(scratch, m, npos - 1 if npos > 0 else 0)
     hinge = 0.0
     for t in train:
         v = -G[t] - y[t] * b
@@ -571,12 +596,21 @@ def beta_init(train, r, colr, y, beta, gp, G):
     return h
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _beta_move(v, r, colr, diag, beta, gp, C):
-    """The exact maximiser of H(beta) along coordinate v: ``(step, gain)``."""
+@njit(cache=True, nogil=True)
+def h_curvatures(train, r, colr, diag, out):
+    """``out[v] = k'(v, v) = k(v, v) - 2 k(r, v) + k(r, r)``: H's curvature along each
+    coordinate, fixed for the removed row r (computed once a solve, not once a step)."""
     krr = colr[r]
+    for v in train:
+        out[v] = diag[v] - 2.0 * colr[v] + krr
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _beta_move(v, hq, beta, gp, C):
+    """The exact maximiser of H(beta) along coordinate v: ``(step, gain)``; ``hq`` from
+    :func:`h_curvatures`."""
     grad = 1.0 - gp[v]
-    q = diag[v] - 2.0 * colr[v] + krr
+    q = hq[v]
     if q > 1e-12:
         d = grad / q
     elif grad > 0.0:
@@ -602,7 +636,7 @@ def _beta_apply(v, d, col, train, r, colr, y, beta, gp):
 
 
 @njit(cache=True, nogil=True)
-def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
+def beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C):
     """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint).
 
     Picks the coordinate with the largest exact gain; returns the gain (0 when optimal).
@@ -611,11 +645,15 @@ def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
     bi = -1
     bd = 0.0
     for t in train:
-        d, gain = _beta_move(t, r, colr, diag, beta, gp, C)
-        if gain > best:
-            best = gain
-            bi = t
-            bd = d
+        # the gain along t is at most grad^2 / (2 q) (unclipped): most rows are ruled out
+        # by that bound without the division of the exact step
+        g = 1.0 - gp[t]
+        if g * g > 2.0 * best * hq[t] or hq[t] <= 1e-12:
+            d, gain = _beta_move(t, hq, beta, gp, C)
+            if gain > best:
+                best = gain
+                bi = t
+                bd = d
     if bi < 0:
         return 0.0
     _beta_apply(bi, bd, get_col(kd, kc, bi), train, r, colr, y, beta, gp)
@@ -623,14 +661,14 @@ def beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C):
 
 
 @njit(cache=True, nogil=True)
-def _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C):
+def _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, C):
     """The exact maximisers of H along i, then along j (:func:`_beta_move`), before either
     is applied: j's gradient after i's step is gp_j + d_i y_i y_j k'(i, j). Returns
     (d_i, d_j, gain); the caller applies both in one pass over the rows."""
     gain = 0.0
     di = 0.0
     if i != r:
-        di, g = _beta_move(i, r, colr, diag, beta, gp, C)
+        di, g = _beta_move(i, hq, beta, gp, C)
         if g > 0.0 and di != 0.0:
             gain += g
         else:
@@ -640,7 +678,7 @@ def _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C):
         gpj = gp[j]
         if di != 0.0:  # k'(i, j) = k(i, j) - k(r, i) - k(r, j) + k(r, r)
             gp[j] = gpj + di * y[i] * y[j] * (coli[j] - colr[i] - colr[j] + colr[r])
-        dj, g = _beta_move(j, r, colr, diag, beta, gp, C)
+        dj, g = _beta_move(j, hq, beta, gp, C)
         gp[j] = gpj
         if g > 0.0 and dj != 0.0:
             gain += g
@@ -669,6 +707,9 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
     """
     h = beta_init(train, r, colr, y, beta, gp, G)
     d = dual_value(train, alpha, G)  # kept up to date below, O(1) an iteration
+    hq = np.empty(diag.shape[0])
+    h_curvatures(train, r, colr, diag, hq)
+    krr = colr[r]
     next_f = 0
     n_act = train.shape[0]
     it = 0
@@ -691,22 +732,26 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         # Step 6: ascend H along the SMO pair's coordinates (their columns are in hand) and,
         # every H_GREEDY_PERIOD iterations, along the coordinate of largest gain (one column).
         # The pair's H steps and SMO's gradient update share one pass over the rows.
-        bi, bj, gain = _beta_pair_moves(i, j, coli, diag, r, colr, y, beta, gp, C)
+        bi, bj, gain = _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, C)
         h += gain
         wi, wj = y[i] * di, y[j] * dj
         vi, vj = y[i] * bi, y[j] * bj
-        krr, ci, cj = colr[r], colr[i], colr[j]
-        for t in train:
-            a_t, b_t = coli[t], colj[t]
-            G[t] += y[t] * (wi * a_t + wj * b_t)
-            gp[t] += y[t] * (vi * (a_t - ci - colr[t] + krr) + vj * (b_t - cj - colr[t] + krr))
+        if vi == 0.0 and vj == 0.0:  # H did not move: SMO's update alone
+            for t in train:
+                G[t] += y[t] * (wi * coli[t] + wj * colj[t])
+        else:  # k'(v, t) = k(v, t) - k(r, v) - k(r, t) + k(r, r), its constant parts summed
+            vs, v0 = vi + vj, vi * (krr - colr[i]) + vj * (krr - colr[j])
+            for t in train:
+                a_t, b_t = coli[t], colj[t]
+                G[t] += y[t] * (wi * a_t + wj * b_t)
+                gp[t] += y[t] * (vi * a_t + vj * b_t - vs * colr[t] + v0)
         alpha[i] = ai
         alpha[j] = aj
         beta[i] += bi
         beta[j] += bj
         it += 1
         if it % H_GREEDY_PERIOD == 0:
-            h += beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
+            h += beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C)
         if h > d and it >= next_f:  # F needs a pass and a selection: not every iteration
             next_f = it + F_CHECK_PERIOD
             f, b = primal_value(train, y, alpha, G, C, scratch)
@@ -728,9 +773,11 @@ def beta_solve(kd, kc, diag, train, r, colr, y, beta, gp, C, tol, max_iter):
     for t in train:
         beta[t] = 0.0
         gp[t] = 0.0
+    hq = np.empty(diag.shape[0])
+    h_curvatures(train, r, colr, diag, hq)
     h = 0.0
     for _ in range(max_iter):
-        g = beta_step(kd, kc, diag, train, r, colr, y, beta, gp, C)
+        g = beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C)
         h += g
         if g < tol:
             break
