@@ -625,26 +625,30 @@ def _beta_move(v, hq, beta, gp, C):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _beta_apply(v, d, col, train, r, colr, y, beta, gp):
-    """beta_v += d, updating the gradient of H with the column of k(v, .)."""
+def _beta_apply(v, d, col, rows, n_rows, r, colr, y, beta, gp):
+    """beta_v += d, updating the gradient of H on ``rows[:n_rows]`` with the column of
+    k(v, .)."""
     krr = colr[r]
     w = d * y[v]
     cb = colr[v]
-    for t in train:
+    for a in range(n_rows):
+        t = rows[a]
         gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
     beta[v] += d
 
 
 @njit(cache=True, nogil=True)
-def beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C):
-    """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint).
+def beta_step(kd, kc, hq, rows, n_rows, r, colr, y, beta, gp, C):
+    """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint)
+    among ``rows[:n_rows]``, H's gradient kept on those rows.
 
     Picks the coordinate with the largest exact gain; returns the gain (0 when optimal).
     """
     best = 0.0
     bi = -1
     bd = 0.0
-    for t in train:
+    for a in range(n_rows):
+        t = rows[a]
         # the gain along t is at most grad^2 / (2 q) (unclipped): most rows are ruled out
         # by that bound without the division of the exact step
         g = 1.0 - gp[t]
@@ -656,25 +660,25 @@ def beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C):
                 bd = d
     if bi < 0:
         return 0.0
-    _beta_apply(bi, bd, get_col(kd, kc, bi), train, r, colr, y, beta, gp)
+    _beta_apply(bi, bd, get_col(kd, kc, bi), rows, n_rows, r, colr, y, beta, gp)
     return best
 
 
 @njit(cache=True, nogil=True)
-def _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, C):
+def _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, h_on, C):
     """The exact maximisers of H along i, then along j (:func:`_beta_move`), before either
     is applied: j's gradient after i's step is gp_j + d_i y_i y_j k'(i, j). Returns
     (d_i, d_j, gain); the caller applies both in one pass over the rows."""
     gain = 0.0
     di = 0.0
-    if i != r:
+    if i != r and h_on[i]:
         di, g = _beta_move(i, hq, beta, gp, C)
         if g > 0.0 and di != 0.0:
             gain += g
         else:
             di = 0.0
     dj = 0.0
-    if j != r:
+    if j != r and h_on[j]:
         gpj = gp[j]
         if di != 0.0:  # k'(i, j) = k(i, j) - k(r, i) - k(r, j) + k(r, r)
             gp[j] = gpj + di * y[i] * y[j] * (coli[j] - colr[i] - colr[j] + colr[r])
@@ -698,29 +702,92 @@ F_CHECK_PERIOD = 8
 
 
 @njit(cache=True, nogil=True)
+def _h_shrink(hact, n_hact, h_on, beta, gp, C):
+    """Shrinking for H (LIBSVM's rule, for a box without the equality constraint): drop
+    from ``hact[:n_hact]`` each coordinate at a bound whose gradient pushes it out by more
+    than the largest violation among them; H no longer moves it nor keeps its gradient."""
+    top = 0.0
+    for a in range(n_hact):
+        t = hact[a]
+        g = 1.0 - gp[t]
+        if beta[t] <= 0.0:
+            v = g
+        elif beta[t] >= C:
+            v = -g
+        else:
+            v = abs(g)
+        top = max(top, v)
+    k = 0
+    for a in range(n_hact):
+        t = hact[a]
+        g = 1.0 - gp[t]
+        if (beta[t] <= 0.0 and -g > top) or (beta[t] >= C and g > top):
+            h_on[t] = False
+        else:
+            hact[k] = t
+            k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
 def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, eps, max_iter,
                        scratch):
     """Algorithm 3 of Franc, Laskov & Mueller (2008): SMO on problem (7) with the F < H stop.
 
+    SMO's steps are :func:`smo_solve`'s, its shrinking included (the pairs are chosen among
+    the active rows), but the gradient is kept on every row, since F needs every row's
+    margin (a vector update, cheap beside the selections; no reconstruction when rows come
+    back). H is ascended along SMO's pair and greedily, among the coordinates H's own
+    shrinking (:func:`_h_shrink`) leaves, and keeps its gradient on those only.
+
     Returns (stopped_by_F_lt_H, decision value at x_r, iterations). The decision uses the b
     that minimises F when the new condition fired, else LIBSVM's rho.
     """
+    n = y.shape[0]
+    l = train.shape[0]
     h = beta_init(train, r, colr, y, beta, gp, G)
     d = dual_value(train, alpha, G)  # kept up to date below, O(1) an iteration
-    hq = np.empty(diag.shape[0])
+    hq = np.empty(n)
     h_curvatures(train, r, colr, diag, hq)
     krr = colr[r]
+    act = train.copy()
+    n_act = l
+    is_act = np.zeros(n, dtype=np.bool_)
+    hact = train.copy()
+    n_hact = l
+    h_on = np.zeros(n, dtype=np.bool_)
+    for t in train:
+        is_act[t] = True
+        h_on[t] = True
+    unshrunk = False
+    period = min(l, SHRINK_PERIOD)
+    counter = period
     next_f = 0
-    n_act = train.shape[0]
     it = 0
     while it < max_iter:
-        i, gmax = _select_i(train, n_act, y, alpha, G, C)
-        if i < 0:
-            break
-        coli = get_col(kd, kc, i)
-        j, gmax2 = _select_j(i, coli, gmax, diag, train, n_act, y, alpha, G, C)
-        if gmax + gmax2 < eps or j < 0:
-            break
+        counter -= 1
+        if counter == 0:
+            counter = period
+            gm1, gm2 = _violations(act, n_act, y, alpha, G, C)
+            if (not unshrunk) and gm1 + gm2 <= eps * 10.0:
+                unshrunk = True
+                act[:] = train
+                n_act = l
+                is_act[train] = True
+            n_act = _shrink(act, n_act, is_act, y, alpha, G, C, gm1, gm2)
+            n_hact = _h_shrink(hact, n_hact, h_on, beta, gp, C)
+        i, j, gap, coli = _select(kd, kc, diag, act, n_act, y, alpha, G, C)
+        if gap < eps or j < 0:
+            if n_act == l:
+                break
+            # optimal on the shrunk set: every row back (their gradients are current)
+            act[:] = train
+            n_act = l
+            is_act[train] = True
+            i, j, gap, coli = _select(kd, kc, diag, act, n_act, y, alpha, G, C)
+            if gap < eps or j < 0:
+                break
+            counter = 1
         colj = get_col(kd, kc, j)
         ai, aj = _pair_step(i, j, coli[j], diag, y, alpha, G, C)
         # the dual's change for alpha moving by (di, dj), from the gradient before the move:
@@ -730,28 +797,26 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         d -= G[i] * di + G[j] * dj + 0.5 * (diag[i] * di * di + diag[j] * dj * dj) \
             + qij * di * dj
         # Step 6: ascend H along the SMO pair's coordinates (their columns are in hand) and,
-        # every H_GREEDY_PERIOD iterations, along the coordinate of largest gain (one column).
-        # The pair's H steps and SMO's gradient update share one pass over the rows.
-        bi, bj, gain = _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, C)
+        # every H_GREEDY_PERIOD iterations, along the coordinate of largest gain (one column)
+        bi, bj, gain = _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, h_on, C)
         h += gain
         wi, wj = y[i] * di, y[j] * dj
+        for t in train:
+            G[t] += y[t] * (wi * coli[t] + wj * colj[t])
         vi, vj = y[i] * bi, y[j] * bj
-        if vi == 0.0 and vj == 0.0:  # H did not move: SMO's update alone
-            for t in train:
-                G[t] += y[t] * (wi * coli[t] + wj * colj[t])
-        else:  # k'(v, t) = k(v, t) - k(r, v) - k(r, t) + k(r, r), its constant parts summed
+        if vi != 0.0 or vj != 0.0:
+            # k'(v, t) = k(v, t) - k(r, v) - k(r, t) + k(r, r), its constant parts summed
             vs, v0 = vi + vj, vi * (krr - colr[i]) + vj * (krr - colr[j])
-            for t in train:
-                a_t, b_t = coli[t], colj[t]
-                G[t] += y[t] * (wi * a_t + wj * b_t)
-                gp[t] += y[t] * (vi * a_t + vj * b_t - vs * colr[t] + v0)
+            for a in range(n_hact):
+                t = hact[a]
+                gp[t] += y[t] * (vi * coli[t] + vj * colj[t] - vs * colr[t] + v0)
         alpha[i] = ai
         alpha[j] = aj
         beta[i] += bi
         beta[j] += bj
         it += 1
         if it % H_GREEDY_PERIOD == 0:
-            h += beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C)
+            h += beta_step(kd, kc, hq, hact, n_hact, r, colr, y, beta, gp, C)
         if h > d and it >= next_f:  # F needs a pass and a selection: not every iteration
             next_f = it + F_CHECK_PERIOD
             f, b = primal_value(train, y, alpha, G, C, scratch)
@@ -777,7 +842,7 @@ def beta_solve(kd, kc, diag, train, r, colr, y, beta, gp, C, tol, max_iter):
     h_curvatures(train, r, colr, diag, hq)
     h = 0.0
     for _ in range(max_iter):
-        g = beta_step(kd, kc, hq, train, r, colr, y, beta, gp, C)
+        g = beta_step(kd, kc, hq, train, train.shape[0], r, colr, y, beta, gp, C)
         h += g
         if g < tol:
             break

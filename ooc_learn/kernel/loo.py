@@ -18,7 +18,8 @@ minimising F for the current alpha) the sign of f(x_r) is that of the optimum (C
 and the solve halts; the eps-KKT rule stays as the fallback stop. Each SMO iteration ascends H
 along the two coordinates SMO just moved (their kernel columns are in hand, so this costs no
 column) and every 8th iteration also along the coordinate of largest gain (one more column;
-``_kernels.H_GREEDY_PERIOD``). Efficiency test: on the first
+``_kernels.H_GREEDY_PERIOD``). SMO shrinks as the standard solve does (the same pairs), but
+keeps its gradient on every row for F; H shrinks by its own rule. Efficiency test: on the first
 M = 10 solved rows, if fewer than half stop by the new condition, the rest use ``standard``.
 """
 
