@@ -801,7 +801,9 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         bi, bj, gain = _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, h_on, C)
         h += gain
         wi, wj = y[i] * di, y[j] * dj
-        for t in train:
+        # every row in order (the rows outside ``train``, r alone in LOO, are not read):
+        # a contiguous loop the compiler vectorises, where ``for t in train`` gathers
+        for t in range(n):
             G[t] += y[t] * (wi * coli[t] + wj * colj[t])
         vi, vj = y[i] * bi, y[j] * bj
         if vi != 0.0 or vj != 0.0:
