@@ -639,14 +639,13 @@ def _beta_move(v, hq, beta, gp, C):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _beta_apply(v, d, col, rows, n_rows, r, colr, y, beta, gp):
-    """beta_v += d, updating the gradient of H on ``rows[:n_rows]`` with the column of
-    k(v, .)."""
+def _beta_apply(v, d, col, r, colr, y, beta, gp):
+    """beta_v += d, updating the gradient of H with the column of k(v, .) on every row (in
+    order: a loop the compiler vectorises; rows outside the problem are never read)."""
     krr = colr[r]
     w = d * y[v]
     cb = colr[v]
-    for a in range(n_rows):
-        t = rows[a]
+    for t in range(gp.shape[0]):
         gp[t] += w * y[t] * (col[t] - cb - colr[t] + krr)
     beta[v] += d
 
@@ -654,7 +653,7 @@ def _beta_apply(v, d, col, rows, n_rows, r, colr, y, beta, gp):
 @njit(cache=True, nogil=True)
 def beta_step(kd, kc, hq, rows, n_rows, r, colr, y, beta, gp, C):
     """One coordinate-ascent step on H(beta) over 0 <= beta <= C (no equality constraint)
-    among ``rows[:n_rows]``, H's gradient kept on those rows.
+    along one of ``rows[:n_rows]``, H's gradient kept on every row.
 
     Picks the coordinate with the largest exact gain; returns the gain (0 when optimal).
     """
@@ -674,7 +673,7 @@ def beta_step(kd, kc, hq, rows, n_rows, r, colr, y, beta, gp, C):
                 bd = d
     if bi < 0:
         return 0.0
-    _beta_apply(bi, bd, get_col(kd, kc, bi), rows, n_rows, r, colr, y, beta, gp)
+    _beta_apply(bi, bd, get_col(kd, kc, bi), r, colr, y, beta, gp)
     return best
 
 
@@ -721,7 +720,9 @@ F_SELECT_EVERY = 4
 def _h_shrink(hact, n_hact, h_on, beta, gp, C):
     """Shrinking for H (LIBSVM's rule, for a box without the equality constraint): drop
     from ``hact[:n_hact]`` each coordinate at a bound whose gradient pushes it out by more
-    than the largest violation among them; H no longer moves it nor keeps its gradient."""
+    than the largest violation among them: H no longer moves it (its gradient stays kept).
+    Fewer pair steps then move H, and a pair step that does not skips the pass over H's
+    gradient."""
     top = 0.0
     for a in range(n_hact):
         t = hact[a]
@@ -754,7 +755,7 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
     the active rows), but the gradient is kept on every row, since F needs every row's
     margin (a vector update, cheap beside the selections; no reconstruction when rows come
     back). H is ascended along SMO's pair and greedily, among the coordinates H's own
-    shrinking (:func:`_h_shrink`) leaves, and keeps its gradient on those only.
+    shrinking (:func:`_h_shrink`) leaves.
 
     Returns (stopped_by_F_lt_H, decision value at x_r, iterations). The decision uses the b
     that minimises F when the new condition fired, else LIBSVM's rho.
@@ -818,17 +819,17 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         # every H_GREEDY_PERIOD iterations, along the coordinate of largest gain (one column)
         bi, bj, gain = _beta_pair_moves(i, j, coli, hq, r, colr, y, beta, gp, h_on, C)
         h += gain
+        # both gradients on every row in order (the rows outside ``train``, r alone in LOO,
+        # are never read): contiguous loops the compiler vectorises, where ``for t in
+        # train`` gathers
         wi, wj = y[i] * di, y[j] * dj
-        # every row in order (the rows outside ``train``, r alone in LOO, are not read):
-        # a contiguous loop the compiler vectorises, where ``for t in train`` gathers
         for t in range(n):
             G[t] += y[t] * (wi * coli[t] + wj * colj[t])
         vi, vj = y[i] * bi, y[j] * bj
         if vi != 0.0 or vj != 0.0:
             # k'(v, t) = k(v, t) - k(r, v) - k(r, t) + k(r, r), its constant parts summed
             vs, v0 = vi + vj, vi * (krr - colr[i]) + vj * (krr - colr[j])
-            for a in range(n_hact):
-                t = hact[a]
+            for t in range(n):
                 gp[t] += y[t] * (vi * coli[t] + vj * colj[t] - vs * colr[t] + v0)
         alpha[i] = ai
         alpha[j] = aj
