@@ -758,7 +758,8 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
     shrinking (:func:`_h_shrink`) leaves.
 
     Returns (stopped_by_F_lt_H, decision value at x_r, iterations). The decision uses the b
-    that minimises F when the new condition fired, else LIBSVM's rho.
+    at which F < H held when the new condition fired (any b gives a feasible triple), else
+    LIBSVM's rho.
     """
     n = y.shape[0]
     l = train.shape[0]
