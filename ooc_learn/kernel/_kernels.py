@@ -824,14 +824,18 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
         # are never read): contiguous loops the compiler vectorises, where ``for t in
         # train`` gathers
         wi, wj = y[i] * di, y[j] * dj
-        for t in range(n):
-            G[t] += y[t] * (wi * coli[t] + wj * colj[t])
         vi, vj = y[i] * bi, y[j] * bj
         if vi != 0.0 or vj != 0.0:
-            # k'(v, t) = k(v, t) - k(r, v) - k(r, t) + k(r, r), its constant parts summed
+            # k'(v, t) = k(v, t) - k(r, v) - k(r, t) + k(r, r), its constant parts summed;
+            # both gradients in one pass over the columns
             vs, v0 = vi + vj, vi * (krr - colr[i]) + vj * (krr - colr[j])
             for t in range(n):
-                gp[t] += y[t] * (vi * coli[t] + vj * colj[t] - vs * colr[t] + v0)
+                a_t, b_t, yt = coli[t], colj[t], y[t]
+                G[t] += yt * (wi * a_t + wj * b_t)
+                gp[t] += yt * (vi * a_t + vj * b_t - vs * colr[t] + v0)
+        else:
+            for t in range(n):
+                G[t] += y[t] * (wi * coli[t] + wj * colj[t])
         alpha[i] = ai
         alpha[j] = aj
         beta[i] += bi
