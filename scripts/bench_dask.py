@@ -112,8 +112,9 @@ def main() -> None:
             from dask.distributed import get_task_stream
 
             with get_task_stream(client) as ts:
-                t_rec = best_of(lambda: train(ten, loss="sqhinge", solver=a.solver,
-                                              client=client), 1, 0.0)[0]
+                t0 = time.perf_counter()
+                train(ten, loss="sqhinge", solver=a.solver, client=client)
+                t_rec = time.perf_counter() - t0
             took = [ss["stop"] - ss["start"] for x in ts.data for ss in x["startstops"]
                     if ss["action"] == "compute"]
             floor = max(sum(took) / a.workers, max(took))

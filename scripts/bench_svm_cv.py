@@ -39,6 +39,7 @@ from libsvm.svmutil import svm_parameter, svm_predict, svm_problem, svm_train  #
 from sklearn.model_selection import PredefinedSplit, cross_val_score  # noqa: E402
 from sklearn.svm import SVC  # noqa: E402
 
+from _bench_data import best_of  # noqa: E402
 from _kernel_bench_data import fashion, libsvm  # noqa: E402
 from ooc_learn.kernel import make_folds, svm_cv  # noqa: E402
 from ooc_learn.kernel.seeding import restore_equality  # noqa: E402
@@ -172,13 +173,10 @@ def main():
                           f"(n > --ato-max-n)")
                     continue
                 # best of --repeat (more while under a second: short runs swing 3-5x here)
-                tot, r, spent, runs = np.inf, None, 0.0, 0
-                while runs < args.repeat or (spent < 1.0 and runs < 20):
-                    t0 = CLOCK()
-                    r = svm_cv(X, y, kernel="rbf", C=C, gamma=gamma, folds=folds,
-                               seeding=None if meth == "cold" else meth)
-                    took = CLOCK() - t0
-                    tot, spent, runs = min(tot, took), spent + took, runs + 1
+                tot, r = best_of(lambda: svm_cv(X, y, kernel="rbf", C=C, gamma=gamma,
+                                                folds=folds,
+                                                seeding=None if meth == "cold" else meth),
+                                 args.repeat, clock=CLOCK)
                 # ATO's path steps are pivots like SMO's: counted with its iterations
                 it = r.stats["smo_iterations"] + r.stats.get("ato_steps", 0)
                 if meth == "cold":

@@ -546,24 +546,17 @@ def primal_value(train, y, alpha, G, C, scratch):
 
     The hinge sum is convex piecewise linear in b with kinks at -y_t G_t; its slope is
     #kinks below b minus #positives, so the P-th smallest kink (P = #positive rows) is a
-    minimiser.
+    minimiser; F there by :func:`primal_at`.
     """
     m = train.shape[0]
     npos = 0
-    quad = 0.0
     for a in range(m):
         t = train[a]
         scratch[a] = -y[t] * G[t]
         if y[t] > 0:
             npos += 1
-        quad += alpha[t] * (G[t] + 1.0)
     b = _kth_smallest(scratch, m, npos - 1 if npos > 0 else 0)
-    hinge = 0.0
-    for t in train:
-        v = -G[t] - y[t] * b
-        if v > 0.0:
-            hinge += v
-    return 0.5 * quad + C * hinge, b
+    return primal_at(train, y, alpha, G, C, b), b
 
 
 @njit(cache=True, nogil=True)
@@ -747,6 +740,15 @@ def _h_shrink(hact, n_hact, h_on, beta, gp, C):
 
 
 @njit(cache=True, nogil=True)
+def _unbiased_at(train, alpha, y, colr):
+    """``sum_t alpha_t y_t k(x_t, x_r)``: the decision value at x_r before its bias."""
+    u = 0.0
+    for t in train:
+        u += alpha[t] * y[t] * colr[t]
+    return u
+
+
+@njit(cache=True, nogil=True)
 def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, eps, max_iter,
                        scratch):
     """Algorithm 3 of Franc, Laskov & Mueller (2008): SMO on problem (7) with the F < H stop.
@@ -851,15 +853,9 @@ def loo_stopping_solve(kd, kc, diag, train, r, colr, y, alpha, G, beta, gp, C, e
                 f = primal_at(train, y, alpha, G, C, b)
             f_checks += 1
             if f < h:
-                ur = 0.0
-                for t in train:
-                    ur += alpha[t] * y[t] * colr[t]
-                return True, ur + b, it
+                return True, _unbiased_at(train, alpha, y, colr) + b, it
     rho = compute_rho(train, y, alpha, G, C)
-    ur = 0.0
-    for t in train:
-        ur += alpha[t] * y[t] * colr[t]
-    return False, ur - rho, it
+    return False, _unbiased_at(train, alpha, y, colr) - rho, it
 
 
 @njit(cache=True, nogil=True)

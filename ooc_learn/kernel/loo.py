@@ -161,7 +161,7 @@ def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LO
     resolved = np.where(pred != 0, 0, -1)
     todo = np.flatnonzero(pred == 0)
     use_stopping = method == "stopping"
-    tried = fired = 0
+    fired = 0
     iters = 0
     # the efficiency test's rows: the first M rows solved use the rule (Franc et al.); the
     # rest use the method the test picks. A row the rule does not decide costs the standard
@@ -184,12 +184,10 @@ def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LO
                                leave=False)):
         train, a, Gr = _seed_row(km, y, alpha, G, C, int(r), seeding)
         colr = km.column(r)
-        stopping = use_stopping
-        if stopping:
+        if use_stopping:
             beta[:] = a
             stop, dec, it = K.loo_stopping_solve(km.kd, km.kc, km.diag, train, int(r), colr, y,
                                                  a, Gr, beta, gp, C, tol, max_iter, scratch)
-            tried += 1
             fired += int(stop)
             resolved[r] = 1 if stop else 2
         else:
@@ -199,8 +197,8 @@ def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LO
             resolved[r] = 2
         iters += it
         pred[r] = 1.0 if dec > 0 else -1.0
-        rows_by[stopping] += 1
-        if use_stopping and q + 1 == sample and fired < 0.5 * tried:
+        rows_by[use_stopping] += 1
+        if use_stopping and q + 1 == sample and fired < 0.5 * sample:
             use_stopping = False  # Franc et al.'s test
     n_stop = int(np.sum(resolved == 1))
     n_kkt = int(np.sum(resolved == 2))
