@@ -77,7 +77,7 @@ def fold_tasks(k: int, m: int, threads: int) -> list[tuple[list[int], slice]]:
     if r == 0 or m == 1:
         return [(ids, slice(0, m)) for ids in fold_chains(k, threads)]
     runs = np.array_split(np.arange(m), min(m, -(-threads // r)))
-    chains = [(list(range(t * q, (t + 1) * q)), slice(0, m)) for t in range(threads)]
+    chains = [(ids, slice(0, m)) for ids in fold_chains(threads * q, threads)]
     return chains + [([i], slice(int(c[0]), int(c[-1]) + 1))
                      for i in range(threads * q, k) for c in runs]
 
