@@ -372,13 +372,22 @@ def _be_shrunk(t, gm1, gm2, y, alpha, G, C):
 
 @njit(cache=True, nogil=True)
 def _shrink(act, n_act, is_act, y, alpha, G, C, gm1, gm2):
-    k = 0
     for a in range(n_act):
         t = act[a]
         if _be_shrunk(t, gm1, gm2, y, alpha, G, C):
             is_act[t] = False
-        else:
-            act[k] = t
+    return _compact(act, n_act, is_act)
+
+
+@njit(cache=True, nogil=True)
+def _compact(rows, n_rows, keep):
+    """Move the rows of ``rows[:n_rows]`` with ``keep[t]`` to its front, in order; returns
+    how many."""
+    k = 0
+    for a in range(n_rows):
+        t = rows[a]
+        if keep[t]:
+            rows[k] = t
             k += 1
     return k
 
@@ -727,16 +736,12 @@ def _h_shrink(hact, n_hact, h_on, beta, gp, C):
         else:
             v = abs(g)
         top = max(top, v)
-    k = 0
     for a in range(n_hact):
         t = hact[a]
         g = 1.0 - gp[t]
         if (beta[t] <= 0.0 and -g > top) or (beta[t] >= C and g > top):
             h_on[t] = False
-        else:
-            hact[k] = t
-            k += 1
-    return k
+    return _compact(hact, n_hact, h_on)
 
 
 @njit(cache=True, nogil=True)
