@@ -190,15 +190,49 @@ def test_ibcd_with_a_spilled_active_set_is_optimal_on_all_rows(tmp_path, rng, sp
     X, y = problem(rng, n=4000, sparse=sparse, flip=0.25)
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True, leaf_size=50,
                        layout="csr" if sparse else "dense") as store:
+        # no row frozen at alpha = C: they would leave S room enough not to spill
         res = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
-                         spill_dir=tmp_path, resident_share=1e-6)
+                         spill_dir=tmp_path, resident_share=1e-6, freeze_margin=np.inf)
         assert res.stats["spills"] >= 1 and res.stats["rows_read_back"] > 0
         viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=0.1)
         assert res.stats["S_converged"] and viol < 0.02, viol
-        resident = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1)
+        resident = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
+                              freeze_margin=np.inf)
         assert resident.stats["spills"] == 0
         assert res.stats["objective"] == pytest.approx(resident.stats["objective"], rel=1e-3)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ooc-ibcd-spill-")]
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_rows_frozen_at_C_leave_S_and_the_answer_is_optimal_on_all_rows(tmp_path, rng,
+                                                                         sparse):
+    # a dual-dense problem (25 % flipped labels): most support vectors sit at alpha = C far
+    # inside the margin. Frozen there, they leave S; the checks' scans bring back those
+    # whose alpha would fall, so the answer satisfies the KKT conditions on every row and
+    # has the objective of the run that keeps them all in S
+    X, y = problem(rng, n=4000, sparse=sparse, flip=0.25)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True, leaf_size=50,
+                       layout="csr" if sparse else "dense") as store:
+        res = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
+                         freeze_margin=0.2)
+        kept = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
+                          freeze_margin=np.inf)
+        s = res.stats
+        assert s["frozen"] > 0 and s["frozen_rows"] > 0 and kept.stats["frozen"] == 0
+        # ... and the checks brought some back (their alpha had to fall)
+        assert s["thawed"] > 0
+        # S holds fewer rows than the support vectors: the frozen ones are outside it
+        assert s["active_set"] + s["frozen_rows"] >= s["n_sv"] > s["active_set"]
+        assert s["n_sv"] == res.sv_rows.size == np.unique(res.sv_rows).size
+        assert np.all(res.sv_alpha[-s["frozen_rows"]:] == pytest.approx(0.1))
+        viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=0.1)
+        assert s["S_converged"] and viol < 0.02, viol
+        assert s["objective"] == pytest.approx(kept.stats["objective"], rel=1e-3)
+        # w is the sum over the support vectors, the frozen ones included (eq. 8)
+        Xs, ys, _ = store.gather(res.sv_rows)
+        Xs = Xs.toarray() if sparse else Xs
+        w = (res.sv_alpha * ys) @ np.c_[Xs, np.ones(len(ys))]
+        assert np.allclose(w, res.w, atol=1e-5 * np.abs(res.w).max())
 
 
 def test_spilling_removes_the_folders_of_killed_runs_only(tmp_path, rng):

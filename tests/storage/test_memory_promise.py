@@ -120,7 +120,9 @@ def test_ibcd_training_on_a_store_4x_the_working_share_stays_within_the_cap(tmp_
 
 def test_ibcd_with_a_spilled_active_set_stays_within_the_cap(tmp_path, rng):
     # 10 % flipped labels: the support vectors alone exceed S's share of the working share, so the
-    # active set spills to disk (§4.2) and is read back in windows; RSS must still hold
+    # active set spills to disk (§4.2) and is read back in windows; RSS must still hold. The
+    # squared hinge: no row sits at an upper bound, so none is frozen out of S (the hinge's
+    # would leave S room enough not to spill)
     from ooc_learn.api import ingest_arrays
     from ooc_learn.model import load_model
 
@@ -131,7 +133,8 @@ def test_ibcd_with_a_spilled_active_set_stays_within_the_cap(tmp_path, rng):
     ingest_arrays(X, y, tmp_path / "big", block_rows=5000, build_index=True).close()
     ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=True).close()
     del X
-    common = ["--quiet", "--block-size", "500", "--C", "0.01", "--spill-dir", str(tmp_path)]
+    common = ["--quiet", "--block-size", "500", "--C", "0.01", "--spill-dir", str(tmp_path),
+              "--loss", "sqhinge"]
     cap = small_cap(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz"] + common)
     child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "w.npz", "--memory", str(cap)]
                    + common)  # warm numba

@@ -12,7 +12,9 @@ IBCD. Two sources answer it, cheapest first:
 
 Keys: a row satisfying eq. 10 has key y w^T x - 1 < 0 (most violating first); another row
 y w^T x - 1 >= 0, or, for an outlier at w_t, |y w^T x - low| (the next outer iterate may
-bring it back into the problem).
+bring it back into the problem). A row frozen at alpha = C outside S
+(``IBCDConfig.freeze_margin``) violates where y w^T x > 1 (its alpha would fall): key
+1 - y w^T x; a scan examines every frozen row, so a stop certifies them too.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Answer(NamedTuple):
     examined: int
     n_viol: int
     source: str
+    #: the largest y w^T x - 1 over the frozen rows (a scan's; 0 when none violates)
+    thaw_worst: float = 0.0
 
     @property
     def scanned(self) -> bool:
@@ -73,10 +77,14 @@ class Checker:
     scan. The rows of an answer stay reserved from the budget until :meth:`drop_answer`
     (they have joined S)."""
 
-    def __init__(self, rows_src, in_S, *, low: float, cfg: IBCDConfig, stats):
+    def __init__(self, rows_src, in_S, *, low: float, cfg: IBCDConfig, stats, frozen=None):
         self.src, self.store = rows_src, rows_src.store
         self.budget = self.store.budget
         self.in_S, self.low, self.bias = in_S, low, cfg.bias
+        self.frozen = frozen
+        # the frozen rows' summed loss at the last scan's w (their part of the objective)
+        self.frozen_loss = 0.0
+        self._frozen_out = np.zeros(2)
         self.pool_rows, self.pool_band = cfg.n, cfg.pool_band
         self.stats = stats
         self.pool = Pool(self.budget, cfg.pool_share)
@@ -131,7 +139,9 @@ class Checker:
                                     room=64 * (self.row_bytes + 16))
                   if keep_pool and self.pool.wanted else 0)
         rows, XN, yN, worst, examined, n_viol, pool = scan_rows(
-            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band)
+            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
+            frozen=self.frozen, frozen_out=self._frozen_out)
+        self.frozen_loss, thaw_worst = (float(v) for v in self._frozen_out)
         self._keep_answer(XN, rows)
         # a pool only where the scan found at most twice the violators it may admit (else
         # the next scan finds them anyway, and the pool's rows are copied for nothing)
@@ -140,11 +150,11 @@ class Checker:
         release_free_heap()  # the check and the solve before it freed many arrays
         self.stats.full_checks += 1
         self.stats.rows_examined += examined
-        return Answer(rows, XN, yN, worst, examined, n_viol, "scan")
+        return Answer(rows, XN, yN, worst, examined, n_viol, "scan", thaw_worst)
 
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
-              pool_band=IBCDConfig.pool_band):
+              pool_band=IBCDConfig.pool_band, *, frozen=None, frozen_out=None):
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
     avoids its per-leaf overhead). Returns the (at most ``n``) rows satisfying eq. 10 that
@@ -152,7 +162,13 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     rows (0 when none), the number of rows examined, the number of rows satisfying eq. 10,
     and the pool: up to ``pool_rows`` of the other rows within ``pool_band`` of a boundary,
     nearest first, as ``(rows, X, y)`` (or None). Rows are copied out of the chunks as the
-    pass goes (no second read)."""
+    pass goes (no second read).
+
+    ``frozen`` (a mask over the rows, marked in ``in_S`` too): the rows frozen at alpha = C
+    are examined as well; one with y w^T x > 1 violates by y w^T x - 1 and competes for the
+    ``n`` places (it comes back to S at alpha = C). Their summed hinge loss goes to
+    ``frozen_out[0]``, their largest y w^T x - 1 (0 when none is above 1) to
+    ``frozen_out[1]``."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
     truncated = math.isfinite(low)
@@ -160,10 +176,22 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     near = Nearest(pool_rows, pool_band)
     worst = 0.0
     n_viol = examined = 0
+    f_loss = f_worst = 0.0
     for a, X, y, _ in store.iter_chunks(chunk, ids=False):
         free = ~in_S[a:a + X.shape[0]]
         y64 = y.astype(np.float64)
         m = margins(X, y64, w, bias)
+        if frozen is not None:
+            fz = np.flatnonzero(frozen[a:a + X.shape[0]])
+            if fz.size:
+                examined += int(fz.size)
+                f_loss += float(np.maximum(0.0, 1.0 - m[fz]).sum())
+                up = fz[m[fz] > 1.0]
+                if up.size:
+                    n_viol += int(up.size)
+                    f_worst = max(f_worst, float(m[up].max() - 1.0))
+                    worst = max(worst, f_worst)
+                    admit.offer(a + up, 1.0 - m[up], X, y, up)
         hit = np.flatnonzero(free & (m < 1.0 + max(0.0, near.top)))
         examined += int(free.sum())
         if not hit.size:
@@ -179,6 +207,8 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
             worst = max(worst, float(-key[v].min()))
             admit.offer(a + hit[v], key[v], X, y, hit[v])
         near.offer(a + hit[~v], key[~v], X, y, hit[~v])
+    if frozen_out is not None:
+        frozen_out[:] = f_loss, f_worst
     got, pool = admit.result(), near.result()
     pool = None if pool is None else (pool[0], pool[2], pool[3])
     if got is None:

@@ -73,7 +73,13 @@ class IBCDConfig:
         S is solved (B = S) and its inactive rows pruned each time it has grown by this
         factor since it last was (ratio).
     check_growth : float
-        A check brings back at most this many times |S| rows (and at least n).
+        A check brings back at most this many times |S| rows (and at least n; the frozen
+        rows count in |S| here).
+    freeze_margin : float
+        The convex hinge SVM with the exact stop: a row of S at alpha = C with
+        y w^T x < 1 - freeze_margin leaves S with its alpha (frozen at C, kept in w). Every
+        scan of the check examines it again and brings it back where y w^T x > 1 (its alpha
+        would fall); ``inf`` freezes none (margin units).
 
     The index's queries and the choice between query and scan
     ---------------------------------------------------------
@@ -151,6 +157,7 @@ class IBCDConfig:
     primal_eps: float = 0.01
     resolve_growth: float = 2.0
     check_growth: float = 1.0
+    freeze_margin: float = 0.2
     # queries, and query or scan
     query_share: float = 0.05
     min_precision: float = 0.05
@@ -188,6 +195,13 @@ class IBCDConfig:
     @property
     def truncated(self) -> bool:
         return self.s is not None
+
+    @property
+    def freezes(self) -> bool:
+        """Whether rows at alpha = C leave S frozen (``freeze_margin``): the convex hinge
+        SVM solved by dual CD with the exact stop, whose scans examine every frozen row."""
+        return (self.s is None and self.loss == "hinge" and self.sample_eps == 0
+                and self.block_solver == "dual" and math.isfinite(self.freeze_margin))
 
 
 def _int(lo):
@@ -228,6 +242,7 @@ _RULES = [
     ("primal_eps", _num(0, open_lo=True), "LIBLINEAR's -s 2 default is 0.01."),
     ("resolve_growth", _num(1, open_lo=True), "Try 2."),
     ("check_growth", _num(0, open_lo=True), "Try 1."),
+    ("freeze_margin", _num(0, inf_ok=True), "Try 0.2; inf freezes no row."),
     ("query_share", _num(0), "Try 0.05."),
     ("min_precision", _num(0, hi=1), "Try 0.05."),
     ("dense_query", _num(0, hi=1), "Try 0.4."),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ooc_learn.index.found import Found
+from ooc_learn.losses import get_loss
 
 from .._common import margins
 from .check import reserve_rows
@@ -253,8 +254,12 @@ class InnerLoop:
         st, cfg, S = self.st, self.cfg, self.st.S
         resid = self.solve_S(cfg.quick_iters)
         full = resid == 0.0
+        self.freeze()
         ans = self.check_rows(max(cfg.eps, resid))
-        while len(ans.rows) == 0 or (ans.worst < max(cfg.eps, resid) and not (
+        # a frozen row is ours to certify: it comes back where it violates by more than eps,
+        # whatever dual CD left on S
+        while len(ans.rows) == 0 or (ans.worst < max(cfg.eps, resid)
+                                     and ans.thaw_worst <= cfg.eps and not (
                 self.converges and not full and 2 * ans.n_viol >= S.m)):
             if full:
                 assert ans.scanned  # a stop rests on every row examined
@@ -267,6 +272,7 @@ class InnerLoop:
                     self.r = 0
             resid, full = self.solve_S(cfg.max_iters), True
             self.converges = resid == 0.0
+            self.freeze()
             ans = self.check_rows(max(cfg.eps, resid))
         st.stats.full_solves_skipped += int(not full and ans.worst < max(cfg.eps, resid))
         if self.join(ans.rows, ans.X, ans.y):
@@ -290,13 +296,25 @@ class InnerLoop:
         read and S's grown buffers coexist for a moment, so room for twice as many is
         asked)."""
         st, cfg, S = self.st, self.cfg, self.st.S
-        want = max(cfg.n, int(cfg.check_growth * S.m))
+        m = S.m + (0 if st.frozen is None else self.n_frozen())
+        want = max(cfg.n, int(cfg.check_growth * m))
         if S.spilled:  # the rows pass through memory on their way to S's file
             want = max(cfg.n, min(want, S.window_rows()))
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > cfg.n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(cfg.n, want // 2)
         return st.checker.check(st.w, self.w_t, want, thresh, keep_pool=not S.spilled)
+
+    def freeze(self) -> None:
+        """After a solve of S, the rows it left at alpha = C far inside the margin leave S
+        frozen (where the run freezes; the scan that follows examines them again)."""
+        if self.st.frozen is not None:
+            prune_inactive(self.st, inactive=False)
+            self.r = 0
+
+    def n_frozen(self) -> int:
+        """Rows frozen at alpha = C outside S (counted once per check)."""
+        return int(np.count_nonzero(self.st.frozen))
 
     # ---- S --------------------------------------------------------------------------------
     def join(self, rows, XN, yN, sqn=None) -> bool:
@@ -372,7 +390,14 @@ def admit(st, rows, XN, yN, resolve, sqn=None) -> bool:
             st.stats.S_resolves_before_spill += 1
         if not S.fits(k, nnz):
             S.spill()
-    S.add(rows, XN, yN.astype(np.float64), row_sqn(XN) if sqn is None else sqn)
+    alpha = None
+    if st.frozen is not None:
+        thaw = st.frozen[rows]
+        if thaw.any():  # frozen rows a check brought back keep their alpha = C
+            alpha = np.where(thaw, get_loss(st.cfg.loss).base().dual_upper(st.cfg.C), 0.0)
+            st.frozen[rows[thaw]] = False
+            st.stats.thawed += int(thaw.sum())
+    S.add(rows, XN, yN.astype(np.float64), row_sqn(XN) if sqn is None else sqn, alpha)
     st.in_S[rows] = True
     if moved:  # rows left S: their marks must go
         reshrink(st)

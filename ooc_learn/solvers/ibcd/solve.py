@@ -61,17 +61,28 @@ def drop_outliers(st, w_t, low) -> int:
     return removed
 
 
-def prune_inactive(st) -> None:
-    """Drop the rows of S at alpha = 0 with y w^T x >= 1 (the check brings back any that
-    violate again)."""
-    S = st.S
-    alpha = S.state()[2]
-    keep = (alpha > 0) | (S_margins(S, st.w, st.cfg.bias) < 1.0)
-    if keep.all():
+def prune_inactive(st, *, inactive: bool = True) -> None:
+    """Drop the rows of S at alpha = 0 with y w^T x >= 1 (``inactive``), and, where the run
+    freezes (``IBCDConfig.freezes``), freeze the rows at alpha = C with y w^T x <
+    1 - ``freeze_margin``: they leave S and keep their alpha in w. The check brings back any
+    that violate again."""
+    S, cfg = st.S, st.cfg
+    if not S.m or not inactive and st.frozen is None:
         return
-    st.in_S[S.rows[: S.m][~keep]] = False
-    st.stats.pruned += int((~keep).sum())
-    S.keep(keep)
+    alpha = S.state()[2]
+    z = S_margins(S, st.w, cfg.bias)
+    leave = (alpha <= 0) & (z >= 1.0) if inactive else np.zeros(S.m, bool)
+    st.in_S[S.rows[: S.m][leave]] = False
+    st.stats.pruned += int(leave.sum())
+    if st.frozen is not None:
+        bounded = (alpha >= get_loss(cfg.loss).base().dual_upper(cfg.C)) & (
+            z < 1.0 - cfg.freeze_margin)
+        st.frozen[S.rows[: S.m][bounded]] = True  # in_S stays marked
+        st.stats.frozen += int(bounded.sum())
+        leave |= bounded
+    if not leave.any():
+        return
+    S.keep(~leave)
     release_free_heap()
 
 

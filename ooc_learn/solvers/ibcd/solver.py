@@ -105,6 +105,10 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
                   spill_dir=_spill_dir(store, spill_dir), resident_share=cfg.resident_share)
     in_S = np.zeros(n_all, bool)
     store.budget.reserve(n_all, "IBCD active-set mask")
+    frozen = None
+    if cfg.freezes:
+        store.budget.reserve(n_all, "IBCD frozen-row mask")
+        frozen = np.zeros(n_all, bool)
     checker = None
     try:
         if start is not None:
@@ -123,8 +127,8 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
         stats = IBCDStats()
         # L^-1(1 + s): the smallest y w_t^T x that is not an outlier (eq. 5)
         low = get_loss(cfg.loss).outlier_margin(cfg.s) if cfg.truncated else -np.inf
-        checker = Checker(rows, in_S, low=low, cfg=cfg, stats=stats)
-        st = IBCDState(cfg, store, rows, forest, S, in_S, w, checker, rng, stats)
+        checker = Checker(rows, in_S, low=low, cfg=cfg, stats=stats, frozen=frozen)
+        st = IBCDState(cfg, store, rows, forest, S, in_S, w, checker, rng, stats, frozen)
         relaxation = _Relaxation(st, low, on_outer, t0, rows_read0)
         n_outer, converged = outer_loop(relaxation.step, cfg.max_outer)
         return _result(st, n_outer, converged, t0, rows_read0, bytes_read0)
@@ -132,7 +136,7 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
         if checker is not None:
             checker.clear()
         S.release()
-        store.budget.release(n_all)
+        store.budget.release(n_all if frozen is None else 2 * n_all)
         forest.close()
 
 
@@ -161,8 +165,12 @@ class _Relaxation:
         added, came_back = InnerLoop(st, w_t, self.low, self.w_prev).run()
         self.w_prev = w_t
         obj = objective_on_S(S, st.w, self.base_loss, cfg.C, cfg.bias)
+        if st.frozen is not None:
+            # the frozen rows' loss, from the scan the stop rested on (at this w)
+            obj += cfg.C * st.checker.frozen_loss
         entry = {"outer": t, "objective_S": obj, "active_set": S.m,
-                 "n_sv": int((S.state()[2] > 0).sum()), "added": added, "removed": removed,
+                 "n_sv": int((S.state()[2] > 0).sum())
+                 + (0 if st.frozen is None else int(st.frozen.sum())), "added": added, "removed": removed,
                  "came_back": came_back,
                  "rows_read": st.store.rows_read - self.rows_read0,
                  "seconds": time.perf_counter() - self.t0}
@@ -183,6 +191,13 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     cfg, S, stats = st.cfg, st.S, st.stats
     alpha = S.state()[2]
     nz = alpha > 0
+    sv_rows, sv_alpha = S.rows[: S.m][nz], alpha[nz]
+    if st.frozen is not None and st.frozen.any():
+        # the frozen rows' alpha is C: they are support vectors outside S
+        fr = np.flatnonzero(st.frozen)
+        upper = get_loss(cfg.loss).base().dual_upper(cfg.C)
+        sv_rows = np.concatenate([sv_rows, fr])
+        sv_alpha = np.concatenate([sv_alpha, np.full(fr.size, upper)])
     if not converged:
         why = f"max_outer ({n_outer} outer iterations) before the outlier set settled"
     elif cfg.truncated:
@@ -197,7 +212,8 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
         why += "; the active set's dual CD stopped at its pass limit"
     out = stats.as_dict()
     out.update(outer_iterations=n_outer, converged=converged, active_set=S.m,
-               stop_reason=why, n_sv=int(nz.sum()),
+               stop_reason=why, n_sv=int(sv_rows.size),
+               frozen_rows=0 if st.frozen is None else int(st.frozen.sum()),
                rows_read=st.store.rows_read - rows_read0,
                bytes_read=st.store.bytes_read - bytes_read0,
                # the last outer iteration's (w has not moved since; a spilled S is not
@@ -213,8 +229,7 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     if not converged:
         warnings.warn(f"IBCD stopped after max_outer={n_outer} outer iterations before the "
                       f"outlier set settled. Raise max_outer.", RuntimeWarning, stacklevel=3)
-    return IBCDResult(w=st.w, sv_rows=S.rows[: S.m][nz].copy(), sv_alpha=alpha[nz].copy(),
-                      stats=out)
+    return IBCDResult(w=st.w, sv_rows=sv_rows.copy(), sv_alpha=sv_alpha.copy(), stats=out)
 
 
 def _spill_dir(store, spill_dir) -> Path:

@@ -30,6 +30,8 @@ class IBCDStats:
     pool_hits: int = 0             #: checks answered by the pool
     full_solves_skipped: int = 0   #: checks whose rows joined S without a full solve first
     pruned: int = 0                #: inactive rows that left S
+    frozen: int = 0                #: rows that left S frozen at alpha = C
+    thawed: int = 0                #: ... that a check brought back
     S_resolves: int = 0            #: solves of S after it doubled
     S_resolves_before_spill: int = 0  #: solves of S tried before it spilled
     spilled_rounds: int = 0        #: working-set rounds over a spilled S
@@ -47,9 +49,9 @@ class IBCDStats:
 @dataclass
 class IBCDState:
     """One run's state, shared by its parts: the configuration, the store and its row
-    reader, the forest, the active set S and its mask over the store's rows (held-out rows
-    marked too), the iterate w (changed in place), the check, the random stream and the
-    counters."""
+    reader, the forest, the active set S and its mask over the store's rows (held-out and
+    frozen rows marked too), the iterate w (changed in place), the check, the random stream,
+    the counters and the frozen rows."""
 
     cfg: IBCDConfig
     store: object
@@ -61,6 +63,9 @@ class IBCDState:
     checker: object
     rng: np.random.Generator
     stats: IBCDStats
+    #: rows frozen at alpha = C outside S (``IBCDConfig.freeze_margin``; marked in in_S
+    #: too), or None where the run freezes none
+    frozen: np.ndarray | None = None
 
     def draw_seed(self) -> int:
         """A seed for one solve or query, from the run's stream."""
