@@ -203,6 +203,11 @@ class IBCDConfig:
         return (self.s is None and self.loss == "hinge" and self.sample_eps == 0
                 and self.block_solver == "dual" and math.isfinite(self.freeze_margin))
 
+    @property
+    def frozen_alpha(self) -> float:
+        """A frozen row's alpha: the hinge's upper bound U = C."""
+        return float(self.C)
+
 
 def _int(lo):
     return lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo

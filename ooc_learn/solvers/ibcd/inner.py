@@ -28,7 +28,6 @@ from __future__ import annotations
 import numpy as np
 
 from ooc_learn.index.found import Found
-from ooc_learn.losses import get_loss
 
 from .._common import margins
 from .check import reserve_rows
@@ -296,8 +295,7 @@ class InnerLoop:
         read and S's grown buffers coexist for a moment, so room for twice as many is
         asked)."""
         st, cfg, S = self.st, self.cfg, self.st.S
-        m = S.m + (0 if st.frozen is None else self.n_frozen())
-        want = max(cfg.n, int(cfg.check_growth * m))
+        want = max(cfg.n, int(cfg.check_growth * (S.m + st.n_frozen)))
         if S.spilled:  # the rows pass through memory on their way to S's file
             want = max(cfg.n, min(want, S.window_rows()))
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
@@ -311,10 +309,6 @@ class InnerLoop:
         if self.st.frozen is not None:
             prune_inactive(self.st, inactive=False)
             self.r = 0
-
-    def n_frozen(self) -> int:
-        """Rows frozen at alpha = C outside S (counted once per check)."""
-        return int(np.count_nonzero(self.st.frozen))
 
     # ---- S --------------------------------------------------------------------------------
     def join(self, rows, XN, yN, sqn=None) -> bool:
@@ -394,7 +388,7 @@ def admit(st, rows, XN, yN, resolve, sqn=None) -> bool:
     if st.frozen is not None:
         thaw = st.frozen[rows]
         if thaw.any():  # frozen rows a check brought back keep their alpha = C
-            alpha = np.where(thaw, get_loss(st.cfg.loss).base().dual_upper(st.cfg.C), 0.0)
+            alpha = np.where(thaw, st.cfg.frozen_alpha, 0.0)
             st.frozen[rows[thaw]] = False
             st.stats.thawed += int(thaw.sum())
     S.add(rows, XN, yN.astype(np.float64), row_sqn(XN) if sqn is None else sqn, alpha)

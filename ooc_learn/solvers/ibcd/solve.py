@@ -75,8 +75,7 @@ def prune_inactive(st, *, inactive: bool = True) -> None:
     st.in_S[S.rows[: S.m][leave]] = False
     st.stats.pruned += int(leave.sum())
     if st.frozen is not None:
-        bounded = (alpha >= get_loss(cfg.loss).base().dual_upper(cfg.C)) & (
-            z < 1.0 - cfg.freeze_margin)
+        bounded = (alpha >= cfg.frozen_alpha) & (z < 1.0 - cfg.freeze_margin)
         st.frozen[S.rows[: S.m][bounded]] = True  # in_S stays marked
         st.stats.frozen += int(bounded.sum())
         leave |= bounded

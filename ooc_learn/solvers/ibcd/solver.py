@@ -169,9 +169,8 @@ class _Relaxation:
             # the frozen rows' loss, from the scan the stop rested on (at this w)
             obj += cfg.C * st.checker.frozen_loss
         entry = {"outer": t, "objective_S": obj, "active_set": S.m,
-                 "n_sv": int((S.state()[2] > 0).sum())
-                 + (0 if st.frozen is None else int(st.frozen.sum())), "added": added, "removed": removed,
-                 "came_back": came_back,
+                 "n_sv": int((S.state()[2] > 0).sum()) + st.n_frozen, "added": added,
+                 "removed": removed, "came_back": came_back,
                  "rows_read": st.store.rows_read - self.rows_read0,
                  "seconds": time.perf_counter() - self.t0}
         st.stats.outer_log.append(entry)
@@ -192,12 +191,11 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     alpha = S.state()[2]
     nz = alpha > 0
     sv_rows, sv_alpha = S.rows[: S.m][nz], alpha[nz]
-    if st.frozen is not None and st.frozen.any():
+    if st.n_frozen:
         # the frozen rows' alpha is C: they are support vectors outside S
         fr = np.flatnonzero(st.frozen)
-        upper = get_loss(cfg.loss).base().dual_upper(cfg.C)
         sv_rows = np.concatenate([sv_rows, fr])
-        sv_alpha = np.concatenate([sv_alpha, np.full(fr.size, upper)])
+        sv_alpha = np.concatenate([sv_alpha, np.full(fr.size, cfg.frozen_alpha)])
     if not converged:
         why = f"max_outer ({n_outer} outer iterations) before the outlier set settled"
     elif cfg.truncated:
@@ -213,7 +211,7 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     out = stats.as_dict()
     out.update(outer_iterations=n_outer, converged=converged, active_set=S.m,
                stop_reason=why, n_sv=int(sv_rows.size),
-               frozen_rows=0 if st.frozen is None else int(st.frozen.sum()),
+               frozen_rows=st.n_frozen,
                rows_read=st.store.rows_read - rows_read0,
                bytes_read=st.store.bytes_read - bytes_read0,
                # the last outer iteration's (w has not moved since; a spilled S is not

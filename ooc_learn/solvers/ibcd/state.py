@@ -67,6 +67,11 @@ class IBCDState:
     #: too), or None where the run freezes none
     frozen: np.ndarray | None = None
 
+    @property
+    def n_frozen(self) -> int:
+        """Rows frozen outside S now (those that left S frozen less those brought back)."""
+        return self.stats.frozen - self.stats.thawed
+
     def draw_seed(self) -> int:
         """A seed for one solve or query, from the run's stream."""
         return int(self.rng.integers(1 << 31))
