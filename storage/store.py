@@ -450,8 +450,9 @@ class Store:
         for b in (range(self.n_blocks) if order is None else order):
             yield self.read_block(b)
 
-    def iter_chunks(self, max_rows: int, *, ids: bool = True):
-        """Yield ``(start, X, y, row_ids)`` covering the store in order, under the read policy
+    def iter_chunks(self, max_rows: int, *, ids: bool = True, blocks=None):
+        """Yield ``(start, X, y, row_ids)`` covering the store in order (or the blocks
+        ``blocks``, in the order given), under the read policy
         of :meth:`reads_whole_block`: a whole block through the cache when it takes one, else
         ranges of at most ``max_rows`` rows, each paid from the budget while it is held
         (``ids=False`` skips the row ids). Where the cap holds less than ``max_rows`` rows at
@@ -460,7 +461,8 @@ class Store:
         self._check_open()
         step = max(1, int(max_rows))
         budget = self.budget
-        for b in range(self.n_blocks):
+        for b in range(self.n_blocks) if blocks is None else blocks:
+            b = int(b)
             lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
             if self.reads_whole_block(b):
                 yield (lo,) + tuple(self.read_block(b))

@@ -48,8 +48,9 @@ def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, r
     with open_store(tmp_path / "s", memory="300K") as st:
         src = RowSource(st)
         for n, k in [(40, 0), (40, 150), (5000, 0)]:
-            rows, XN, yN, worst, examined, n_viol, pool = ibcd_check.scan_rows(
-                src, w, w_t, low, in_S, 1.0, n, k)
+            got = ibcd_check.scan_rows(src, w, w_t, low, in_S, 1.0, n, k)
+            rows, XN, yN, worst, examined, n_viol, pool = got[:7]
+            assert got.complete
             ref_rows, ref_worst, ref_viol, ref_pool = _brute(Xa, ya.astype(float), w, w_t,
                                                              low, in_S, n, k)
             np.testing.assert_array_equal(rows, ref_rows)
@@ -66,6 +67,45 @@ def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, r
                 np.testing.assert_array_equal(pool[0], ref_pool)
                 pX = pool[1].toarray() if sparse else pool[1]
                 np.testing.assert_array_equal(pX, dense[pool[0]])
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_a_sampled_pass_ends_with_the_block_that_saw_enough_and_answers_for_its_blocks(
+        tmp_path, rng, sparse):
+    # the pass starts at block 3 and wraps; it ends with the first block by which `enough`
+    # rows violate, and its answer is the check on the blocks it read
+    X, y = problem(rng, n=3000, d=8, sparse=sparse, flip=0.2)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=6,
+                       layout="csr" if sparse else "dense") as st:
+        Xa, ya, _ = st.read_range(0, st.n_samples)
+        off = st.block_offsets.copy()
+    w = rng.normal(size=Xa.shape[1] + 1) * 0.3
+    in_S = rng.random(Xa.shape[0]) < 0.1
+    y64 = ya.astype(float)
+    Xb = np.hstack([Xa.toarray() if sparse else Xa, np.ones((Xa.shape[0], 1))])
+    m = y64 * (Xb @ w)
+    n = 50
+    big = ~in_S & (m < 1.0)
+    per_block = [int(big[off[b]:off[b + 1]].sum()) for b in range(6)]
+    enough = per_block[3] + per_block[4] // 2 + 1  # blocks 3 and 4 see enough, 3 alone not
+    assert per_block[3] < enough <= per_block[3] + per_block[4]
+    with open_store(tmp_path / "s", memory="300K") as st:
+        got = ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
+                                   start_block=3, enough=enough)
+        assert not got.complete and got.next_block == 5
+        read = np.zeros(Xa.shape[0], bool)
+        read[off[3]:off[5]] = True
+        ref_rows, ref_worst, ref_viol, _ = _brute(Xa, y64, w, w, -np.inf, in_S | ~read, n, 0)
+        np.testing.assert_array_equal(got.rows, ref_rows)
+        assert got.worst == pytest.approx(ref_worst, rel=1e-9)
+        assert got.n_viol == ref_viol and got.examined == int((~in_S & read).sum())
+        # never enough: every block is read, from block 3 round to block 2
+        full = ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
+                                    start_block=3, enough=int(big.sum()) + 1)
+        assert full.complete and full.next_block == 3
+        ref_rows, _, ref_viol, _ = _brute(Xa, y64, w, w, -np.inf, in_S, n, 0)
+        np.testing.assert_array_equal(full.rows, ref_rows)
+        assert full.n_viol == ref_viol
 
 
 def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
@@ -124,3 +164,25 @@ def test_ibcd_with_pool_hits_is_optimal_on_all_rows(tmp_path, sparse):
 
         assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
 
+
+
+@pytest.mark.parametrize("freeze", [0.2, np.inf], ids=["frozen", "kept"])
+def test_sampled_checks_read_part_of_the_store_and_the_stop_is_still_certified(tmp_path, rng,
+                                                                                freeze):
+    # a dual-dense problem checked n = 30 rows at a time over 20 blocks: early checks see
+    # far more violators than they may admit, so their passes end after a few blocks; the
+    # stop still rests on a pass over every row, and the answer is the whole-pass run's
+    X, y = problem(rng, n=6000, flip=0.25)
+    kw = dict(C=0.1, n=30, eps=0.01, init_sample=200, seed=3, freeze_margin=freeze,
+              cost_model=False, check_growth=0.05)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=20, build_index=True, leaf_size=50) as store:
+        sampled = ibcd.solve_ibcd(store, **kw)
+        whole = ibcd.solve_ibcd(store, **kw, check_sample=0)
+        s, f = sampled.stats, whole.stats
+        assert s["sampled_checks"] > 0 and f["sampled_checks"] == 0
+        assert s["full_checks"] >= 1 and s["converged"]
+        # the checks read less of the store
+        assert s["rows_examined"] < f["rows_examined"]
+        viol = full_kkt_violation(store, sampled.w, sampled.sv_rows, sampled.sv_alpha, C=0.1)
+        assert s["S_converged"] and viol < 0.02, viol
+        assert s["objective"] == pytest.approx(f["objective"], rel=1e-3)

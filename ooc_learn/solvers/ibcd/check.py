@@ -8,7 +8,10 @@ IBCD. Two sources answer it, cheapest first:
   admit. After the solve of S that follows a check, the rows the solve pushed over the
   margin were near it. No reads.
 * the **scan**: a sequential pass over the store. It refreshes the pool, and it is the only
-  answer a stop may rest on (``Answer.scanned``): the pool holds some rows only.
+  answer a stop may rest on (``Answer.scanned``): the pool holds some rows only. Where
+  violators are many beside the rows a check may admit (a tight cap), the pass ends once it
+  has seen ``IBCDConfig.check_sample`` times as many (a *sample*: the blocks are iid shards),
+  and the next pass starts at the block after it.
 
 Keys: a row satisfying eq. 10 has key y w^T x - 1 < 0 (most violating first); another row
 y w^T x - 1 >= 0, or, for an outlier at w_t, |y w^T x - low| (the next outer iterate may
@@ -30,7 +33,7 @@ from ooc_learn.storage.arrays import matrix_nbytes
 from .._common import margins, rows_in_order
 from .config import IBCDConfig
 
-__all__ = ["Answer", "Checker", "Nearest", "Pool", "reserve_rows", "scan_rows"]
+__all__ = ["Answer", "Checker", "Nearest", "Pool", "Scan", "reserve_rows", "scan_rows"]
 
 # rows a selection copies at a time into its answer (the one temporary beside it)
 SELECT_STEP = 1024
@@ -59,6 +62,11 @@ class Answer(NamedTuple):
         """Whether every row outside S was examined: only then may a stop rest on it."""
         return self.source == "scan"
 
+    @property
+    def sampled(self) -> bool:
+        """Whether a pass ended early, having seen many times the violators it may admit."""
+        return self.source == "sample"
+
 
 def reserve_rows(budget, k: int, per_row: int, what: str, *, extra: int = 0) -> int:
     """Reserve ``k * per_row + extra`` bytes, halving ``k`` down to MIN_CHECK_ROWS while the
@@ -86,6 +94,8 @@ class Checker:
         self.frozen_loss = 0.0
         self._frozen_out = np.zeros(2)
         self.pool_rows, self.pool_band = cfg.n, cfg.pool_band
+        self.sample = cfg.check_sample
+        self.next_block = 0  # where the next pass starts (a sample ends mid-store)
         self.stats = stats
         self.pool = Pool(self.budget, cfg.pool_share)
         self.row_bytes = max(1, self.store.estimated_bytes(1))
@@ -104,7 +114,8 @@ class Checker:
         first. The pool answers only with a violation of ``thresh`` or more; otherwise the
         store is scanned. ``keep_pool=False`` (S spilled): no pool is held."""
         self.drop_answer()
-        return self._from_pool(w, w_t, want, thresh) or self._scan(w, w_t, want, keep_pool)
+        return (self._from_pool(w, w_t, want, thresh)
+                or self._scan(w, w_t, want, keep_pool))
 
     def _from_pool(self, w, w_t, want, thresh):
         got = self.pool.take(w, w_t, self.low, self.bias, self.in_S, want, thresh)
@@ -131,30 +142,55 @@ class Checker:
         self.held = min(self.held, answer)
 
     def _scan(self, w, w_t, want, keep_pool):
-        """The check on every row (a sequential pass); refreshes the pool."""
+        """The check by a sequential pass; refreshes the pool. The pass may end once it has
+        seen ``check_sample`` times ``want`` rows violating (a sample: a stop may not rest
+        on it); where it never does, it reads every block, and a stop may rest on it."""
         self.pool.clear()
         # the selection, then the pool, each with room for the pass's chunks left beside it
         want = self._reserve_selection(want)
         k_pool = (self.pool.reserve(self.pool_rows, self.row_bytes + 16,
                                     room=64 * (self.row_bytes + 16))
                   if keep_pool and self.pool.wanted else 0)
-        rows, XN, yN, worst, examined, n_viol, pool = scan_rows(
-            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
-            frozen=self.frozen, frozen_out=self._frozen_out)
-        self.frozen_loss, thaw_worst = (float(v) for v in self._frozen_out)
+        got = scan_rows(self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool,
+                        self.pool_band, frozen=self.frozen, frozen_out=self._frozen_out,
+                        start_block=self.next_block, enough=int(self.sample * want))
+        rows, XN, yN, worst, examined, n_viol, pool = got[:7]
+        self.next_block = got.next_block
+        thaw_worst = float(self._frozen_out[1])
+        if got.complete:  # the frozen rows' loss at w is known only after a whole pass
+            self.frozen_loss = float(self._frozen_out[0])
         self._keep_answer(XN, rows)
         # a pool only where the scan found at most twice the violators it may admit (else
         # the next scan finds them anyway, and the pool's rows are copied for nothing)
         self.pool.wanted = n_viol <= 2 * want
         self.pool.hold(pool if self.pool.wanted else None)
         release_free_heap()  # the check and the solve before it freed many arrays
-        self.stats.full_checks += 1
+        self.stats.full_checks += int(got.complete)
+        self.stats.sampled_checks += int(not got.complete)
         self.stats.rows_examined += examined
-        return Answer(rows, XN, yN, worst, examined, n_viol, "scan", thaw_worst)
+        return Answer(rows, XN, yN, worst, examined, n_viol,
+                      "scan" if got.complete else "sample", thaw_worst)
+
+
+class Scan(NamedTuple):
+    """What :func:`scan_rows` found: the rows to admit (store order) with their ``X`` and
+    ``y``, the largest violation, the rows examined and seen violating, the pool (or None),
+    whether every block was read (``complete``) and the block the next pass starts at."""
+
+    rows: np.ndarray
+    X: object
+    y: np.ndarray | None
+    worst: float
+    examined: int
+    n_viol: int
+    pool: tuple | None
+    complete: bool = True
+    next_block: int = 0
 
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
-              pool_band=IBCDConfig.pool_band, *, frozen=None, frozen_out=None):
+              pool_band=IBCDConfig.pool_band, *, frozen=None, frozen_out=None,
+              start_block=0, enough=0) -> Scan:
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
     avoids its per-leaf overhead). Returns the (at most ``n``) rows satisfying eq. 10 that
@@ -168,7 +204,12 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     are examined as well; one with y w^T x > 1 violates by y w^T x - 1 and competes for the
     ``n`` places (it comes back to S at alpha = C). Their summed hinge loss goes to
     ``frozen_out[0]``, their largest y w^T x - 1 (0 when none is above 1) to
-    ``frozen_out[1]``."""
+    ``frozen_out[1]``.
+
+    The pass reads the blocks from ``start_block`` on, cyclically. ``enough`` > 0 ends it
+    at the end of the first block by which that many rows were seen violating (a sample of
+    the store: its blocks are iid shards); ``complete`` says whether it read every block,
+    and ``next_block`` where the next pass starts."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
     truncated = math.isfinite(low)
@@ -177,7 +218,13 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     worst = 0.0
     n_viol = examined = 0
     f_loss = f_worst = 0.0
-    for a, X, y, _ in store.iter_chunks(chunk, ids=False):
+    nb = store.n_blocks
+    order = (int(start_block) + np.arange(nb)) % nb
+    ends = store.block_offsets[order + 1]
+    done = 0  # blocks read
+    for a, X, y, _ in store.iter_chunks(chunk, ids=False, blocks=order):
+        block_end = a + X.shape[0] == ends[done]
+        done += int(block_end)
         free = ~in_S[a:a + X.shape[0]]
         y64 = y.astype(np.float64)
         m = margins(X, y64, w, bias)
@@ -194,28 +241,33 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
                     admit.offer(a + up, 1.0 - m[up], X, y, up)
         hit = np.flatnonzero(free & (m < 1.0 + max(0.0, near.top)))
         examined += int(free.sum())
-        if not hit.size:
-            continue
-        key = m[hit] - 1.0
-        v = key < 0.0
-        if truncated:
-            out = margins(X[hit], y64[hit], w_t, bias) < low
-            key[out] = np.abs(key[out] + 1.0 - low)
-            v &= ~out
-        n_viol += int(v.sum())
-        if v.any():
-            worst = max(worst, float(-key[v].min()))
-            admit.offer(a + hit[v], key[v], X, y, hit[v])
-        near.offer(a + hit[~v], key[~v], X, y, hit[~v])
+        if hit.size:
+            key = m[hit] - 1.0
+            v = key < 0.0
+            if truncated:
+                out = margins(X[hit], y64[hit], w_t, bias) < low
+                key[out] = np.abs(key[out] + 1.0 - low)
+                v &= ~out
+            n_viol += int(v.sum())
+            if v.any():
+                worst = max(worst, float(-key[v].min()))
+                admit.offer(a + hit[v], key[v], X, y, hit[v])
+            near.offer(a + hit[~v], key[~v], X, y, hit[~v])
+        # a sample ends with a block (the next pass starts at the next one)
+        if enough and block_end and n_viol >= enough and done < nb:
+            break
+    complete = done == nb
     if frozen_out is not None:
         frozen_out[:] = f_loss, f_worst
     got, pool = admit.result(), near.result()
     pool = None if pool is None else (pool[0], pool[2], pool[3])
+    nxt = int(order[done % nb])
     if got is None:
-        return np.empty(0, np.int64), None, None, 0.0, examined, n_viol, pool
+        return Scan(np.empty(0, np.int64), None, None, 0.0, examined, n_viol, pool, complete,
+                    nxt)
     rows, _, XN, yN = got
     order = np.argsort(rows, kind="stable")  # S takes its rows in store order
-    return rows[order], XN[order], yN[order], worst, examined, n_viol, pool
+    return Scan(rows[order], XN[order], yN[order], worst, examined, n_viol, pool, complete, nxt)
 
 
 class Nearest:

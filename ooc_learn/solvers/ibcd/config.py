@@ -75,6 +75,13 @@ class IBCDConfig:
     check_growth : float
         A check brings back at most this many times |S| rows (and at least n; the frozen
         rows count in |S| here).
+    check_sample : float
+        A check's pass ends at the end of the first block by which it has seen this many
+        times the rows it may admit violating: the blocks are iid
+        shards, so the most violating rows of that sample stand for the store's, and the
+        check costs the share of the store it read. A pass that never sees as many reads
+        every block; only such a pass may certify a stop. 0: every pass reads every block
+        (ratio).
     freeze_margin : float
         The convex hinge SVM with the exact stop: a row of S at alpha = C with
         y w^T x < 1 - freeze_margin leaves S with its alpha (frozen at C, kept in w). Every
@@ -157,6 +164,7 @@ class IBCDConfig:
     primal_eps: float = 0.01
     resolve_growth: float = 2.0
     check_growth: float = 1.0
+    check_sample: float = 4.0
     freeze_margin: float = 0.2
     # queries, and query or scan
     query_share: float = 0.05
@@ -247,6 +255,7 @@ _RULES = [
     ("primal_eps", _num(0, open_lo=True), "LIBLINEAR's -s 2 default is 0.01."),
     ("resolve_growth", _num(1, open_lo=True), "Try 2."),
     ("check_growth", _num(0, open_lo=True), "Try 1."),
+    ("check_sample", _num(0), "Try 4; 0 reads every row at every check."),
     ("freeze_margin", _num(0, inf_ok=True), "Try 0.2; inf freezes no row."),
     ("query_share", _num(0), "Try 0.05."),
     ("min_precision", _num(0, hi=1), "Try 0.05."),

@@ -248,7 +248,8 @@ class InnerLoop:
         check repeated; unless the last full solve converged and the check still finds |S|
         / 2 violators or more: then they join S without that solve. (Only a scan's answer
         comes to the stop: the pool answers with a violation of max(eps, resid) or more,
-        else the check scans.)
+        else the check scans. A sample's rows join S whatever their violation: the pass saw
+        ``check_sample`` times the rows it may admit violating, so the store holds many.)
         """
         st, cfg, S = self.st, self.cfg, self.st.S
         resid = self.solve_S(cfg.quick_iters)
@@ -257,7 +258,7 @@ class InnerLoop:
         ans = self.check_rows(max(cfg.eps, resid))
         # a frozen row is ours to certify: it comes back where it violates by more than eps,
         # whatever dual CD left on S
-        while len(ans.rows) == 0 or (ans.worst < max(cfg.eps, resid)
+        while len(ans.rows) == 0 or (not ans.sampled and ans.worst < max(cfg.eps, resid)
                                      and ans.thaw_worst <= cfg.eps and not (
                 self.converges and not full and 2 * ans.n_viol >= S.m)):
             if full:

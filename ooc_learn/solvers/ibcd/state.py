@@ -27,6 +27,7 @@ class IBCDStats:
     queries_slow: int = 0          #: queries that cost more than a scan
     scans_preferred: int = 0       #: times the scan took the index's place
     full_checks: int = 0           #: checks that scanned every row
+    sampled_checks: int = 0        #: ... whose pass ended once it had seen enough violators
     pool_hits: int = 0             #: checks answered by the pool
     full_solves_skipped: int = 0   #: checks whose rows joined S without a full solve first
     pruned: int = 0                #: inactive rows that left S
