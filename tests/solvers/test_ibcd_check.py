@@ -48,9 +48,9 @@ def test_check_returns_the_violators_and_the_rows_nearest_a_boundary(tmp_path, r
     with open_store(tmp_path / "s", memory="300K") as st:
         src = RowSource(st)
         for n, k in [(40, 0), (40, 150), (5000, 0)]:
-            got = ibcd_check.scan_rows(src, w, w_t, low, in_S, 1.0, n, k)
-            rows, XN, yN, worst, examined, n_viol, pool = got[:7]
-            assert got.complete
+            ans, pool, _ = ibcd_check.scan_rows(src, w, w_t, low, in_S, 1.0, n, k)
+            rows, XN, yN, worst, examined, n_viol = ans[:6]
+            assert ans.scanned
             ref_rows, ref_worst, ref_viol, ref_pool = _brute(Xa, ya.astype(float), w, w_t,
                                                              low, in_S, n, k)
             np.testing.assert_array_equal(rows, ref_rows)
@@ -90,9 +90,9 @@ def test_a_sampled_pass_ends_with_the_block_that_saw_enough_and_answers_for_its_
     enough = per_block[3] + per_block[4] // 2 + 1  # blocks 3 and 4 see enough, 3 alone not
     assert per_block[3] < enough <= per_block[3] + per_block[4]
     with open_store(tmp_path / "s", memory="300K") as st:
-        got = ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
-                                   start_block=3, enough=enough)
-        assert not got.complete and got.next_block == 5
+        got, _, nxt = ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
+                                           start_block=3, enough=enough)
+        assert got.sampled and nxt == 5
         read = np.zeros(Xa.shape[0], bool)
         read[off[3]:off[5]] = True
         ref_rows, ref_worst, ref_viol, _ = _brute(Xa, y64, w, w, -np.inf, in_S | ~read, n, 0)
@@ -100,9 +100,9 @@ def test_a_sampled_pass_ends_with_the_block_that_saw_enough_and_answers_for_its_
         assert got.worst == pytest.approx(ref_worst, rel=1e-9)
         assert got.n_viol == ref_viol and got.examined == int((~in_S & read).sum())
         # never enough: every block is read, from block 3 round to block 2
-        full = ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
-                                    start_block=3, enough=int(big.sum()) + 1)
-        assert full.complete and full.next_block == 3
+        full, _, nxt = ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
+                                            start_block=3, enough=int(big.sum()) + 1)
+        assert full.scanned and nxt == 3
         ref_rows, _, ref_viol, _ = _brute(Xa, y64, w, w, -np.inf, in_S, n, 0)
         np.testing.assert_array_equal(full.rows, ref_rows)
         assert full.n_viol == ref_viol

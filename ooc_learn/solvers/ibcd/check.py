@@ -33,7 +33,7 @@ from ooc_learn.storage.arrays import matrix_nbytes
 from .._common import margins, rows_in_order
 from .config import IBCDConfig
 
-__all__ = ["Answer", "Checker", "Nearest", "Pool", "Scan", "reserve_rows", "scan_rows"]
+__all__ = ["Answer", "Checker", "Nearest", "Pool", "reserve_rows", "scan_rows"]
 
 # rows a selection copies at a time into its answer (the one temporary beside it)
 SELECT_STEP = 1024
@@ -45,7 +45,7 @@ MIN_CHECK_ROWS = 64
 class Answer(NamedTuple):
     """A check's answer: the rows to admit (store order) with their values and labels, the
     largest violation 1 - y w^T x seen, rows examined, rows seen violating, and its source
-    ("scan" or "pool")."""
+    ("scan": a pass over every block; "sample": a pass that ended early; or "pool")."""
 
     rows: np.ndarray
     X: object
@@ -151,53 +151,35 @@ class Checker:
         k_pool = (self.pool.reserve(self.pool_rows, self.row_bytes + 16,
                                     room=64 * (self.row_bytes + 16))
                   if keep_pool and self.pool.wanted else 0)
-        got = scan_rows(self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool,
-                        self.pool_band, frozen=self.frozen, frozen_out=self._frozen_out,
-                        start_block=self.next_block, enough=int(self.sample * want))
-        rows, XN, yN, worst, examined, n_viol, pool = got[:7]
-        self.next_block = got.next_block
-        thaw_worst = float(self._frozen_out[1])
-        if got.complete:  # the frozen rows' loss at w is known only after a whole pass
+        ans, pool, self.next_block = scan_rows(
+            self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
+            frozen=self.frozen, frozen_out=self._frozen_out, start_block=self.next_block,
+            enough=int(self.sample * want))
+        if ans.scanned:  # the frozen rows' loss at w is known only after a whole pass
             self.frozen_loss = float(self._frozen_out[0])
-        self._keep_answer(XN, rows)
+        self._keep_answer(ans.X, ans.rows)
         # a pool only where the scan found at most twice the violators it may admit (else
         # the next scan finds them anyway, and the pool's rows are copied for nothing)
-        self.pool.wanted = n_viol <= 2 * want
+        self.pool.wanted = ans.n_viol <= 2 * want
         self.pool.hold(pool if self.pool.wanted else None)
         release_free_heap()  # the check and the solve before it freed many arrays
-        self.stats.full_checks += int(got.complete)
-        self.stats.sampled_checks += int(not got.complete)
-        self.stats.rows_examined += examined
-        return Answer(rows, XN, yN, worst, examined, n_viol,
-                      "scan" if got.complete else "sample", thaw_worst)
-
-
-class Scan(NamedTuple):
-    """What :func:`scan_rows` found: the rows to admit (store order) with their ``X`` and
-    ``y``, the largest violation, the rows examined and seen violating, the pool (or None),
-    whether every block was read (``complete``) and the block the next pass starts at."""
-
-    rows: np.ndarray
-    X: object
-    y: np.ndarray | None
-    worst: float
-    examined: int
-    n_viol: int
-    pool: tuple | None
-    complete: bool = True
-    next_block: int = 0
+        self.stats.full_checks += int(ans.scanned)
+        self.stats.sampled_checks += int(ans.sampled)
+        self.stats.rows_examined += ans.examined
+        return ans
 
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
               pool_band=IBCDConfig.pool_band, *, frozen=None, frozen_out=None,
-              start_block=0, enough=0) -> Scan:
+              start_block=0, enough=0):
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
-    avoids its per-leaf overhead). Returns the (at most ``n``) rows satisfying eq. 10 that
-    violate it most, with their ``X`` and ``y``, the largest violation 1 - y w^T x over all
-    rows (0 when none), the number of rows examined, the number of rows satisfying eq. 10,
-    and the pool: up to ``pool_rows`` of the other rows within ``pool_band`` of a boundary,
-    nearest first, as ``(rows, X, y)`` (or None). Rows are copied out of the chunks as the
+    avoids its per-leaf overhead). Returns ``(answer, pool, next_block)``: the
+    :class:`Answer` with the (at most ``n``) rows satisfying eq. 10 that violate it most,
+    their ``X`` and ``y``, the largest violation 1 - y w^T x over all rows (0 when none), the
+    number of rows examined and of rows satisfying eq. 10; the pool: up to ``pool_rows`` of
+    the other rows within ``pool_band`` of a boundary, nearest first, as ``(rows, X, y)`` (or
+    None); and the block the next pass starts at. Rows are copied out of the chunks as the
     pass goes (no second read).
 
     ``frozen`` (a mask over the rows, marked in ``in_S`` too): the rows frozen at alpha = C
@@ -208,8 +190,8 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
 
     The pass reads the blocks from ``start_block`` on, cyclically. ``enough`` > 0 ends it
     at the end of the first block by which that many rows were seen violating (a sample of
-    the store: its blocks are iid shards); ``complete`` says whether it read every block,
-    and ``next_block`` where the next pass starts."""
+    the store: its blocks are iid shards; the answer's source is then "sample", else
+    "scan")."""
     store = rows_src.store
     chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
     truncated = math.isfinite(low)
@@ -261,13 +243,14 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
         frozen_out[:] = f_loss, f_worst
     got, pool = admit.result(), near.result()
     pool = None if pool is None else (pool[0], pool[2], pool[3])
-    nxt = int(order[done % nb])
+    source, nxt = "scan" if complete else "sample", int(order[done % nb])
     if got is None:
-        return Scan(np.empty(0, np.int64), None, None, 0.0, examined, n_viol, pool, complete,
-                    nxt)
+        return (Answer(np.empty(0, np.int64), None, None, 0.0, examined, n_viol, source,
+                       f_worst), pool, nxt)
     rows, _, XN, yN = got
     order = np.argsort(rows, kind="stable")  # S takes its rows in store order
-    return Scan(rows[order], XN[order], yN[order], worst, examined, n_viol, pool, complete, nxt)
+    return (Answer(rows[order], XN[order], yN[order], worst, examined, n_viol, source, f_worst),
+            pool, nxt)
 
 
 class Nearest:
