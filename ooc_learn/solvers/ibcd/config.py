@@ -164,7 +164,7 @@ class IBCDConfig:
     primal_eps: float = 0.01
     resolve_growth: float = 2.0
     check_growth: float = 1.0
-    check_sample: float = 4.0
+    check_sample: float = 2.0
     freeze_margin: float = 0.2
     # queries, and query or scan
     query_share: float = 0.05
@@ -255,7 +255,7 @@ _RULES = [
     ("primal_eps", _num(0, open_lo=True), "LIBLINEAR's -s 2 default is 0.01."),
     ("resolve_growth", _num(1, open_lo=True), "Try 2."),
     ("check_growth", _num(0, open_lo=True), "Try 1."),
-    ("check_sample", _num(0), "Try 4; 0 reads every row at every check."),
+    ("check_sample", _num(0), "Try 2; 0 reads every row at every check."),
     ("freeze_margin", _num(0, inf_ok=True), "Try 0.2; inf freezes no row."),
     ("query_share", _num(0), "Try 0.05."),
     ("min_precision", _num(0, hi=1), "Try 0.05."),

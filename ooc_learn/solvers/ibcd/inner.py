@@ -280,9 +280,11 @@ class InnerLoop:
         # the index or the scan for the rows still violating? The next scan finds at least
         # min(left, |S|) of them; the last query found q_found at q_cost. Where the scan
         # finds rows scan_margin times cheaper, or fewer than n/2 are left (a query would be
-        # cut), the rest of this problem is scan-only
+        # cut), the rest of this problem is scan-only. A sample's count is of the blocks it
+        # read: the store holds more, and the next pass finds them at no more than a scan's
+        # cost
         left = ans.n_viol - len(ans.rows)
-        if self.cost_model and not self.scan_only and ans.scanned and (
+        if self.cost_model and not self.scan_only and ans.source != "pool" and (
                 2 * left < cfg.n or min(left, S.m) * self.q_cost
                 >= cfg.scan_margin * max(1, self.q_found) * self.scan_cost()):
             self.scan_only = True
