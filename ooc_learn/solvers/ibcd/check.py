@@ -56,11 +56,18 @@ class Answer(NamedTuple):
     source: str
     #: the largest y w^T x - 1 over the frozen rows (a scan's; 0 when none violates)
     thaw_worst: float = 0.0
+    #: the frozen rows' summed hinge loss at w (over the blocks the pass read)
+    frozen_loss: float = 0.0
 
     @property
     def scanned(self) -> bool:
         """Whether every row outside S was examined: only then may a stop rest on it."""
         return self.source == "scan"
+
+    @property
+    def from_pool(self) -> bool:
+        """Whether the pool answered (no pass read the store)."""
+        return self.source == "pool"
 
     @property
     def sampled(self) -> bool:
@@ -90,9 +97,8 @@ class Checker:
         self.budget = self.store.budget
         self.in_S, self.low, self.bias = in_S, low, cfg.bias
         self.frozen = frozen
-        # the frozen rows' summed loss at the last scan's w (their part of the objective)
+        # the frozen rows' summed loss at the last whole pass's w (their part of the objective)
         self.frozen_loss = 0.0
-        self._frozen_out = np.zeros(2)
         self.pool_rows, self.pool_band = cfg.n, cfg.pool_band
         self.sample = cfg.check_sample
         self.next_block = 0  # where the next pass starts (a sample ends mid-store)
@@ -114,8 +120,7 @@ class Checker:
         first. The pool answers only with a violation of ``thresh`` or more; otherwise the
         store is scanned. ``keep_pool=False`` (S spilled): no pool is held."""
         self.drop_answer()
-        return (self._from_pool(w, w_t, want, thresh)
-                or self._scan(w, w_t, want, keep_pool))
+        return self._from_pool(w, w_t, want, thresh) or self._scan(w, w_t, want, keep_pool)
 
     def _from_pool(self, w, w_t, want, thresh):
         got = self.pool.take(w, w_t, self.low, self.bias, self.in_S, want, thresh)
@@ -153,10 +158,9 @@ class Checker:
                   if keep_pool and self.pool.wanted else 0)
         ans, pool, self.next_block = scan_rows(
             self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
-            frozen=self.frozen, frozen_out=self._frozen_out, start_block=self.next_block,
-            enough=int(self.sample * want))
+            frozen=self.frozen, start_block=self.next_block, enough=int(self.sample * want))
         if ans.scanned:  # the frozen rows' loss at w is known only after a whole pass
-            self.frozen_loss = float(self._frozen_out[0])
+            self.frozen_loss = ans.frozen_loss
         self._keep_answer(ans.X, ans.rows)
         # a pool only where the scan found at most twice the violators it may admit (else
         # the next scan finds them anyway, and the pool's rows are copied for nothing)
@@ -170,8 +174,7 @@ class Checker:
 
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
-              pool_band=IBCDConfig.pool_band, *, frozen=None, frozen_out=None,
-              start_block=0, enough=0):
+              pool_band=IBCDConfig.pool_band, *, frozen=None, start_block=0, enough=0):
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
     avoids its per-leaf overhead). Returns ``(answer, pool, next_block)``: the
@@ -184,9 +187,8 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
 
     ``frozen`` (a mask over the rows, marked in ``in_S`` too): the rows frozen at alpha = C
     are examined as well; one with y w^T x > 1 violates by y w^T x - 1 and competes for the
-    ``n`` places (it comes back to S at alpha = C). Their summed hinge loss goes to
-    ``frozen_out[0]``, their largest y w^T x - 1 (0 when none is above 1) to
-    ``frozen_out[1]``.
+    ``n`` places (it comes back to S at alpha = C). Their summed hinge loss is the answer's
+    ``frozen_loss``, their largest y w^T x - 1 (0 when none is above 1) its ``thaw_worst``.
 
     The pass reads the blocks from ``start_block`` on, cyclically. ``enough`` > 0 ends it
     at the end of the first block by which that many rows were seen violating (a sample of
@@ -239,18 +241,16 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
         if enough and block_end and n_viol >= enough and done < nb:
             break
     complete = done == nb
-    if frozen_out is not None:
-        frozen_out[:] = f_loss, f_worst
     got, pool = admit.result(), near.result()
     pool = None if pool is None else (pool[0], pool[2], pool[3])
     source, nxt = "scan" if complete else "sample", int(order[done % nb])
     if got is None:
         return (Answer(np.empty(0, np.int64), None, None, 0.0, examined, n_viol, source,
-                       f_worst), pool, nxt)
+                       f_worst, f_loss), pool, nxt)
     rows, _, XN, yN = got
     order = np.argsort(rows, kind="stable")  # S takes its rows in store order
-    return (Answer(rows[order], XN[order], yN[order], worst, examined, n_viol, source, f_worst),
-            pool, nxt)
+    return (Answer(rows[order], XN[order], yN[order], worst, examined, n_viol, source, f_worst,
+                   f_loss), pool, nxt)
 
 
 class Nearest:

@@ -284,7 +284,7 @@ class InnerLoop:
         # read: the store holds more, and the next pass finds them at no more than a scan's
         # cost
         left = ans.n_viol - len(ans.rows)
-        if self.cost_model and not self.scan_only and ans.source != "pool" and (
+        if self.cost_model and not self.scan_only and not ans.from_pool and (
                 2 * left < cfg.n or min(left, S.m) * self.q_cost
                 >= cfg.scan_margin * max(1, self.q_found) * self.scan_cost()):
             self.scan_only = True
