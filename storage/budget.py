@@ -216,9 +216,12 @@ class MemoryBudget:
         The reservations are an account of what the engine means to hold; the RSS is what the
         process holds: temporaries, allocator holes and pages of mapped files the account
         does not itemise. Each reservation also has to fit under the cap by the RSS, read at
-        most every RSS_PERIOD seconds, plus what was reserved (net) since that reading. A
-        reservation that fails this way evicts caches like one that fails the account; one
-        that may not evict (an optional buffer) is refused.
+        most every RSS_PERIOD seconds, plus what was reserved since that reading. What was
+        released since is not taken off: a release says the engine is done with a buffer,
+        not that its pages are gone (a caller may still hold the array: a chunk loop's last
+        chunk while the next is read), so only a new reading shows it. A reservation that
+        fails this way reads the RSS again, then evicts caches like one that fails the
+        account; one that may not evict (an optional buffer) is refused.
         """
         now = time.monotonic()
         if now - self._rss_at >= RSS_PERIOD:
@@ -289,11 +292,18 @@ class MemoryBudget:
             if evict in self._evictors:
                 self._evictors.remove(evict)
 
-    def try_reserve(self, nbytes: int, *, evict: bool = True) -> bool:
-        """Reserve ``nbytes`` if it fits (after evicting cache entries); return success."""
+    def try_reserve(self, nbytes: int, *, evict: bool = True, fit_rss: bool = False) -> bool:
+        """Reserve ``nbytes`` if it fits (after evicting cache entries); return success.
+
+        A process budget grants a reservation that evicted what it could where the account
+        has room, whatever the RSS (a run does not stop for what temporaries hold for a
+        moment); ``fit_rss`` (a buffer whose size the caller may halve: a read chunk) asks
+        for room by the RSS as well."""
         check_stop()  # a safe point for SIGINT / SIGTERM (see stop.request_stop)
         nbytes = int(nbytes)
         with self._lock:
+            if nbytes > self._free_now() and self._watch_rss:
+                self._rss_at = -math.inf  # the reading may predate releases: read it again
             if nbytes > self._free_now() and evict:
                 for evictor in list(self._evictors):
                     need = nbytes - self._free_now()
@@ -311,7 +321,8 @@ class MemoryBudget:
                 release_free_heap()
                 release_compiler_pages(1.0)  # what loading kernels faulted back in
                 self._rss_at = -math.inf
-            if nbytes > (self._free_now() if not evict else self._grant_limit - self._used):
+            if nbytes > (self._free_now() if not evict or fit_rss
+                          else self._grant_limit - self._used):
                 # the account refuses; the RSS only presses the caches: a reservation that
                 # evicted what it could is granted where the account has room, or a run
                 # would stop for memory that temporaries hold for a moment
@@ -338,7 +349,6 @@ class MemoryBudget:
     def release(self, nbytes: int) -> None:
         with self._lock:
             self._used = max(0, self._used - int(nbytes))
-            self._since_rss -= int(nbytes)
 
     def reservation(self, nbytes: int, what: str = "buffer", *, hint: str | None = None):
         """Context manager: reserve on entry, release on exit (``hint``: as :meth:`reserve`)."""

@@ -456,8 +456,9 @@ class Store:
         of :meth:`reads_whole_block`: a whole block through the cache when it takes one, else
         ranges of at most ``max_rows`` rows, each paid from the budget while it is held
         (``ids=False`` skips the row ids). Where the cap holds less than ``max_rows`` rows at
-        the moment (the caller's state grew between chunks), the range halves down to
-        ``CHUNK_MIN_ROWS`` rows before the reservation fails."""
+        the moment (the caller's state grew between chunks, or the RSS holds more than the
+        account), the range halves down to ``CHUNK_MIN_ROWS`` rows before the reservation
+        fails. A caller lets go of each chunk before asking for the next."""
         self._check_open()
         step = max(1, int(max_rows))
         budget = self.budget
@@ -471,7 +472,9 @@ class Store:
             while a < hi:
                 z = min(hi, a + step)
                 nbytes = self.estimated_bytes(z - a)
-                while not budget.try_reserve(nbytes):
+                # by the RSS too: what the account does not itemise (the caller's last
+                # chunk, still held while this one is read) halves the chunk
+                while not budget.try_reserve(nbytes, fit_rss=True):
                     if z - a <= CHUNK_MIN_ROWS:
                         budget.reserve(nbytes, "store chunk")  # the cap's error
                         break

@@ -151,6 +151,41 @@ def test_a_process_budget_lets_real_rss_press_the_caches(monkeypatch):
         b.reserve(limit, "everything")                  # the account still refuses
 
 
+def test_a_release_shows_in_the_rss_room_only_once_a_reading_shows_it(monkeypatch):
+    import ooc_learn.storage.budget as B
+
+    clock = [B.time.monotonic()]  # no periodic reading unless the clock moves
+    monkeypatch.setattr(B.time, "monotonic", lambda: clock[0])
+    b = MemoryBudget.for_process(B.current_rss_bytes() + (400 << 20), late_load=0)
+    state = b.limit - (100 << 20) - B.RSS_HEADROOM
+    b.reserve(state, "the run's state")
+    rss = [b.fixed + state]                             # the RSS holds what the account says
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: rss[0])
+    b._rss_at = -float("inf")
+    assert b.available == 100 << 20
+    assert b.try_reserve(50 << 20, evict=False)
+    rss[0] += 50 << 20                                  # the buffer is made
+    b.release(50 << 20)                                 # released, but a caller still holds it
+    assert b.available == 50 << 20                      # not credited before a reading
+    # a reservation the room refuses reads the RSS again first: still held, so refused...
+    assert not b.try_reserve(60 << 20, evict=False)
+    rss[0] -= 50 << 20                                  # ...once let go (and the lesson the
+    clock[0] += 20 * B.LESSON_HALF_LIFE                 # reading took has faded), granted
+    assert b.try_reserve(60 << 20, evict=False)
+    b.release(60 << 20 + state)
+
+
+def test_a_reservation_that_must_fit_the_rss_is_refused_where_only_the_account_has_room(
+        monkeypatch):
+    import ooc_learn.storage.budget as B
+
+    b = MemoryBudget.for_process(B.current_rss_bytes() + (400 << 20), late_load=0)
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: b.cap - (2 << 20))
+    b._rss_at = -float("inf")
+    assert not b.try_reserve(4 << 20, fit_rss=True)     # a chunk that may halve
+    assert b.try_reserve(4 << 20)                       # one that must be had: the account
+
+
 def test_a_process_budget_moves_what_the_rss_holds_beyond_its_account_to_the_fixed_part(
         monkeypatch):
     import ooc_learn.storage.budget as B

@@ -205,6 +205,28 @@ def test_iter_chunks_shrinks_its_ranges_to_what_the_cap_holds(tmp_path, rng):
         budget.release(budget.used)
 
 
+def test_iter_chunks_shrinks_its_ranges_to_what_the_rss_leaves(tmp_path, rng, monkeypatch):
+    """A process budget whose account has room but whose RSS is near the cap (what the
+    account does not itemise: the caller's last chunk while the next is read) reads smaller
+    ranges instead of passing the cap."""
+    import ooc_learn.storage.budget as B
+    from ooc_learn.storage.store import CHUNK_MIN_ROWS
+    X, y = make_data(rng, n=2000, d=50)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4).close()
+    budget = MemoryBudget.for_process(B.current_rss_bytes() + (300 << 20), late_load=0)
+    with open_store(tmp_path / "s", memory=budget) as store:
+        Xall = store.read_range(0, store.n_samples)[0]
+        row = store.estimated_bytes(1)
+        monkeypatch.setattr(B, "current_rss_bytes",
+                            lambda: budget.cap - B.RSS_HEADROOM - 60 * row)
+        budget._rss_at = -float("inf")
+        assert budget.limit - budget.used > 100_000 * row  # the account alone would grant
+        parts = [Xc for _, Xc, _, _ in store.iter_chunks(100)]
+        assert np.array_equal(np.vstack(parts), Xall)
+        sizes = [p.shape[0] for p in parts]
+        assert CHUNK_MIN_ROWS <= min(sizes) and max(sizes) <= 60
+
+
 def test_block_cache_stays_inside_budget(tmp_path, rng):
     X, y = make_data(rng, n=2000, d=50)
     budget = MemoryBudget(3 * 60_000)  # about 3 blocks of 250 rows x 50 float32

@@ -237,6 +237,9 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
                 worst = max(worst, float(-key[v].min()))
                 admit.offer(a + hit[v], key[v], X, y, hit[v])
             near.offer(a + hit[~v], key[~v], X, y, hit[~v])
+        # the chunk goes before the next is read and before the selection's last merge
+        # (its reservation ended when the loop asked for the next chunk)
+        del X, y, y64, m, free, hit
         # a sample ends with a block (the next pass starts at the next one)
         if enough and block_end and n_viol >= enough and done < nb:
             break
