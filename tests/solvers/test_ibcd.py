@@ -617,42 +617,45 @@ def test_fresh_rows_the_cap_cannot_hold_join_in_part(tmp_path, rng, monkeypatch)
 def test_a_truncated_start_solves_its_whole_sample_in_pieces_under_a_cap(tmp_path, rng,
                                                                          sparse):
     # w_0 of the truncated loss picks the local optimum, so its sample is init_sample rows
-    # whatever the cap: under a cap that holds a fifth of them, solved by chunking, it is the
-    # in-memory solution of the same sample (dual CD to 1e-3 both ways); the convex loss keeps
-    # the sample the cap holds
+    # whatever the cap: under a cap that holds a fraction of them, solved by chunking, it is
+    # the in-memory solution of the same sample (dual CD to 1e-3 both ways). The convex loss
+    # keeps the sample the cap holds, and so does a sample whose passes would read more
+    # than a tenth of the store
     from ooc_learn.solvers.dcd import solve_dcd
     from ooc_learn.solvers.ibcd.config import IBCDConfig
-    from ooc_learn.solvers.ibcd.start import sample_row_bytes, sample_start
+    from ooc_learn.solvers.ibcd.start import PIECE_PASSES, sample_row_bytes, sample_start
     from ooc_learn.storage.store import open_store
 
-    # separable: the sample's support vectors (about 200 dense, 550 CSR) fit the cap (m0
+    # separable: the sample's support vectors (about 100 dense, 300 CSR) fit the cap (m0
     # rows) beside a piece
-    m0_cap = 900 if sparse else 400
-    X, y = problem(rng, n=4000, d=20, sparse=sparse, flip=0.0)
+    m0_cap, n_sample = (700 if sparse else 300), 1000
+    n = 10 * PIECE_PASSES * n_sample
+    X, y = problem(rng, n=n, d=20, sparse=sparse, flip=0.0)
     ingest_arrays(X, y, tmp_path / "s", n_blocks=4,
                   layout="csr" if sparse else "dense").close()
     held = (0, 0, None)
-    for truncated in (True, False):
-        cfg = IBCDConfig(C=1.0, eps=1e-3, init_sample=2000, init_iters=5000,
+    with open_store(tmp_path / "s") as st:
+        Xa, ya, _ = st.read_range(0, st.n_samples)
+        cap = 4 * m0_cap * sample_row_bytes(st)
+    Xa = np.asarray(Xa.toarray() if sparse else Xa, float)
+    for truncated, init_sample in [(True, n_sample), (False, n_sample), (True, n_sample + 1)]:
+        cfg = IBCDConfig(C=1.0, eps=1e-3, init_sample=init_sample, init_iters=5000,
                          s=1.0 if truncated else None)
-        with open_store(tmp_path / "s") as st:
-            Xa, ya, _ = st.read_range(0, st.n_samples)
-            cap = 4 * m0_cap * sample_row_bytes(st)
         with open_store(tmp_path / "s", memory=cap) as st:
             m0, (w, rows, Xs, ys, alpha) = sample_start(st, cfg, np.random.default_rng(5),
                                                          held)
             r0 = st.rows_read
         assert m0 == m0_cap
         assert np.all(np.diff(rows) > 0) and np.all(alpha > 0)
-        # the sample as drawn: the same draw as sample_start's
-        sample = np.random.default_rng(5).choice(4000, 2000 if truncated else m0,
-                                                 replace=False)
+        # the sample as drawn (sample_start's draw)
+        pieces = truncated and init_sample == n_sample
+        sample = np.sort(np.random.default_rng(5).choice(
+            n, init_sample if pieces else m0, replace=False))
         assert np.isin(rows, sample).all()
-        ref = solve_dcd(Xa[np.sort(sample)], ya[np.sort(sample)].astype(float), C=1.0,
-                        eps=1e-3, max_iter=5000, warn=False)
-        Xb = np.hstack([np.asarray(Xa.toarray() if sparse else Xa, float)[np.sort(sample)],
-                        np.ones((sample.size, 1))])
-        yb = ya[np.sort(sample)].astype(float)
+        ref = solve_dcd(Xa[sample], ya[sample].astype(float), C=1.0, eps=1e-3, max_iter=5000,
+                        warn=False)
+        Xb = np.hstack([Xa[sample], np.ones((sample.size, 1))])
+        yb = ya[sample].astype(float)
 
         def primal(v):
             return 0.5 * v @ v + np.maximum(0.0, 1.0 - yb * (Xb @ v)).sum()
@@ -662,5 +665,5 @@ def test_a_truncated_start_solves_its_whole_sample_in_pieces_under_a_cap(tmp_pat
         Xr = np.hstack([np.asarray(Xs.toarray() if sparse else Xs, float),
                         np.ones((rows.size, 1))])
         np.testing.assert_allclose(w, Xr.T @ (alpha * ys), rtol=1e-6, atol=1e-8)
-        if truncated:
-            assert rows.size > 0 and r0 >= 2000  # every row of the sample was read
+        if pieces:
+            assert r0 >= n_sample  # every row of the sample was read

@@ -13,6 +13,9 @@ from .rows import row_sqn
 
 __all__ = ["sample_row_bytes", "sample_start", "start_from_warm"]
 
+# passes of a sample solved in pieces (the first reads every row, the others its violators)
+PIECE_PASSES = 5
+
 
 def sample_row_bytes(store) -> int:
     """What a row of w_0's sample holds while it is solved: the row and its dual state
@@ -33,7 +36,10 @@ def sample_start(store, cfg, rng, holdout, *, solve: bool = True):
     convex loss the sample is at most ``m0`` rows: w_0 only starts the search for the one
     optimum. With the truncated loss, w_0 picks the local optimum the outer iterations reach,
     so the sample is ``init_sample`` rows whatever the cap, solved in pieces where it holds
-    fewer (:func:`_solve_in_pieces`; measured in ``docs/bench-log.md``, 2026-11-27).
+    fewer (:func:`_solve_in_pieces`), unless reading the sample PIECE_PASSES times would read
+    more than a tenth of the store (a sample that is a large part of a small store: the
+    sampled rule reads about that much in all); measured in ``docs/bench-log.md``,
+    2026-11-27.
     """
     a, z, mask = holdout
     row_bytes = sample_row_bytes(store)
@@ -43,7 +49,7 @@ def sample_start(store, cfg, rng, holdout, *, solve: bool = True):
     if not store.budget.try_reserve(2 * m0 * row_bytes):
         m0 = int(max(100, min(m0, store.budget.available // (2 * row_bytes))))
         store.budget.reserve(2 * m0 * row_bytes, "IBCD initial sample")
-    if not cfg.truncated:
+    if not cfg.truncated or PIECE_PASSES * m_all > n_train // 10:
         m_all = m0
     try:
         return m0, (_solve_sample(store, cfg, rng, m0, m_all, holdout) if solve else None)
@@ -71,7 +77,7 @@ def _solve_sample(store, cfg, rng, m0, m_all, holdout):
     return res0.w.copy(), sample[sv], Xs[sv], ys[sv], res0.alpha[sv]
 
 
-def _solve_in_pieces(store, cfg, sample, m0, seed, max_passes: int = 5):
+def _solve_in_pieces(store, cfg, sample, m0, seed, max_passes: int = PIECE_PASSES):
     """The sample's problem where the cap holds ``m0`` < its rows at once, by chunking
     (Osuna et al. 1997): the support vectors so far plus the next piece of the sample are
     solved by dual CD (their alphas the warm start), piece after piece; passes after the
@@ -113,8 +119,9 @@ def _solve_in_pieces(store, cfg, sample, m0, seed, max_passes: int = 5):
 
 def _violators(store, cfg, sample, pos, held, w, room):
     """From ``sample[pos:]`` on, read in runs of ``room`` rows, the rows not in ``held``
-    whose margin at ``w`` is below 1 (they would enter the solution), up to ``room`` of
-    them. Returns ``(rows, X, y, next_pos)``."""
+    whose margin at ``w`` is below 1 - eps (their alpha = 0 violates the optimality
+    conditions by more than dual CD's tolerance), up to ``room`` of them. Returns ``(rows, X,
+    y, next_pos)``."""
     from .._common import margins
 
     while pos < sample.size:
@@ -124,7 +131,7 @@ def _violators(store, cfg, sample, pos, held, w, room):
         if not part.size:
             continue
         Xp, yp, _ = store.gather(part, whole_blocks=False)
-        v = np.flatnonzero(margins(Xp, yp.astype(np.float64), w, cfg.bias) < 1.0)
+        v = np.flatnonzero(margins(Xp, yp.astype(np.float64), w, cfg.bias) < 1.0 - cfg.eps)
         if v.size:
             return part[v], Xp[v], yp[v], pos
     return np.empty(0, np.int64), None, None, pos
