@@ -619,8 +619,8 @@ def test_a_truncated_start_solves_its_whole_sample_in_pieces_under_a_cap(tmp_pat
     # w_0 of the truncated loss picks the local optimum, so its sample is init_sample rows
     # whatever the cap: under a cap that holds a fraction of them, solved by chunking, it is
     # the in-memory solution of the same sample (dual CD to 1e-3 both ways). The convex loss
-    # keeps the sample the cap holds, and so does a sample whose passes would read more
-    # than a tenth of the store
+    # keeps the sample the cap holds, and so does the sampled rule's run where the sample's
+    # passes would read more than a tenth of the store
     from ooc_learn.solvers.dcd import solve_dcd
     from ooc_learn.solvers.ibcd.config import IBCDConfig
     from ooc_learn.solvers.ibcd.start import PIECE_PASSES, sample_row_bytes, sample_start
@@ -638,9 +638,11 @@ def test_a_truncated_start_solves_its_whole_sample_in_pieces_under_a_cap(tmp_pat
         Xa, ya, _ = st.read_range(0, st.n_samples)
         cap = 4 * m0_cap * sample_row_bytes(st)
     Xa = np.asarray(Xa.toarray() if sparse else Xa, float)
-    for truncated, init_sample in [(True, n_sample), (False, n_sample), (True, n_sample + 1)]:
+    for truncated, init_sample, sample_eps in [
+            (True, n_sample, 0.05), (True, n_sample + 1, 0.0),   # pieces
+            (False, n_sample, 0.0), (True, n_sample + 1, 0.05)]:  # the sample the cap holds
         cfg = IBCDConfig(C=1.0, eps=1e-3, init_sample=init_sample, init_iters=5000,
-                         s=1.0 if truncated else None)
+                         s=1.0 if truncated else None, sample_eps=sample_eps)
         with open_store(tmp_path / "s", memory=cap) as st:
             m0, (w, rows, Xs, ys, alpha) = sample_start(st, cfg, np.random.default_rng(5),
                                                          held)
@@ -648,7 +650,8 @@ def test_a_truncated_start_solves_its_whole_sample_in_pieces_under_a_cap(tmp_pat
         assert m0 == m0_cap
         assert np.all(np.diff(rows) > 0) and np.all(alpha > 0)
         # the sample as drawn (sample_start's draw)
-        pieces = truncated and init_sample == n_sample
+        pieces = truncated and (init_sample == n_sample or sample_eps == 0)
+        # (n_sample + 1 rows read 5 times are more than a tenth of the n rows)
         sample = np.sort(np.random.default_rng(5).choice(
             n, init_sample if pieces else m0, replace=False))
         assert np.isin(rows, sample).all()
@@ -666,4 +669,4 @@ def test_a_truncated_start_solves_its_whole_sample_in_pieces_under_a_cap(tmp_pat
                         np.ones((rows.size, 1))])
         np.testing.assert_allclose(w, Xr.T @ (alpha * ys), rtol=1e-6, atol=1e-8)
         if pieces:
-            assert r0 >= n_sample  # every row of the sample was read
+            assert r0 >= init_sample  # every row of the sample was read

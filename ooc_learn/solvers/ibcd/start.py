@@ -36,9 +36,10 @@ def sample_start(store, cfg, rng, holdout, *, solve: bool = True):
     convex loss the sample is at most ``m0`` rows: w_0 only starts the search for the one
     optimum. With the truncated loss, w_0 picks the local optimum the outer iterations reach,
     so the sample is ``init_sample`` rows whatever the cap, solved in pieces where it holds
-    fewer (:func:`_solve_in_pieces`), unless reading the sample PIECE_PASSES times would read
-    more than a tenth of the store (a sample that is a large part of a small store: the
-    sampled rule reads about that much in all); measured in ``docs/bench-log.md``,
+    fewer (:func:`_solve_in_pieces`), unless the sampled rule stops the run and reading the
+    sample PIECE_PASSES times would read more than a tenth of the store (a sample that is a
+    large part of a small store: that rule reads about that much in all, where the exact stop
+    reads the store at least once an outer iteration); measured in ``docs/bench-log.md``,
     2026-11-27.
     """
     a, z, mask = holdout
@@ -49,7 +50,9 @@ def sample_start(store, cfg, rng, holdout, *, solve: bool = True):
     if not store.budget.try_reserve(2 * m0 * row_bytes):
         m0 = int(max(100, min(m0, store.budget.available // (2 * row_bytes))))
         store.budget.reserve(2 * m0 * row_bytes, "IBCD initial sample")
-    if not cfg.truncated or PIECE_PASSES * m_all > n_train // 10:
+    # the exact stop reads the store once an outer iteration at the least; the sampled rule
+    # may read a tenth of it in all
+    if not cfg.truncated or (cfg.sample_eps > 0 and PIECE_PASSES * m_all > n_train // 10):
         m_all = m0
     try:
         return m0, (_solve_sample(store, cfg, rng, m0, m_all, holdout) if solve else None)
