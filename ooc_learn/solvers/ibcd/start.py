@@ -8,6 +8,7 @@ from ooc_learn.storage.arrays import kernel_args, stack_rows
 from ooc_learn.storage.errors import ParameterError
 
 from .. import _kernels as K
+from .._common import margins
 from ..dcd import solve_dcd
 from .rows import row_sqn
 
@@ -68,26 +69,22 @@ def _solve_sample(store, cfg, rng, m0, m_all, holdout):
     else:
         sample = rng.choice(np.flatnonzero(~mask), m_all, replace=False)
     seed = int(rng.integers(1 << 31))
-    if m_all > m0:
-        return _solve_in_pieces(store, cfg, sample, m0, seed)
-    sample.sort()
-    Xs, ys, _ = store.gather(sample, whole_blocks=False)
-    ys = ys.astype(np.float64)
-    # init_iters passes: w_0 only starts the search, so no warning when they end it
-    res0 = solve_dcd(Xs, ys, loss=cfg.loss, C=cfg.C, bias=cfg.bias, eps=cfg.eps,
-                     max_iter=cfg.init_iters, seed=seed, warn=False)
-    sv = np.flatnonzero(res0.alpha > 0)
-    return res0.w.copy(), sample[sv], Xs[sv], ys[sv], res0.alpha[sv]
+    # a sample the cap holds is one piece, solved once
+    return _solve_in_pieces(store, cfg, sample, m0, seed,
+                            max_passes=PIECE_PASSES if m_all > m0 else 1)
 
 
 def _solve_in_pieces(store, cfg, sample, m0, seed, max_passes: int = PIECE_PASSES):
-    """The sample's problem where the cap holds ``m0`` < its rows at once, by chunking
-    (Osuna et al. 1997): the support vectors so far plus the next piece of the sample are
+    """The sample's problem, ``m0`` rows at once, by chunking (Osuna et al. 1997; a sample
+    of at most ``m0`` rows is one piece): the support vectors so far plus the next piece of
+    the sample are
     solved by dual CD (their alphas the warm start), piece after piece; passes after the
     first add only the rows of each piece that violate at the current w, until a pass adds
     none (the sample's own solution, to dual CD's eps) or after ``max_passes``. A piece takes
     what the support vectors leave of ``m0``; the passes end early where that is less than a
-    quarter of it. Returns what :func:`_solve_sample` returns, the rows in store order."""
+    quarter of it. Returns ``(w_0, rows, X, y, alpha)`` of the support vectors, the rows in
+    store order. (init_iters passes a solve: w_0 only starts the search, so no warning when
+    they end it.)"""
     rows = np.empty(0, np.int64)
     X = y = alpha = w = None
     sample = np.sort(sample)
@@ -125,8 +122,6 @@ def _violators(store, cfg, sample, pos, held, w, room):
     whose margin at ``w`` is below 1 - eps (their alpha = 0 violates the optimality
     conditions by more than dual CD's tolerance), up to ``room`` of them. Returns ``(rows, X,
     y, next_pos)``."""
-    from .._common import margins
-
     while pos < sample.size:
         part = sample[pos:pos + room]
         part = part[~np.isin(part, held)]
