@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .._prefetch import PREFETCH_AHEAD, prefetch_row
+
 # learner kinds: the only place these codes are defined
 PEGASOS = 0
 LSQSGD = 1
@@ -198,8 +200,11 @@ def _update_row(kind, state, d, Xd, indptr, indices, data, is_csr, i, yi):
 @njit(cache=True, nogil=True)
 def update_rows(kind, state, d, Xd, indptr, indices, data, is_csr, y, order):
     """Feed rows ``order[0], order[1], ...`` to the model in ``state`` (in place)."""
-    for r in range(order.shape[0]):
+    m = order.shape[0]
+    for r in range(m):
         i = order[r]
+        if r + PREFETCH_AHEAD < m:  # a shuffled order: ask for the row ahead
+            prefetch_row(Xd, indptr, indices, data, is_csr, order[r + PREFETCH_AHEAD])
         _update_row(kind, state, d, Xd, indptr, indices, data, is_csr, i, np.float64(y[i]))
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .._prefetch import PREFETCH_AHEAD, prefetch_row
+
 # reassociation lets LLVM vectorise the row dot products; no other fast-math flag: the kernels
 # compare against +-inf (shrinking bounds, the unbounded alpha of the squared hinge), which
 # 'ninf' would let the compiler assume away
@@ -122,6 +124,8 @@ def dcd_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
     s = 0
     while s < active_size:
         i = index[s]
+        if s + PREFETCH_AHEAD < active_size:
+            prefetch_row(Xd, indptr, indices, data, sparse, index[s + PREFETCH_AHEAD])
         yi = 1.0 if y[i] > 0 else -1.0
         n_visits += 1
         # x_i^T w written out here: through row_dot the visit costs more
@@ -254,6 +258,8 @@ def svr_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, active_siz
     s = 0
     while s < active_size:
         i = index[s]
+        if s + PREFETCH_AHEAD < active_size:
+            prefetch_row(Xd, indptr, indices, data, sparse, index[s + PREFETCH_AHEAD])
         n_visits += 1
         acc = bias * w[nf]  # x_i^T w written out, as in dcd_epoch
         if sparse:
@@ -396,6 +402,8 @@ def pegasos_pass(Xd, indptr, indices, data, sparse, bias, y, index, v, scale, t,
     b2 = bias * bias
     for k in range(m):
         i = index[k]
+        if k + PREFETCH_AHEAD < m:
+            prefetch_row(Xd, indptr, indices, data, sparse, index[k + PREFETCH_AHEAD])
         yi = 1.0 if y[i] > 0 else -1.0
         eta = 1.0 / (lam * t)
         z = yi * scale * row_dot(Xd, indptr, indices, data, sparse, bias, i, v)
@@ -449,8 +457,11 @@ def cocoa_epoch(Xd, indptr, indices, data, sparse, bias, y, sqn, index, alpha, w
     b2 = bias * bias
     d = w_loc.shape[0] - 1
     n_updates = 0
-    for s in range(index.shape[0]):
+    m = index.shape[0]
+    for s in range(m):
         i = index[s]
+        if s + PREFETCH_AHEAD < m:
+            prefetch_row(Xd, indptr, indices, data, sparse, index[s + PREFETCH_AHEAD])
         yi = 1.0 if y[i] > 0 else -1.0
         acc = bias * w_loc[d]
         if sparse:
