@@ -56,9 +56,13 @@ MIN_WORKING_BYTES = 8 << 20
 # A process budget reads its RSS at most this often (seconds; a reading is one small read of
 # /proc/self/statm)
 RSS_PERIOD = 0.005
-# ... and keeps this much of the cap free of it: the temporaries of one step (a block's
-# margins, a fetch's parts) that are made without a reservation
+# ... and keeps this much of the cap free of it, or 1/RSS_HEADROOM_SHARE of the cap where that
+# is more: the temporaries of one step (a block's margins, a fetch's parts, a selection's
+# copy) that are made without a reservation, which grow with the chunks and so with the cap
+# (8 MiB alone let the IBCD exact stop's peak reach 769 MiB under --memory 768M in 1 of 4
+# runs; bench-log 2026-11-27)
 RSS_HEADROOM = 8 << 20
+RSS_HEADROOM_SHARE = 64
 # the RSS's lesson (see MemoryBudget._learn_fixed) falls by half in this many seconds once the
 # RSS no longer shows it
 LESSON_HALF_LIFE = 2.0
@@ -230,7 +234,7 @@ class MemoryBudget:
                 self._skip_learn = False
             else:
                 self._learn_fixed()
-        return self.cap - self._rss - self._since_rss - RSS_HEADROOM
+        return self.cap - self._rss - self._since_rss - self.rss_headroom
 
     def _learn_fixed(self) -> None:
         """Move what the process holds beyond its account from the working share to the fixed
@@ -259,6 +263,11 @@ class MemoryBudget:
     def _free_now(self) -> float:
         free = self.limit - self._used
         return min(free, self._rss_room()) if self._watch_rss else free
+
+    @property
+    def rss_headroom(self) -> int:
+        """What the RSS must leave free of the cap for unreserved temporaries."""
+        return max(RSS_HEADROOM, self.cap // RSS_HEADROOM_SHARE)
 
     @property
     def cap(self) -> int:

@@ -157,7 +157,7 @@ def test_a_release_shows_in_the_rss_room_only_once_a_reading_shows_it(monkeypatc
     clock = [B.time.monotonic()]  # no periodic reading unless the clock moves
     monkeypatch.setattr(B.time, "monotonic", lambda: clock[0])
     b = MemoryBudget.for_process(B.current_rss_bytes() + (400 << 20), late_load=0)
-    state = b.limit - (100 << 20) - B.RSS_HEADROOM
+    state = b.limit - (100 << 20) - b.rss_headroom
     b.reserve(state, "the run's state")
     rss = [b.fixed + state]                             # the RSS holds what the account says
     monkeypatch.setattr(B, "current_rss_bytes", lambda: rss[0])

@@ -218,7 +218,7 @@ def test_iter_chunks_shrinks_its_ranges_to_what_the_rss_leaves(tmp_path, rng, mo
         Xall = store.read_range(0, store.n_samples)[0]
         row = store.estimated_bytes(1)
         monkeypatch.setattr(B, "current_rss_bytes",
-                            lambda: budget.cap - B.RSS_HEADROOM - 60 * row)
+                            lambda: budget.cap - budget.rss_headroom - 60 * row)
         budget._rss_at = -float("inf")
         assert budget.limit - budget.used > 100_000 * row  # the account alone would grant
         parts = [Xc for _, Xc, _, _ in store.iter_chunks(100)]
