@@ -290,6 +290,33 @@ def test_cocoa_survives_a_shard_that_loses_its_alphas(client, sparse_store):
     assert abs(_primal(sparse_store, m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
 
 
+def test_cocoa_keeps_the_surviving_shards_moves_when_one_shard_is_lost(client, sparse_store):
+    """One shard of two loses its alphas: the other's move in that round stays in w (its
+    alphas moved), so w remains the sum of the shards' parts: every dual stays below the
+    optimum (weak duality) and the run ends there."""
+    from ooc_learn.solvers import cocoa
+
+    ref = train(sparse_store, solver="dcd", loss="sqhinge", eps=1e-6, max_outer=100)
+    p_ref = _primal(sparse_store, ref, 1.0, "sqhinge")
+    seen = []
+
+    def forget_shard_0():
+        for key in [k for k in cocoa._STATE if k[1] == 0]:
+            cocoa._STATE.pop(key).close()
+
+    def forget(info):
+        seen.append(info["round"])
+        if len(seen) in (2, 5):
+            client.run(forget_shard_0)
+
+    m = cocoa.train_cocoa(sparse_store, client, shards=2, loss="sqhinge", eps=1e-3, epochs=5,
+                          max_rounds=400, on_round=forget, working_set=False)
+    st = m.meta["stats"]
+    assert st["converged"] and st["shards_lost"] == 2
+    assert max(st["duals"]) <= p_ref * (1 + 1e-9)
+    assert abs(_primal(sparse_store, m, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
+
+
 def test_a_store_the_workers_cannot_see_is_refused_before_any_task(client, stores, tmp_path):
     from ooc_learn.distributed import check_store_visible
     from ooc_learn.storage.errors import ParameterError

@@ -461,6 +461,12 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
                 w_parts[p] = 0.0
                 fresh[p] = True
             if lost:
+                # the others moved their alphas in this round: their dw joins w, which stays
+                # the sum of every shard's part (the dual of the gap is D(alpha) at that w)
+                for p, o in enumerate(outs):
+                    if p not in lost:
+                        w_parts[p] += o["dw"]
+                w = w_parts.sum(axis=0)
                 full = True
                 continue
             fresh = [False] * k
