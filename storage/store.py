@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from .arrays import Slicer, rows_nbytes, rows_one_by_one, run_bounds
+from .arrays import Slicer, open_random, rows_nbytes, rows_one_by_one, run_bounds
 from .budget import MemoryBudget
 from .cache import LRUCache
 from .errors import (BudgetExceededError, ClosedError, IndexStateError, ParameterError,
@@ -140,8 +140,10 @@ class Store:
         # row slices straight from the file where a dataset is plain contiguous bytes (the
         # writer's layout); h5py otherwise
         self._fd = os.open(data, os.O_RDONLY) if hasattr(os, "preadv") else None
+        self._fd_small = None
         if self._fd is not None:
-            self._ds = {k: Slicer.of(self._fd, v) for k, v in self._ds.items()}
+            self._fd_small = open_random(data)
+            self._ds = {k: Slicer.of(self._fd, v, self._fd_small) for k, v in self._ds.items()}
         # shared with every other view of this file under this budget (_acquire_block_cache):
         # entries keep the stored labels; a one-vs-rest view maps them as they leave
         self._cache, self._cache_key = _acquire_block_cache(self.budget, data,
@@ -264,9 +266,10 @@ class Store:
         self._closed = True
         _release_block_cache(self.budget, self._cache_key, self._cache)
         self._file.close()
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
-            self._fd = None
+        for name in ("_fd", "_fd_small"):
+            if getattr(self, name, None) is not None:
+                os.close(getattr(self, name))
+                setattr(self, name, None)
 
     def __enter__(self):
         return self

@@ -107,7 +107,7 @@ def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse, memory, reade
     if reader == "h5py":  # datasets h5py must read (chunked or compressed ones)
         from ooc_learn.storage.arrays import Slicer
 
-        monkeypatch.setattr(Slicer, "of", classmethod(lambda cls, fd, ds: ds))
+        monkeypatch.setattr(Slicer, "of", classmethod(lambda cls, fd, ds, fd_small=None: ds))
     X, y = make_data(rng, n=3000, sparse=sparse)
     ingest_arrays(X, y, tmp_path / "s", n_blocks=5).close()
     with open_store(tmp_path / "s", memory=memory) as store:
@@ -179,6 +179,31 @@ def test_iter_chunks_covers_the_store_in_order(tmp_path, rng, sparse, memory):
         assert np.array_equal(np.concatenate([p[2] for p in parts]), idall)
         # a small cap reads ranges of at most 100 rows, never whole 500-row blocks
         assert (max(p[0].shape[0] for p in parts) <= 100) == (memory is not None)
+
+
+def test_small_reads_go_through_the_descriptor_without_read_ahead(tmp_path, rng, monkeypatch):
+    """A query's few rows are read through the store's second descriptor (no read-ahead),
+    a scan's chunk of at least SMALL_READ bytes through the first; both give the rows."""
+    import ooc_learn.storage.arrays as A
+    X, y = make_data(rng, n=3000, d=200)  # 800 bytes a row: 1311 rows make SMALL_READ
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=1).close()
+    with open_store(tmp_path / "s") as store:
+        assert store._fd_small not in (None, store._fd)
+        used = []
+        real = os.preadv
+
+        def preadv(fd, bufs, offset):
+            used.append(fd)
+            return real(fd, bufs, offset)
+
+        monkeypatch.setattr(A.os, "preadv", preadv)
+        Xc, _, ids = store.read_range(0, 3000)
+        assert np.array_equal(Xc, X[ids].astype(np.float32))
+        assert store._fd in used  # the rows' matrix (2.4 MB); the labels are small
+        used.clear()
+        Xr, _ = store.read_rows(np.array([5, 900, 2500]))
+        assert np.array_equal(Xr, Xc[[5, 900, 2500]])
+        assert set(used) == {store._fd_small}
 
 
 def test_iter_chunks_shrinks_its_ranges_to_what_the_cap_holds(tmp_path, rng):
