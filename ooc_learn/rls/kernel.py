@@ -58,18 +58,31 @@ def _as64(X):
     return np.ascontiguousarray(X, dtype=np.float64)
 
 
+# _cross takes XA's rows in float64 a slice at a time, so that copy stays this size whatever
+# the caller's chunk: the callers reserve the (rows, n) result and their own temporaries, and
+# the copy grows with the features, not with n (whole, a 8,388-row chunk of 784 features was
+# 53 MB beside the reservations: sparse RLS's LOO under --memory 768M peaked at 787 MiB
+# under a memory watcher; bench-log, 2026-11-27)
+CROSS_SLICE_BYTES = 4 << 20
+
+
 def _cross(XA, XB) -> np.ndarray:
     """Dense float64 ``XA @ XB.T`` for any mix of dense / CSR operands."""
-    A, B = _as64(XA), _as64(XB)
-    if sp.issparse(A) and sp.issparse(B):
-        out = (A @ B.T).toarray()
-    elif sp.issparse(A):
-        out = np.asarray(A @ B.T)
-    elif sp.issparse(B):
-        out = np.asarray((B @ A.T).T)
-    else:
-        out = A @ B.T
-    return np.ascontiguousarray(out, dtype=np.float64)
+    B = _as64(XB)
+    m = XA.shape[0]
+    out = np.empty((m, XB.shape[0]), dtype=np.float64)
+    step = max(1, CROSS_SLICE_BYTES // (8 * max(int(XA.shape[1]), 1)))
+    for a in range(0, m, step):
+        A = _as64(XA[a:a + step])
+        if sp.issparse(A) and sp.issparse(B):
+            out[a:a + step] = (A @ B.T).toarray()
+        elif sp.issparse(A):
+            out[a:a + step] = A @ B.T
+        elif sp.issparse(B):
+            out[a:a + step] = (B @ A.T).T
+        else:
+            np.matmul(A, B.T, out=out[a:a + step])
+    return out
 
 
 def kernel_block(XA, XB, spec: KernelSpec, gamma: float, *, sqA=None, sqB=None) -> np.ndarray:

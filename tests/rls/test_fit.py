@@ -164,3 +164,29 @@ def test_not_positive_definite_even_with_shift():
     # linear kernel on all-zero rows: K_BB = 0 and jitter 0 leaves nothing to factor
     with pytest.raises(UsageError, match="not positive definite.*jitter"):
         SparseRLS(kernel="linear", n_basis=5, jitter=0.0).fit(X, y)
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr", "csr-basis"])
+@pytest.mark.parametrize("kernel", ["rbf", "linear"])
+def test_kernel_block_in_row_slices_equals_the_whole_product(monkeypatch, layout, kernel):
+    """The cross term is taken a slice of rows at a time (its float64 copy bounded): with
+    slices of 3 rows the block equals the one-product definition."""
+    import scipy.sparse as sp
+
+    import ooc_learn.rls.kernel as RK
+
+    rng = np.random.default_rng(3)
+    XA = rng.standard_normal((20, 6)).astype(np.float32)
+    XB = rng.standard_normal((7, 6)).astype(np.float32)
+    A64, B64 = XA.astype(np.float64), XB.astype(np.float64)
+    G = A64 @ B64.T
+    sq = (A64 ** 2).sum(1)[:, None] + (B64 ** 2).sum(1)[None, :] - 2 * G
+    want = G if kernel == "linear" else np.exp(-0.3 * sq)
+    if layout == "csr":
+        XA = sp.csr_matrix(XA)
+    elif layout == "csr-basis":
+        XB = sp.csr_matrix(XB)
+    monkeypatch.setattr(RK, "CROSS_SLICE_BYTES", 3 * 8 * 6)  # 3 rows a slice
+    got = RK.kernel_block(XA, XB, RK.KernelSpec(kernel), 0.3)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    assert got.flags.c_contiguous and got.dtype == np.float64
