@@ -267,16 +267,10 @@ def peer_rls(args) -> dict:
                           seed=args.seed).fit(st)
         fit = time.perf_counter() - t0
         fit_rss = peak_rss_bytes()          # the fit's own peak, before the checks below
-        # the test set is this script's array, held beside the engine's: reserved from the
-        # same budget while it is held (as a user of the API under a process cap would),
-        # and let go before the LOO
-        test_bytes = os.path.getsize(args.test)
-        with budget.reservation(test_bytes, "the benchmark's test set"):
-            Xt, yt = _test_arrays(args.test)
-            dec = np.concatenate([np.asarray(model.predict(Xt[a:a + 1000])).ravel()
-                                  for a in range(0, Xt.shape[0], 1000)])
-            acc = float(np.mean(np.where(dec > 0, 1.0, -1.0) == yt))
-            del Xt, yt, dec
+        Xt, yt = _test_arrays(args.test)
+        dec = np.concatenate([np.asarray(model.predict(Xt[a:a + 1000])).ravel()
+                              for a in range(0, Xt.shape[0], 1000)])
+        acc = float(np.mean(np.where(dec > 0, 1.0, -1.0) == yt))
         out = {"test_accuracy": acc, "fit_seconds": fit, "kernel": args.rls_kernel,
                "n_basis": args.rls_basis, "lam": args.rls_lam,
                "rows_read": model.stats_.get("rows_read"), "stats": model.stats_,
