@@ -140,9 +140,12 @@ class Store:
         # row slices straight from the file where a dataset is plain contiguous bytes (the
         # writer's layout); h5py otherwise
         self._fd = os.open(data, os.O_RDONLY) if hasattr(os, "preadv") else None
+        # and a second one without read-ahead for the small scattered reads (open_random),
+        # where the platform can advise it
         self._fd_small = None
         if self._fd is not None:
-            self._fd_small = open_random(data)
+            if hasattr(os, "posix_fadvise"):
+                self._fd_small = open_random(data)
             self._ds = {k: Slicer.of(self._fd, v, self._fd_small) for k, v in self._ds.items()}
         # shared with every other view of this file under this budget (_acquire_block_cache):
         # entries keep the stored labels; a one-vs-rest view maps them as they leave

@@ -58,11 +58,12 @@ def _as64(X):
     return np.ascontiguousarray(X, dtype=np.float64)
 
 
-# _cross takes XA's rows in float64 a slice at a time, so that copy stays this size whatever
-# the caller's chunk: the callers reserve the (rows, n) result and their own temporaries, and
-# the copy grows with the features, not with n (whole, a 8,388-row chunk of 784 features was
-# 53 MB beside the reservations: sparse RLS's LOO under --memory 768M peaked at 787 MiB
-# under a memory watcher; bench-log, 2026-11-27)
+# _cross takes XA's rows in float64 a slice at a time, so that copy stays about this size
+# whatever the caller's chunk: the callers reserve the (rows, n) result and their own
+# temporaries, and the copy grows with a row's stored values (the features of a dense row,
+# the entries of a CSR row), not with n (whole, a 8,388-row chunk of 784 features was 53 MB
+# beside the reservations: sparse RLS's LOO under --memory 768M peaked at 787 MiB under a
+# memory watcher; bench-log, 2026-11-27)
 CROSS_SLICE_BYTES = 4 << 20
 
 
@@ -71,7 +72,8 @@ def _cross(XA, XB) -> np.ndarray:
     B = _as64(XB)
     m = XA.shape[0]
     out = np.empty((m, XB.shape[0]), dtype=np.float64)
-    step = max(1, CROSS_SLICE_BYTES // (8 * max(int(XA.shape[1]), 1)))
+    stored = XA.nnz / max(m, 1) if sp.issparse(XA) else XA.shape[1]  # values a row
+    step = max(1, int(CROSS_SLICE_BYTES // (8 * max(stored, 1))))
     for a in range(0, m, step):
         A = _as64(XA[a:a + step])
         if sp.issparse(A) and sp.issparse(B):
