@@ -233,6 +233,18 @@ def test_rows_frozen_at_C_leave_S_and_the_answer_is_optimal_on_all_rows(tmp_path
         Xs = Xs.toarray() if sparse else Xs
         w = (res.sv_alpha * ys) @ np.c_[Xs, np.ones(len(ys))]
         assert np.allclose(w, res.w, atol=1e-5 * np.abs(res.w).max())
+        # S's rows here are far below the CPU's cache: its rows at alpha = 0 stay (24-48 %
+        # of S at the stop); past prune_bytes they leave after every solve, and the answer
+        # is as optimal
+        assert s["active_set"] - (s["n_sv"] - s["frozen_rows"]) > 0.1 * s["active_set"]
+        pruned = solve_ibcd(store, C=0.1, n=200, eps=0.01, init_sample=500, seed=1,
+                            freeze_margin=0.2, prune_bytes=0)
+        p = pruned.stats
+        assert p["active_set"] - (p["n_sv"] - p["frozen_rows"]) <= 0.05 * p["active_set"]
+        assert p["pruned"] > s["pruned"] and p["active_set"] < s["active_set"]
+        viol = full_kkt_violation(store, pruned.w, pruned.sv_rows, pruned.sv_alpha, C=0.1)
+        assert p["S_converged"] and viol < 0.02, viol
+        assert p["objective"] == pytest.approx(kept.stats["objective"], rel=1e-3)
 
 
 def test_spilling_removes_the_folders_of_killed_runs_only(tmp_path, rng):

@@ -419,6 +419,11 @@ class ActiveSet:
     def nbytes(self) -> int:
         return self._reserved
 
+    def row_bytes(self) -> int:
+        """Bytes of S's rows (values, and a CSR row's column indices): what a pass of dual
+        CD over S reads."""
+        return 8 * self.nnz if self.sparse else 4 * self.d * self.m
+
 
 def _range_bytes(sparse: bool, d: int, indptr: np.ndarray, a: int, b: int) -> int:
     """Bytes the rows a:b take in memory once read (CSR: values, indices and offsets)."""

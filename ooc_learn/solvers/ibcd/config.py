@@ -7,7 +7,10 @@ defaults are in ``docs/bench-log.md``; this module says what each one is.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import glob
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +90,13 @@ class IBCDConfig:
         y w^T x < 1 - freeze_margin leaves S with its alpha (frozen at C, kept in w). Every
         scan of the check examines it again and brings it back where y w^T x > 1 (its alpha
         would fall); ``inf`` freezes none (margin units).
+    prune_bytes : int or None
+        A freezing run whose S holds more than this many bytes of rows also drops S's rows
+        at alpha = 0 with y w^T x >= 1 after every solve (a pass of dual CD then streams S
+        from memory, and the scan that follows examines those rows anyway); below it they
+        stay until S doubles (on the small stores measured, the pruned rows came back and
+        cost more checks than the passes saved). None: the CPU's last-level cache (32 MiB
+        where the system does not say); 0: always (bytes).
 
     The index's queries and the choice between query and scan
     ---------------------------------------------------------
@@ -166,6 +176,7 @@ class IBCDConfig:
     check_growth: float = 1.0
     check_sample: float = 2.0
     freeze_margin: float = 0.2
+    prune_bytes: int | None = None
     # queries, and query or scan
     query_share: float = 0.05
     min_precision: float = 0.05
@@ -212,9 +223,33 @@ class IBCDConfig:
                 and self.block_solver == "dual" and math.isfinite(self.freeze_margin))
 
     @property
+    def prune_above(self) -> int:
+        """``prune_bytes``, with None read as the CPU's last-level cache."""
+        return last_level_cache_bytes() if self.prune_bytes is None else int(self.prune_bytes)
+
+    @property
     def frozen_alpha(self) -> float:
         """A frozen row's alpha: the hinge's upper bound U = C."""
         return float(self.C)
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The largest CPU data cache of this machine in bytes (Linux sysfs), 32 MiB where the
+    system does not say."""
+    sizes = []
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "type")) as fh:
+                if fh.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(d, "size")) as fh:
+                txt = fh.read().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+            sizes.append(int(txt.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else 32 << 20
 
 
 def _int(lo):
@@ -257,6 +292,8 @@ _RULES = [
     ("check_growth", _num(0, open_lo=True), "Try 1."),
     ("check_sample", _num(0), "Try 2; 0 reads every row at every check."),
     ("freeze_margin", _num(0, inf_ok=True), "Try 0.2; inf freezes no row."),
+    ("prune_bytes", lambda v: v is None or _int(0)(v),
+     "None takes the CPU's last-level cache."),
     ("query_share", _num(0), "Try 0.05."),
     ("min_precision", _num(0, hi=1), "Try 0.05."),
     ("dense_query", _num(0, hi=1), "Try 0.4."),
@@ -285,7 +322,7 @@ _WANT = {
                                  "pool_share", "spilled_rounds", "spilled_final_rounds",
                                  "spilled_stall", "spilled_window_iters",
                                  "spilled_resolve_rounds")},
-    "seed": "an int >= 0", "bias": "a finite number",
+    "seed": "an int >= 0", "bias": "a finite number", "prune_bytes": "an int >= 0 or None",
 }
 for _name, _, _ in _RULES:
     _WANT.setdefault(_name, ">= 0")

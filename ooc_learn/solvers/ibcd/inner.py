@@ -308,9 +308,12 @@ class InnerLoop:
 
     def freeze(self) -> None:
         """After a solve of S, the rows it left at alpha = C far inside the margin leave S
-        frozen (where the run freezes; the scan that follows examines them again)."""
-        if self.st.frozen is not None:
-            prune_inactive(self.st, inactive=False)
+        frozen (where the run freezes; the scan that follows examines them again), and, where
+        S's rows outgrow ``IBCDConfig.prune_bytes``, so do its rows at alpha = 0 with
+        y w^T x >= 1."""
+        st = self.st
+        if st.frozen is not None:
+            prune_inactive(st, inactive=st.S.row_bytes() > self.cfg.prune_above)
             self.r = 0
 
     # ---- S --------------------------------------------------------------------------------
