@@ -1,4 +1,5 @@
-"""This process's memory: RSS readings, memory handed back to the OS, dead runs' temporaries.
+"""This process's memory: RSS readings, memory handed back to the OS, dead runs' temporaries;
+and the machine's largest CPU cache.
 
 RSS readings feed the memory budget, ``--json`` output and benchmarks; the release helpers
 keep RSS close to what is alive (glibc's allocator retention, free heap pages, the compiler's
@@ -7,6 +8,8 @@ code pages); :func:`remove_dead_owned` removes what killed runs left behind.
 
 from __future__ import annotations
 
+import functools
+import glob
 import os
 import resource
 import sys
@@ -181,3 +184,22 @@ def remove_dead_owned(folder, prefix: str) -> None:
                 p.unlink()
             except OSError:
                 pass
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The largest CPU data cache of this machine in bytes (Linux sysfs), 32 MiB where the
+    system does not say."""
+    sizes = []
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "type")) as fh:
+                if fh.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(d, "size")) as fh:
+                txt = fh.read().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+            sizes.append(int(txt.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else 32 << 20

@@ -420,9 +420,8 @@ class ActiveSet:
         return self._reserved
 
     def row_bytes(self) -> int:
-        """Bytes of S's rows (values, and a CSR row's column indices): what a pass of dual
-        CD over S reads."""
-        return 8 * self.nnz if self.sparse else 4 * self.d * self.m
+        """Bytes of S's rows in memory: what a pass of dual CD over S reads."""
+        return _range_bytes(self.sparse, self.d, self.indptr, 0, self.m)
 
 
 def _range_bytes(sparse: bool, d: int, indptr: np.ndarray, a: int, b: int) -> int:

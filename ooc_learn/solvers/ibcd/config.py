@@ -7,15 +7,13 @@ defaults are in ``docs/bench-log.md``; this module says what each one is.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import glob
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.resources import last_level_cache_bytes
 
 __all__ = ["IBCDConfig"]
 
@@ -231,25 +229,6 @@ class IBCDConfig:
     def frozen_alpha(self) -> float:
         """A frozen row's alpha: the hinge's upper bound U = C."""
         return float(self.C)
-
-
-@functools.lru_cache(maxsize=1)
-def last_level_cache_bytes() -> int:
-    """The largest CPU data cache of this machine in bytes (Linux sysfs), 32 MiB where the
-    system does not say."""
-    sizes = []
-    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(os.path.join(d, "type")) as fh:
-                if fh.read().strip() == "Instruction":
-                    continue
-            with open(os.path.join(d, "size")) as fh:
-                txt = fh.read().strip().upper()
-            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
-            sizes.append(int(txt.rstrip("KMG")) * mult)
-        except (OSError, ValueError):
-            continue
-    return max(sizes) if sizes else 32 << 20
 
 
 def _int(lo):
