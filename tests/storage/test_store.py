@@ -107,7 +107,7 @@ def test_gather_returns_rows_in_order_given(tmp_path, rng, sparse, memory, reade
     if reader == "h5py":  # datasets h5py must read (chunked or compressed ones)
         from ooc_learn.storage.arrays import Slicer
 
-        monkeypatch.setattr(Slicer, "of", classmethod(lambda cls, fd, ds, fd_small=None: ds))
+        monkeypatch.setattr(Slicer, "of", classmethod(lambda cls, fd, ds, *fds: ds))
     X, y = make_data(rng, n=3000, sparse=sparse)
     ingest_arrays(X, y, tmp_path / "s", n_blocks=5).close()
     with open_store(tmp_path / "s", memory=memory) as store:
@@ -204,6 +204,86 @@ def test_small_reads_go_through_the_descriptor_without_read_ahead(tmp_path, rng,
         Xr, _ = store.read_rows(np.array([5, 900, 2500]))
         assert np.array_equal(Xr, Xc[[5, 900, 2500]])
         assert set(used) == {store._fd_small}
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_large_reads_bypass_the_page_cache_where_asked_and_equal_buffered_ones(
+        tmp_path, rng, monkeypatch, sparse):
+    """direct=True: a read of SMALL_READ bytes or more goes through the O_DIRECT descriptor
+    (the aligned range around it, the rows a view of it), a small one does not; every read
+    equals the buffered store's, at any start, to the file's last row."""
+    import ooc_learn.storage.arrays as A
+    if sparse:
+        X = sp.random(3000, 800, density=0.2, random_state=1, format="csr", dtype=np.float32)
+        y = np.where(rng.random(3000) < 0.5, 1.0, -1.0)
+    else:
+        X, y = make_data(rng, n=3000, d=200)  # 800 bytes a row: 1311 rows make SMALL_READ
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=2, layout="csr" if sparse else "dense").close()
+    with open_store(tmp_path / "s", direct=True) as a, \
+            open_store(tmp_path / "s", direct=False) as b:
+        if a._fd_direct is None:
+            pytest.skip("this file system refuses O_DIRECT")
+        assert b._fd_direct is None
+        used = []
+        real = os.preadv
+
+        def preadv(fd, bufs, offset):
+            used.append((fd, offset % A.DIRECT_ALIGN, len(bufs[0]) % A.DIRECT_ALIGN))
+            return real(fd, bufs, offset)
+
+        monkeypatch.setattr(A.os, "preadv", preadv)
+        for lo, hi in [(0, 3000), (1, 2999), (7, 1700), (1499, 3000), (2999, 3000), (5, 9)]:
+            used.clear()
+            Xa, ya, ia = a.read_range(lo, hi)
+            direct = [u for u in used if u[0] == a._fd_direct]
+            assert all(u[1:] == (0, 0) for u in direct)  # offsets and lengths aligned
+            Xb, yb, ib = b.read_range(lo, hi)
+            big = (Xb.nnz * 4 if sparse else (hi - lo) * 800) >= A.SMALL_READ
+            assert bool(direct) == big, (lo, hi)
+            assert np.array_equal(dense(Xa), dense(Xb)) and np.array_equal(ya, yb)
+            assert np.array_equal(ia, ib)
+            assert np.array_equal(dense(Xa), dense(X)[ia].astype(np.float32))
+
+
+def test_a_store_larger_than_the_memory_left_is_read_past_the_page_cache(tmp_path, rng,
+                                                                          monkeypatch):
+    import ooc_learn.storage.measure as M
+    X, y = make_data(rng)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=2).close()
+    size = (tmp_path / "s" / "data.h5").stat().st_size
+    monkeypatch.setattr(M, "memory_headroom_bytes", lambda: size - 1)
+    with open_store(tmp_path / "s") as store:
+        from ooc_learn.storage.arrays import open_direct
+        fd = open_direct(tmp_path / "s" / "data.h5")
+        if fd is None:
+            pytest.skip("this file system refuses O_DIRECT")
+        os.close(fd)
+        assert store._fd_direct is not None
+    for room in (size, None):  # the page cache holds it, or the memory cannot be read
+        monkeypatch.setattr(M, "memory_headroom_bytes", lambda: room)
+        with open_store(tmp_path / "s") as store:
+            assert store._fd_direct is None
+
+
+def test_a_direct_read_past_the_end_of_a_truncated_file_names_the_row(tmp_path):
+    from ooc_learn.storage.arrays import Slicer, open_direct
+    from ooc_learn.storage.errors import StoreFormatError
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        f["X"] = np.arange(4000 * 300, dtype=np.float32).reshape(4000, 300)
+    fd = open_direct(path)
+    if fd is None:
+        pytest.skip("this file system refuses O_DIRECT")
+    try:
+        with h5py.File(path, "r") as f:
+            sl = Slicer.of(os.open(path, os.O_RDONLY), f["X"], None, fd)
+            assert np.array_equal(sl[100:3000], f["X"][100:3000])
+            os.truncate(path, sl.offset + 2000 * sl.row_bytes + 7)
+            with pytest.raises(StoreFormatError, match="ends before row 1000 .*truncated"):
+                sl[1000:4000]
+            os.close(sl.fd)
+    finally:
+        os.close(fd)
 
 
 def test_iter_chunks_shrinks_its_ranges_to_what_the_cap_holds(tmp_path, rng):
