@@ -95,7 +95,8 @@ class Store:
         could have now (:func:`~.measure.memory_headroom_bytes`). A pass over such a file
         evicts its own pages before the next pass comes back to them, and in a memory cgroup
         every buffered read first reclaims the cgroup's pages: on the issue-23 store in a
-        1 GiB cgroup, IBCD's scans read 1.1-1.5 GB/s buffered and 2.8 GB/s direct.
+        1 GiB cgroup, IBCD's scans read 1.1-1.5 GB/s buffered and 2.8 GB/s direct. The
+        environment's ``OOC_DIRECT_IO`` (auto, on, off) sets it for every store a run opens.
 
     Examples
     --------
@@ -123,6 +124,7 @@ class Store:
             raise StoreFormatError(
                 f"{self.path} is not an ooc-learn store (no {DATA_FILE} inside).",
                 "Create one with: ooc-ingest SOURCE -o STORE")
+        direct = _reads_direct(data, direct)  # before anything is opened: it may refuse
         try:
             # no chunk cache: the datasets are contiguous (every read goes straight to the
             # file), so HDF5's default 1 MiB per dataset would be memory outside the budget
@@ -153,7 +155,7 @@ class Store:
         if self._fd is not None:
             if hasattr(os, "posix_fadvise"):
                 self._fd_small = open_random(data)
-            if _reads_direct(data, direct):
+            if direct:
                 self._fd_direct = open_direct(data)
             self._ds = {k: Slicer.of(self._fd, v, self._fd_small, self._fd_direct)
                         for k, v in self._ds.items()}
@@ -765,8 +767,21 @@ def open_store(path, memory=None, *, positive=None, direct: bool | None = None) 
     return Store(path, memory=memory, positive=positive, direct=direct)
 
 
+#: OOC_DIRECT_IO, when ``direct`` is None: "auto" (the size rule), "1" / "on" or "0" / "off"
+_DIRECT_IO = {"auto": None, "": None, "1": True, "on": True, "0": False, "off": False}
+
+
 def _reads_direct(data: Path, direct: bool | None) -> bool:
-    """Whether the large reads of ``data`` bypass the page cache (see :class:`Store`)."""
+    """Whether the large reads of ``data`` bypass the page cache (see :class:`Store`); where
+    ``direct`` is None, the environment's ``OOC_DIRECT_IO`` may decide."""
+    if direct is None:
+        env = os.environ.get("OOC_DIRECT_IO", "auto").strip().lower()
+        if env not in _DIRECT_IO:
+            raise ParameterError(f"OOC_DIRECT_IO={os.environ['OOC_DIRECT_IO']!r} is not a "
+                                 "setting of direct reads.",
+                                 "Set it to auto (the default: direct where the store is "
+                                 "larger than the memory left), on or off.")
+        direct = _DIRECT_IO[env]
     if direct is not None:
         return bool(direct)
     from .measure import memory_headroom_bytes

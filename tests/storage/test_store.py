@@ -264,6 +264,38 @@ def test_a_store_larger_than_the_memory_left_is_read_past_the_page_cache(tmp_pat
         monkeypatch.setattr(M, "memory_headroom_bytes", lambda: room)
         with open_store(tmp_path / "s") as store:
             assert store._fd_direct is None
+    # OOC_DIRECT_IO overrides the rule for every store a run opens; an unknown value is refused
+    monkeypatch.setenv("OOC_DIRECT_IO", "on")
+    with open_store(tmp_path / "s") as store:
+        assert store._fd_direct is not None
+    monkeypatch.setattr(M, "memory_headroom_bytes", lambda: size - 1)
+    monkeypatch.setenv("OOC_DIRECT_IO", "OFF")
+    with open_store(tmp_path / "s") as store:
+        assert store._fd_direct is None
+    with open_store(tmp_path / "s", direct=True) as store:  # the argument wins
+        assert store._fd_direct is not None
+    from ooc_learn.storage.errors import ParameterError
+    monkeypatch.setenv("OOC_DIRECT_IO", "sometimes")
+    with pytest.raises(ParameterError, match="OOC_DIRECT_IO='sometimes'") as err:
+        open_store(tmp_path / "s")
+    assert "auto" in err.value.hint
+
+
+def test_a_bad_direct_io_setting_exits_2_naming_it(tmp_path, rng):
+    import subprocess
+    import sys
+    X, y = make_data(rng)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=2).close()
+    cmd = [sys.executable, "-c",
+           "import sys; from ooc_learn.cli import info_main; sys.exit(info_main())",
+           str(tmp_path / "s")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OOC_DIRECT_IO": "maybe"})
+    assert r.returncode == 2 and "OOC_DIRECT_IO='maybe'" in r.stderr, r.stderr
+    assert "auto" in r.stderr and "Traceback" not in r.stderr
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "OOC_DIRECT_IO": "off"})
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_a_direct_read_past_the_end_of_a_truncated_file_names_the_row(tmp_path):
