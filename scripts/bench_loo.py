@@ -9,8 +9,9 @@ kernel matrix asked for, whether or not the cache held them), kernel values actu
 Prec % (share of QP-solved rows where F < H fired first) and the speed-ups stopping/standard.
 The summary gives two averages of the wall speed-up: the mean of the cells' ratios, and Franc
 et al.'s (Table 3): per set, the standard's time summed over the C grid over the stopping
-rule's, then the mean over the sets. Times are the best of ``--repeat`` (3) runs (of more, up to 20, while a cell's runs take under
-a second in all: a 10 ms cell swings by more than the ratios it reports), JIT warm-up outside.
+rule's, then the mean over the sets. Times are the best of ``--repeat`` (3) runs (of more, up
+to 20, while a cell's runs take under a second in all: a 10 ms cell swings by more than the
+ratios it reports), JIT warm-up outside.
 """
 
 from __future__ import annotations

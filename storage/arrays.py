@@ -115,19 +115,19 @@ def open_direct(path) -> int | None:
     except OSError:
         return None
     try:
-        os.preadv(fd, [_aligned(DIRECT_ALIGN)[1]], 0)
+        raw, p = _aligned(DIRECT_ALIGN)
+        os.preadv(fd, [memoryview(raw)[p:p + DIRECT_ALIGN]], 0)
     except OSError:
         os.close(fd)
         return None
     return fd
 
 
-def _aligned(nbytes: int) -> tuple[np.ndarray, memoryview]:
-    """``(raw, buf)``: a fresh byte array and a view of ``nbytes`` of it that starts on a
-    DIRECT_ALIGN boundary."""
+def _aligned(nbytes: int) -> tuple[np.ndarray, int]:
+    """``(raw, p)``: a fresh byte array with room for ``nbytes`` from ``raw[p]`` on, the first
+    DIRECT_ALIGN boundary in it."""
     raw = np.empty(nbytes + DIRECT_ALIGN, np.uint8)
-    p = -raw.ctypes.data % DIRECT_ALIGN
-    return raw, memoryview(raw)[p:p + nbytes]
+    return raw, -raw.ctypes.data % DIRECT_ALIGN
 
 
 class Slicer:
@@ -164,11 +164,18 @@ class Slicer:
 
     def _read_into(self, buf: memoryview, row: int) -> None:
         """Fill ``buf`` with the bytes from row ``row`` on (preadv may return fewer)."""
-        got, want = 0, len(buf)
-        fd = self.fd if want >= SMALL_READ else self.fd_small
-        while got < want:
-            k = os.preadv(fd, [buf[got:]], self.offset + row * self.row_bytes + got)
-            if k <= 0:
+        fd = self.fd if len(buf) >= SMALL_READ else self.fd_small
+        self._fill(fd, buf, self.offset + row * self.row_bytes, len(buf), row)
+
+    @staticmethod
+    def _fill(fd: int, buf: memoryview, pos: int, need: int, row: int, align: int = 1) -> None:
+        """Read from file offset ``pos`` into ``buf`` until ``need`` bytes are in (``preadv``
+        may return fewer). With ``align`` (O_DIRECT) a short read off that boundary is the
+        file's end. Where the file ends first, the error names ``row``, the read's first."""
+        got = 0
+        while got < need:
+            k = os.preadv(fd, [buf[got:]], pos + got)
+            if k <= 0 or (k % align and got + k < need):
                 raise StoreFormatError(f"data.h5 ends before row {row} of one of its "
                                        "datasets (the file is truncated).", REBUILD_HINT)
             got += k
@@ -222,16 +229,10 @@ class Slicer:
         nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
         lo = at - at % DIRECT_ALIGN
         hi = at + nbytes + (-(at + nbytes) % DIRECT_ALIGN)
-        raw, buf = _aligned(hi - lo)
-        got, need = 0, at - lo + nbytes
-        while got < need:
-            k = os.preadv(self.fd_direct, [buf[got:]], lo + got)
-            if k <= 0 or (k % DIRECT_ALIGN and got + k < need):  # the file ends early
-                row = (at - self.offset) // self.row_bytes
-                raise StoreFormatError(f"data.h5 ends before row {row} of one of its "
-                                       "datasets (the file is truncated).", REBUILD_HINT)
-            got += k
-        start = (-raw.ctypes.data % DIRECT_ALIGN) + at - lo
+        raw, p = _aligned(hi - lo)
+        self._fill(self.fd_direct, memoryview(raw)[p:p + hi - lo], lo, at - lo + nbytes,
+                   (at - self.offset) // self.row_bytes, DIRECT_ALIGN)
+        start = p + at - lo
         return raw[start:start + nbytes].view(self.dtype).reshape(shape)
 
 
