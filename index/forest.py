@@ -286,6 +286,7 @@ class Forest(ForestView):
                      frontier_peak=0, truncated=False, low_precision=False,
                      read_limited=False)
         self.last_query = stats
+        self._ahead.clear()
         excl, excl_bytes = self._exclusion(exclude)
         fr = Frontier(self.budget, soft=bounded)
         buf = (RowBuffer(self.budget, self.n_features, min(limit, self.n_samples),
@@ -409,13 +410,12 @@ class Forest(ForestView):
                     stats["rows_read"] += res.first_use(t, v, e0 - s0, ss, se)
                     (Xd, indptr, indices, data, is_csr), y = blk
                     base = int(res.boff[t])
-                elif ss >= 0:
-                    (Xd, indptr, indices, data, is_csr), y = self._rows(("span", t, ss, se),
-                                                                        ss, se)
-                    base = ss
                 else:
-                    (Xd, indptr, indices, data, is_csr), y = self._rows(("leaf", t, v), s0, e0)
-                    base = s0
+                    key = ("span", t, ss, se) if ss >= 0 else ("leaf", t, v)
+                    base = ss if ss >= 0 else s0
+                    stop = se if ss >= 0 else e0
+                    self._read_ahead(fr.ent[:fr.size], key, base, stop, span_rows)
+                    (Xd, indptr, indices, data, is_csr), y = self._rows(key, base, stop)
                 if buf is not None:
                     if not buf.room(int(state[0]), min(e0 - s0, limit - int(state[0])),
                                     int(indptr[e0 - base] - indptr[s0 - base]) if is_csr
@@ -501,4 +501,4 @@ def open_forest(store, *, cache_bytes: int | None = None,
                   block_offsets=store.block_offsets, budget=store.budget,
                   name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows,
                   block_cache=store.block_cache, block_labels=view_labels(store),
-                  search=search)
+                  will_need=store.will_need, search=search)

@@ -31,6 +31,9 @@ __all__ = ["ForestView", "ROOT_SHARE"]
 # the roots' records and pivot rows (read by every query) are cached apart, in at most
 # 1/ROOT_SHARE of the cap, given back last under pressure
 ROOT_SHARE = 8
+# frontier entries (heap positions 0..READ_AHEAD-1, near the next ones popped) whose leaf
+# reads start together when the search waits for one (``will_need``)
+READ_AHEAD = 16
 # bytes one cache entry costs beyond its arrays' data (key and value tuples, dict slot), and
 # per array its ndarray header: small leaves make many small entries (the memory promise)
 _ENTRY_OVERHEAD = 400
@@ -72,13 +75,20 @@ class ForestView:
         Maps a cached block's labels to the ones the search reads: the cache keeps the stored
         labels (it is shared by the store's views), a one-vs-rest view reads +1 / -1
         (``Store.labels_out``). The mapped copy is paid from the budget while mirrored.
+    will_need : callable, optional
+        ``will_need(spans)`` starts the reads of the row spans ``(start, stop)`` that
+        ``read_range`` will be asked for (``Store.will_need``): the search names the leaves
+        at the top of its frontier as it waits for one.
     """
 
     def __init__(self, path, *, read_range: Callable, n_samples: int, n_features: int,
                  block_offsets, budget=None, name: str | None = None,
                  cache_bytes: int | None = None, read_rows: Callable | None = None,
-                 block_cache: LRUCache | None = None, block_labels: Callable | None = None):
+                 block_cache: LRUCache | None = None, block_labels: Callable | None = None,
+                 will_need: Callable | None = None):
         self.path = Path(path)
+        self._will_need = will_need
+        self._ahead: set = set()  # the leaves named to will_need in this query
         self._block_cache = None
         self.block_labels = block_labels
         self.name = str(name) if name is not None else str(self.path.parent)
@@ -344,6 +354,27 @@ class ForestView:
                 self._row_bytes = nbytes / (stop - start)
             return (arrays, y), nbytes
         return self.cache.get_or_load(key, load)
+
+    def _read_ahead(self, ent, key, start: int, stop: int, span_rows: float) -> None:
+        """Before the leaf read ``key`` (rows ``start:stop``) waits, start it and the reads
+        of the uncached leaves among the next READ_AHEAD frontier entries ``ent`` (the top
+        of the heap, near the next ones popped) in one batch (``will_need``)."""
+        if self._will_need is None or key in self.cache:
+            return
+        spans = [(start, stop)]
+        resident = self.node_cache.blocks
+        for _, s0, e0, ss, se, tc, _ in ent[:READ_AHEAD].tolist():
+            t, code = tc >> 32, tc & 0xFFFFFFFF
+            if not code & 1 or t in resident:  # a node, or rows the search has at hand
+                continue
+            if ss < 0 and e0 - s0 <= span_rows:
+                ss, se = s0, e0
+            k = ("span", t, ss, se) if ss >= 0 else ("leaf", t, code >> 1)
+            if k not in self._ahead and k not in self.cache:
+                self._ahead.add(k)
+                spans.append((ss, se) if ss >= 0 else (s0, e0))
+        if len(spans) > 1:
+            self._will_need(spans)
 
     def _read_pivots(self, node):
         """A node's pivot rows ``(X, y)`` (in the node's order)."""

@@ -389,6 +389,18 @@ class Store:
         self.bytes_read += nb
         return X, y, row_ids
 
+    def will_need(self, spans) -> None:
+        """Start reading the row spans ``(start, stop)`` (X and labels) ahead of the
+        :meth:`read_range` calls that will want them (:meth:`Slicer.will_need`); nothing on
+        a CSR store or where the platform cannot. The index's search names the leaves it
+        will most likely read next."""
+        if self.layout != "dense":
+            return
+        for name in ("X", "y"):
+            ds = self._ds.get(name)
+            if isinstance(ds, Slicer):
+                ds.will_need(spans)
+
     def read_rows(self, rows):
         """Rows at sorted store positions ``rows`` as ``(X, y)``: scattered single rows (a
         node's pivot rows) in one call; on a dense store one direct read per row into one

@@ -116,3 +116,54 @@ def test_sigkill_during_build_index_leaves_the_store_usable(tmp_path):
     with open_store(path) as store, open_forest(store) as forest:
         w = rng.normal(size=12)
         assert np.array_equal(np.sort(forest.query(w, n=None)[0]), _brute(store, w))
+
+
+def test_the_search_starts_the_next_leaf_reads_while_it_waits_for_one(tmp_path):
+    # a leaf read that misses the caches first names the uncached leaves at the top of the
+    # frontier to will_need (Store.will_need: POSIX_FADV_WILLNEED), so their disk reads run
+    # while the search scans; the answer must not change, and most later leaf reads must
+    # have been named before they were asked for
+    from ooc_learn.index.forest import Forest
+    from ooc_learn.index.search_config import SearchConfig
+    from ooc_learn.storage.format import INDEX_DIR
+
+    rng = np.random.default_rng(11)
+    X, y = _data(rng, n=4000)
+    with ingest_arrays(X, y, tmp_path / "s", build_index=True, n_blocks=2, width=4,
+                       leaf_size=20, seed=1) as store:
+        w = rng.normal(size=12)
+        found = {}
+        for ahead in (False, True):
+            named, reads, waiting = [], [], []
+
+            def read_range(a, b, reads=reads, waiting=waiting):
+                if waiting:  # the read the batch was started for comes next
+                    assert (a, b) == waiting.pop()
+                reads.append((a, b))
+                return store.read_range(a, b, ids=False)
+
+            def will_need(spans, named=named, reads=reads, waiting=waiting):
+                assert len(spans) >= 2 and not waiting
+                waiting.append(tuple(spans[0]))
+                named.extend((tuple(s), len(reads)) for s in spans[1:])
+                store.will_need(spans)
+
+            forest = Forest(tmp_path / "s" / INDEX_DIR, read_range=read_range,
+                            n_samples=store.n_samples, n_features=store.n_features,
+                            block_offsets=store.block_offsets, budget=store.budget,
+                            read_rows=store.read_rows, search=SearchConfig(span_bytes=0),
+                            will_need=will_need if ahead else None)
+            with forest:
+                rows, n_e = forest.query(w, n=400, seed=5)
+                found[ahead] = (np.sort(rows), n_e)
+        assert np.array_equal(found[True][0], found[False][0])
+        assert found[True][1] == found[False][1]
+        # every span named lies in the store, a leaf's size at most, and none twice
+        spans = [s for s, _ in named]
+        assert named and len(set(spans)) == len(spans)
+        assert all(0 <= a < b <= store.n_samples and b - a <= 64 for a, b in spans)
+        first_named = {}
+        for s, at in named:
+            first_named.setdefault(s, at)
+        early = [i for i, r in enumerate(reads[1:], 1) if first_named.get(r, i) < i]
+        assert len(early) >= 0.5 * (len(reads) - 1), (len(early), len(reads))

@@ -206,6 +206,55 @@ def test_small_reads_go_through_the_descriptor_without_read_ahead(tmp_path, rng,
         assert set(used) == {store._fd_small}
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
+def test_scattered_rows_are_all_asked_for_before_the_first_read_waits(tmp_path, rng,
+                                                                     monkeypatch):
+    """read_rows (a node's pivot rows) and gather's runs name every row's bytes to the
+    kernel (POSIX_FADV_WILLNEED) on the small-read descriptor before the first preadv, so
+    the reads run together; the rows read are unchanged."""
+    import ooc_learn.storage.arrays as A
+    X, y = make_data(rng, n=3000, d=200)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=2).close()
+    with open_store(tmp_path / "s") as store:
+        Xall, yall, _ = store.read_range(0, 3000)
+        events = []
+        real_read, real_advise = os.preadv, os.posix_fadvise
+
+        def preadv(fd, bufs, offset):
+            events.append(("read", fd, offset, len(bufs[0])))
+            return real_read(fd, bufs, offset)
+
+        def posix_fadvise(fd, offset, length, advice):
+            events.append(("advise", fd, offset, length, advice))
+            return real_advise(fd, offset, length, advice)
+
+        monkeypatch.setattr(A.os, "preadv", preadv)
+        monkeypatch.setattr(A.os, "posix_fadvise", posix_fadvise)
+        rows = np.array([5, 6, 900, 1777, 2500, 2999])
+        Xr, yr = store.read_rows(rows)
+        assert np.array_equal(Xr, Xall[rows]) and np.array_equal(yr, yall[rows])
+        sl = store._ds["X"]
+        advised = [e for e in events if e[0] == "advise" and e[2] >= sl.offset
+                   and e[2] < sl.offset + 3000 * sl.row_bytes]
+        assert [e[1:] for e in advised] == [
+            (store._fd_small, sl.offset + r * sl.row_bytes, sl.row_bytes,
+             os.POSIX_FADV_WILLNEED) for r in rows]
+        first_read = min(i for i, e in enumerate(events) if e[0] == "read")
+        assert events.index(advised[-1]) < first_read
+    # gather by runs (a cap too small for whole blocks): each run is named first, one
+    # advice a run
+    with open_store(tmp_path / "s", memory="2M") as store:
+        sl = store._ds["X"]
+        events.clear()
+        want = np.array([10, 11, 12, 400, 401, 2100, 2400])  # blocks 0:1500, 1500:3000
+        Xg, yg, ids = store.gather(want)
+        assert not store.reads_whole_block(0)
+        assert np.array_equal(Xg, Xall[want]) and np.array_equal(yg, yall[want])
+        spans = sorted((e[2], e[3]) for e in events if e[0] == "advise")
+        for a, b in [(10, 13), (400, 402), (2100, 2101), (2400, 2401)]:
+            assert (sl.offset + a * sl.row_bytes, (b - a) * sl.row_bytes) in spans
+
+
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_large_reads_bypass_the_page_cache_where_asked_and_equal_buffered_ones(
         tmp_path, rng, monkeypatch, sparse):
