@@ -600,12 +600,12 @@ def test_fresh_rows_the_cap_cannot_hold_join_in_part(tmp_path, rng, monkeypatch)
         budget, cut_at = store.budget, 2 * 100 * 4 * 20
         take = budget.try_reserve
 
-        def squeezed(nbytes, *, evict=True):  # the fetch's reservation only
+        def squeezed(nbytes, *, evict=True, fit_rss=False):  # the fetch's reservation only
             caller = sys._getframe(1)
             if (caller.f_code.co_name == "reserve_rows" and nbytes > cut_at
                     and caller.f_locals.get("what") == "IBCD fresh rows"):
                 return False
-            return take(nbytes, evict=evict)
+            return take(nbytes, evict=evict, fit_rss=fit_rss)
 
         monkeypatch.setattr(budget, "try_reserve", squeezed)
         res = solve_ibcd(store, C=0.1, n=400, eps=0.01, init_sample=500, seed=3)

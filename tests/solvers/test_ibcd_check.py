@@ -186,3 +186,25 @@ def test_sampled_checks_read_part_of_the_store_and_the_stop_is_still_certified(t
         viol = full_kkt_violation(store, sampled.w, sampled.sv_rows, sampled.sv_alpha, C=0.1)
         assert s["S_converged"] and viol < 0.02, viol
         assert s["objective"] == pytest.approx(f["objective"], rel=1e-3)
+
+
+def test_the_checks_rows_halve_where_only_the_account_has_room_for_them(monkeypatch):
+    # the selection (and a query's fresh rows) may shrink, so the RSS has its say as it has
+    # for a read chunk: where the process holds more than the account itemises, k halves to
+    # what the RSS leaves instead of being granted past the cap; at the floor, the account
+    import ooc_learn.storage.budget as B
+
+    b = MemoryBudget.for_process(B.current_rss_bytes() + (400 << 20), late_load=0)
+    per_row = 3 * 3152
+    k0 = 20_000  # 189 MB: the account holds it
+    rss = [b.cap - b.rss_headroom - (40 << 20)]  # the RSS leaves 40 MB
+    monkeypatch.setattr(B, "current_rss_bytes", lambda: rss[0])
+    b._rss_at = -float("inf")
+    k = ibcd_check.reserve_rows(b, k0, per_row, "test")
+    assert k * per_row <= 40 << 20 < 2 * k * per_row  # the largest halving that fits
+    assert b.used == k * per_row
+    b.release(k * per_row)
+    rss[0] = b.cap  # no room by the RSS at all: the floor is granted by the account
+    b._rss_at = -float("inf")
+    k = ibcd_check.reserve_rows(b, k0, per_row, "test")
+    assert k == ibcd_check.MIN_CHECK_ROWS and b.used == k * per_row
