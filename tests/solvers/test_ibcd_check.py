@@ -114,8 +114,9 @@ def test_pool_take_hands_over_eligible_violators_once(tmp_path, rng):
     budget = MemoryBudget("16M")
     pool = ibcd_check.Pool(budget)
     rows = np.arange(0, 600, 2)
-    assert pool.reserve(rows.size, 1 << 11) == rows.size  # 2 x 300 x 2 KB within 16M / 8
+    assert pool.reserve(rows.size, 1 << 11) == rows.size  # 300 x 2 KB within 16M / 8
     reserved = budget.used
+    assert reserved == 3 * 300 * (1 << 11)  # the running selection: 2k, 3k as it merges
     pool.hold((rows, X[rows], y[rows]))
     assert 0 < budget.used < reserved  # what the pool does not need went back
     w_t = rng.normal(size=7)

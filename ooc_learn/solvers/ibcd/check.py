@@ -351,16 +351,17 @@ class Pool:
 
     def reserve(self, k: int, row_bytes: int, room: int = 0) -> int:
         """Drop the pool and reserve room for a check to gather the next one: ``k`` rows in
-        at most 1 / ``share`` of the cap, twice that while the check's running selection
-        holds them (halved until the budget gives it with ``room`` bytes left beside it).
+        at most 1 / ``share`` of the cap, three times that while the check's running
+        selection holds them (2k, and 3k while it merges: :class:`Nearest`; halved until the
+        budget, by the account and the RSS, gives it with ``room`` bytes left beside it).
         Returns how many rows to gather."""
         self.clear()
         k = min(k, self.budget.limit // self.share // row_bytes)
-        while k and not self.budget.try_reserve(2 * k * row_bytes + room):
+        while k and not self.budget.try_reserve(3 * k * row_bytes + room, fit_rss=True):
             k //= 2
         if k:
             self.budget.release(room)
-        self.nbytes = 2 * k * row_bytes
+        self.nbytes = 3 * k * row_bytes
         return k
 
     def hold(self, pool) -> None:
