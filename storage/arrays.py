@@ -186,10 +186,12 @@ class Slicer:
     def will_need(self, spans) -> None:
         """Start the reads of the row spans ``(a, b)`` ahead of the calls that wait for them
         (``POSIX_FADV_WILLNEED``: the kernel queues them all at once, where one ``preadv``
-        after another waits out each read alone). Scattered 3 KiB rows of a 3.2 GB store
-        in a 1 GiB cgroup, page cache dropped: 52-55 us a row one after another, 11-19 us
-        with the batch's spans advised first (8-256 rows; bench-log, 2026-11-27)."""
-        if _WILLNEED is None or len(spans) < 2:
+        after another waits out each read alone), where the file is read past the page cache
+        (``fd_direct``: it outgrows the cache, so its rows are mostly not there). Scattered
+        3 KiB rows of a 3.2 GB store in a 1 GiB cgroup, page cache dropped: 52-55 us a row
+        one after another, 11-19 us with the batch's spans advised first (8-256 rows); rows
+        in the cache pay 0.45 us a row for nothing (bench-log, 2026-11-27)."""
+        if _WILLNEED is None or self.fd_direct is None or len(spans) < 2:
             return
         rb, off = self.row_bytes, self.offset
         for a, b in spans:

@@ -389,11 +389,18 @@ class Store:
         self.bytes_read += nb
         return X, y, row_ids
 
+    @property
+    def past_page_cache(self) -> bool:
+        """Whether large reads bypass the page cache (the file outgrows the memory it could
+        have, or ``direct=`` / ``OOC_DIRECT_IO`` says so): then scattered reads are also
+        named ahead (:meth:`will_need`)."""
+        return self._fd_direct is not None
+
     def will_need(self, spans) -> None:
         """Start reading the row spans ``(start, stop)`` (X and labels) ahead of the
-        :meth:`read_range` calls that will want them (:meth:`Slicer.will_need`); nothing on
-        a CSR store or where the platform cannot. The index's search names the leaves it
-        will most likely read next."""
+        :meth:`read_range` calls that will want them (:meth:`Slicer.will_need`), where the
+        store is read :attr:`past_page_cache`; nothing on a CSR store or where the platform
+        cannot. The index's search names the leaves it will most likely read next."""
         if self.layout != "dense":
             return
         for name in ("X", "y"):

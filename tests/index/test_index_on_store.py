@@ -129,8 +129,14 @@ def test_the_search_starts_the_next_leaf_reads_while_it_waits_for_one(tmp_path):
 
     rng = np.random.default_rng(11)
     X, y = _data(rng, n=4000)
-    with ingest_arrays(X, y, tmp_path / "s", build_index=True, n_blocks=2, width=4,
-                       leaf_size=20, seed=1) as store:
+    ingest_arrays(X, y, tmp_path / "s", build_index=True, n_blocks=2, width=4,
+                  leaf_size=20, seed=1).close()
+    # open_forest names leaves ahead only for a store read past the page cache
+    with open_store(tmp_path / "s", direct=False) as store, open_forest(store) as forest:
+        assert forest._will_need is None
+    with open_store(tmp_path / "s", direct=True) as store:
+        with open_forest(store) as forest:
+            assert (forest._will_need is not None) == store.past_page_cache
         w = rng.normal(size=12)
         found = {}
         for ahead in (False, True):
