@@ -90,10 +90,16 @@ class LRUCache:
                 on_put(key, value)
             return True
 
-    def get_or_load(self, key, load: Callable[[], tuple[object, int]]):
+    def get_or_load(self, key, load: Callable[[], tuple[object, int]], expect: int = 0):
         """Return the cached value or ``load()``'s ``(value, nbytes)``, caching it if it fits.
         A key another thread is loading now is waited for, not loaded twice (classes in
-        threads share one store's block cache and ask for the same blocks together)."""
+        threads share one store's block cache and ask for the same blocks together).
+
+        ``expect``: what the value will take, where the caller knows (a store block). Room is
+        made for it before ``load`` runs (the least recently used entries evicted, the bytes
+        reserved until the value is put), so the value and the entries it replaces are not
+        held at once: TreeCV at 1 GiB (`--memory 768M`) had peaked at 789-805 MiB while a
+        65 MB block was read beside a full cache (bench-log, 2026-11-27)."""
         while True:
             with self._lock:
                 item = self._entries.get(key)
@@ -112,7 +118,11 @@ class LRUCache:
                     self.misses += 1
                     break
         try:
-            value, nbytes = load()
+            held = self._make_room(int(expect))
+            try:
+                value, nbytes = load()
+            finally:
+                self.budget.release(held)
             self.put(key, value, nbytes)
         finally:
             with self._lock:
@@ -120,6 +130,17 @@ class LRUCache:
                     del self._loading[key]
             busy.set()
         return value
+
+    def _make_room(self, nbytes: int) -> int:
+        """Evict and reserve for a value of ``nbytes`` about to be loaded; returns the bytes
+        reserved (0 where the cap has no room for them even when the cache is empty: the
+        load then goes on, as without a hint)."""
+        if nbytes <= 0 or nbytes > self.max_bytes:
+            return 0
+        with self._lock:
+            if self._bytes + nbytes > self.max_bytes:
+                self._evict(self._bytes + nbytes - self.max_bytes)
+        return nbytes if self.budget.try_reserve(nbytes) else 0
 
     def pop(self, key):
         with self._lock:

@@ -454,7 +454,7 @@ class Store:
                 f"Raise --memory to at least {format_size(self.budget.cap_needed(need), up=True)}"
                 f", or re-ingest with --block-rows {fit} (blocks are sized at ingest from its "
                 f"--memory).")
-        X, y, row_ids = self._cache.get_or_load(("block", b), load)
+        X, y, row_ids = self._cache.get_or_load(("block", b), load, expect=need)
         return X, (y if stored_labels else self.labels_out(y)), row_ids
 
     def block_rows_that_fit(self) -> int:

@@ -72,6 +72,30 @@ def test_cache_hits_and_entries_larger_than_the_cache():
     assert cache.put("big", "B", 301) is False and "big" not in cache
 
 
+@pytest.mark.parametrize("bound", ["budget", "cache"])
+def test_a_load_of_known_size_makes_room_before_it_reads(bound):
+    # a store block's size is known before it is read: the entries it replaces go first, so
+    # the new block and the old ones are never held at once (TreeCV's peak over the cap),
+    # whether the budget or the cache's own bound is what is full
+    budget = MemoryBudget(1000 if bound == "budget" else 10_000)
+    cache = LRUCache(budget, max_bytes=None if bound == "budget" else 900)
+    for key in ("a", "b", "c"):
+        cache.get_or_load(key, lambda k=key: (k, 300), expect=300)
+    seen = {}
+
+    def load():
+        seen.update(entries=len(cache), used=budget.used, held=cache.nbytes)
+        return "d", 300
+
+    assert cache.get_or_load("d", load, expect=300) == "d"
+    assert seen["entries"] == 2 and "a" not in cache  # the oldest went before the read
+    assert seen["held"] + 300 <= 900 and seen["used"] <= budget.limit
+    assert len(cache) == 3 and budget.used == cache.nbytes == 900  # the hold is let go
+    seen.clear()
+    cache.get_or_load("e", load)  # no size given: the read comes first, as before
+    assert seen["entries"] == 3
+
+
 def test_listeners_see_every_entry_come_and_go():
     budget = MemoryBudget("1K")
     c = LRUCache(budget, max_bytes=600)
