@@ -203,10 +203,10 @@ class Slicer:
         out = np.empty((len(rows),) + self.row_shape, self.dtype)
         if out.nbytes:
             buf, rb = memoryview(out).cast("B"), self.row_bytes
-            rows = rows.tolist() if isinstance(rows, np.ndarray) else list(rows)
+            rows = [int(r) for r in rows]
             self.will_need([(r, r + 1) for r in rows])
             for i, r in enumerate(rows):
-                self._read_into(buf[i * rb:(i + 1) * rb], int(r))
+                self._read_into(buf[i * rb:(i + 1) * rb], r)
         return out
 
     def take_runs(self, rows: np.ndarray, runs, out: np.ndarray) -> int:

@@ -80,8 +80,7 @@ class LRUCache:
             self.pop(key)
             if nbytes > self.max_bytes:
                 return False
-            if self._bytes + nbytes > self.max_bytes:
-                self._evict(self._bytes + nbytes - self.max_bytes)
+            self._fit(nbytes)
             if not self.budget.try_reserve(nbytes):
                 return False
             self._entries[key] = (value, nbytes)
@@ -137,10 +136,14 @@ class LRUCache:
         load then goes on, as without a hint)."""
         if nbytes <= 0 or nbytes > self.max_bytes:
             return 0
+        self._fit(nbytes)
+        return nbytes if self.budget.try_reserve(nbytes) else 0
+
+    def _fit(self, nbytes: int) -> None:
+        """Evict the least recently used entries until ``nbytes`` more fit the cache's bound."""
         with self._lock:
             if self._bytes + nbytes > self.max_bytes:
                 self._evict(self._bytes + nbytes - self.max_bytes)
-        return nbytes if self.budget.try_reserve(nbytes) else 0
 
     def pop(self, key):
         with self._lock:
