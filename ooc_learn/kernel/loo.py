@@ -35,8 +35,8 @@ from ooc_learn.storage.budget import MemoryBudget
 from . import _kernels as K
 from ._inputs import (check_choice, check_int, check_kernel_params, is_open_store, prepare_inputs,
                       resolve_gamma)
-from .seeding import remove_avg, remove_top, restore_equality
-from .smo import KernelMatrix, default_max_iter, move_alpha, solve
+from .seeding import remove_top, restore_equality
+from .smo import KernelMatrix, default_max_iter, solve
 
 __all__ = ["LOOResult", "loo_error"]
 
@@ -133,19 +133,34 @@ def _checks(y, alpha, G, rho, C, r2):
     return out
 
 
-def _seed_row(km, y, alpha_full, G_full, C, r, seeding):
-    """alpha with row r removed (AVG/TOP) and its gradient from the changed alphas only."""
-    n = km.n
-    a = alpha_full.copy()
-    train = np.concatenate([np.arange(r), np.arange(r + 1, n)]).astype(np.int64)
-    if seeding == "top":
-        remove_top(a, y, C, r, train, km.column(r))
-    else:
-        remove_avg(a, y, C, r, train)
-    restore_equality(a, y, C, train, train)
-    G = G_full.copy()
-    move_alpha(km, y, a - alpha_full, G, train)
-    return train, a, G
+class _Seeder:
+    """Each LOO problem's start: alpha without row r (AVG or TOP) and SMO's gradient there,
+    in buffers reused from row to row (numba kernels: the numpy calls of one row cost more
+    than its SMO steps on small sets)."""
+
+    def __init__(self, km, y, alpha, G, C, seeding):
+        n = km.n
+        self.km, self.y, self.alpha, self.G_full, self.C = km, y, alpha, G, C
+        self.top = seeding == "top"
+        self.train = np.empty(n - 1, np.int64)
+        self.a, self.G, self.acc = np.empty(n), np.empty(n), np.empty(n)
+        self.free, self.changed = np.empty(n, np.int64), np.empty(n, np.int64)
+
+    def __call__(self, r: int):
+        """(train, alpha, G) of the problem without row ``r``; valid until the next call."""
+        y, a, C, train = self.y, self.a, self.C, self.train
+        if self.top:
+            train[:r] = np.arange(r)
+            train[r:] = np.arange(r + 1, y.size)
+            a[:] = self.alpha
+            remove_top(a, y, C, r, train, self.km.column(r))
+            restore_equality(a, y, C, train, train)
+        elif abs(K.loo_seed_avg(y, self.alpha, C, r, a, train, self.free)) > \
+                1e-13 * max(1.0, C * train.size):
+            restore_equality(a, y, C, train, train)  # part of alpha_r found no room
+        K.loo_seed_gradient(self.km.kd, self.km.kc, y, a, self.alpha, self.G_full, train,
+                            self.changed, self.acc, self.G)
+        return train, a, self.G
 
 
 def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LOOResult:
@@ -179,10 +194,11 @@ def _loo(km, y, C, tol, method, seeding, efficiency_m, r2, progress=False) -> LO
     rows_by = {True: 0, False: 0}  # by the rule, by plain SMO
     scratch, beta, gp = np.empty(n), np.empty(n), np.empty(n)
     max_iter = default_max_iter(n)
+    seed_row = _Seeder(km, y, alpha, G, C, seeding)
     # rows the checks of Table 1 leave open, each solved again (a bar on stderr: progress)
     for q, r in enumerate(tqdm(todo, desc="loo_error", unit="row", disable=not progress,
                                leave=False)):
-        train, a, Gr = _seed_row(km, y, alpha, G, C, int(r), seeding)
+        train, a, Gr = seed_row(int(r))
         colr = km.column(r)
         if use_stopping:
             beta[:] = a

@@ -190,7 +190,8 @@ def remove_avg(a, y, C, r, pool) -> float:
     """DeCoste & Wagstaff: spread alpha_r evenly over the free alphas of ``pool``.
 
     Rows with y_i = y_r gain, the others lose, so y'alpha is unchanged; clipped amounts are
-    spread again over the rows still free. Returns the amount that found no room.
+    spread again over the rows still free, until no alpha moves. Returns the amount that
+    found no room.
     """
     left = a[r]
     a[r] = 0.0
@@ -198,7 +199,10 @@ def remove_avg(a, y, C, r, pool) -> float:
     while left > 1e-14 * max(1.0, C) and free.size:
         sgn = np.where(y[free] == y[r], 1.0, -1.0)
         new = np.clip(a[free] + sgn * (left / free.size), 0.0, C)
-        left -= float(np.abs(new - a[free]).sum())
+        moved = float(np.abs(new - a[free]).sum())
+        if moved == 0.0:
+            break  # each share below its alpha's rounding step: the caller repairs y'alpha
+        left -= moved
         a[free] = new
         free = free[(new > 0) & (new < C)]
     return max(left, 0.0)

@@ -70,7 +70,7 @@ def test_rule_takes_the_standard_solves_steps(make_blobs, kernel, kw):
     row's gradient by updates where the standard solve rebuilds the shrunk rows', so their
     roundings, and after thousands of steps a tie, may differ; without shrinking it took
     43 % more here), and a row it decides ends sooner."""
-    from ooc_learn.kernel.loo import _seed_row
+    from ooc_learn.kernel.loo import _Seeder
     from ooc_learn.kernel.smo import default_max_iter, solve
 
     X, y = make_blobs(400, 5, seed=3, flip=0.2)  # solves long enough for SMO to shrink
@@ -82,10 +82,11 @@ def test_rule_takes_the_standard_solves_steps(make_blobs, kernel, kw):
     solve(km, np.arange(n, dtype=np.int64), ypm, alpha, G, C, 1e-3)
     fired = missed = 0
     longest = 0
+    seed_row = _Seeder(km, ypm, alpha, G, C, "avg")
     for r in range(0, n, 7):
         if alpha[r] == 0.0:
             continue  # Table 1 decides these without a solve
-        train, a, g = _seed_row(km, ypm, alpha, G, C, r, "avg")
+        train, a, g = seed_row(r)
         a2, g2 = a.copy(), g.copy()
         colr = km.column(r)
         beta, gp, scratch = a.copy(), np.empty(n), np.empty(n)
@@ -104,6 +105,67 @@ def test_rule_takes_the_standard_solves_steps(make_blobs, kernel, kw):
             assert np.sign(dec) == np.sign(dec_std)
     assert fired > 0 and missed > 0 and longest > 2 * 100  # past SMO's shrinking period
     km.close()
+
+
+@pytest.mark.parametrize("seeding", ["avg", "top"])
+@pytest.mark.parametrize("C", [0.05, 10.0])
+def test_seed_kernels_equal_the_numpy_seeders(make_blobs, seeding, C):
+    """A LOO row's seed from the numba kernels (alpha without row r, SMO's gradient there)
+    equals ``seeding.remove_avg`` / ``remove_top``, ``restore_equality`` and ``move_alpha``
+    (to rounding), the seed stays feasible, and rows whose alpha finds no room (small C:
+    many alphas at C) go through the equality repair."""
+    from ooc_learn.kernel.loo import _Seeder
+    from ooc_learn.kernel.seeding import remove_avg, remove_top, restore_equality
+    from ooc_learn.kernel.smo import move_alpha, solve
+
+    X, y = make_blobs(120, 4, seed=5, flip=0.15)
+    ypm = np.where(y == y.max(), 1.0, -1.0)
+    n = len(y)
+    km = KernelMatrix(X.astype(np.float32), "rbf", 0.3, 3, 0.0, MemoryBudget("64M"))
+    alpha, G = np.zeros(n), -np.ones(n)
+    solve(km, np.arange(n, dtype=np.int64), ypm, alpha, G, C, 1e-3)
+    seed_row = _Seeder(km, ypm, alpha, G, C, seeding)
+    repaired = 0
+    for r in np.flatnonzero(alpha > 0):
+        train, a, g = seed_row(int(r))
+        ref_train = np.delete(np.arange(n, dtype=np.int64), r)
+        ref_a = alpha.copy()
+        if seeding == "top":
+            left = remove_top(ref_a, ypm, C, r, ref_train, km.column(r))
+        else:
+            left = remove_avg(ref_a, ypm, C, r, ref_train)
+        repaired += int(left > 0)
+        restore_equality(ref_a, ypm, C, ref_train, ref_train)
+        ref_g = G.copy()
+        move_alpha(km, ypm, ref_a - alpha, ref_g, ref_train)
+        np.testing.assert_array_equal(train, ref_train)
+        np.testing.assert_allclose(a, ref_a, rtol=0, atol=1e-12 * max(1.0, C))
+        np.testing.assert_allclose(g, ref_g, rtol=1e-10, atol=1e-10)
+        assert a[r] == 0.0 and a.min() >= 0.0 and a.max() <= C
+        assert abs(np.dot(a[train], ypm[train])) < 1e-9 * max(1.0, C)
+    if C < 1 and seeding == "avg":
+        assert repaired > 0  # the repair path ran
+    km.close()
+
+
+def test_avg_seed_ends_when_the_shares_fall_below_rounding():
+    """alpha_r left over in shares smaller than the free alphas' rounding step moves none of
+    them: the spreading stops and returns what is left, for the equality repair (it looped
+    for ever: twonorm, RBF gamma = 1, C = 1), in numpy and in the numba kernel alike."""
+    from ooc_learn.kernel.seeding import remove_avg
+
+    n, r, C = 1001, 0, 1.0
+    y = np.ones(n)
+    alpha = np.full(n, 0.5)
+    alpha[r] = 2e-14  # above the 1e-14 floor; each share 2e-17, below 0.5's rounding step
+    a = alpha.copy()
+    left = remove_avg(a, y, C, r, np.arange(1, n))
+    assert left == 2e-14 and a[r] == 0.0 and np.array_equal(a[1:], alpha[1:])
+    a2, train, free = np.empty(n), np.empty(n - 1, np.int64), np.empty(n, np.int64)
+    total = K.loo_seed_avg(y, alpha, C, r, a2, train, free)
+    np.testing.assert_array_equal(a2, a)
+    np.testing.assert_array_equal(train, np.arange(1, n))
+    assert total == pytest.approx(0.5 * (n - 1))
 
 
 def test_the_efficiency_test_runs_the_rule_on_m_rows_then_keeps_one_method(datasets):
