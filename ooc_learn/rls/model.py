@@ -52,7 +52,7 @@ from .crossval import select_lambda_model
 from .fitted import FittedRLS
 from .holdout import mirror_upper
 from .holdout_predict import holdout_path_model
-from .kernel import KernelSpec, kernel_block
+from .kernel import CROSS_SLICE_BYTES, KernelSpec, kernel_block
 from .kfold_predict import kfold_path_model, make_folds
 from .loo_predict import loo_path_model
 from .source import as_label_matrix, make_source
@@ -75,6 +75,12 @@ class _RowsNotKept:
         raise UsageError("This SparseRLS is a copy (pickled or deep-copied): its training rows "
                          "are not kept, so it predicts but cannot cross-validate.",
                          "Fit it again on the rows (or store) to get hold-out or LOO figures.")
+
+
+def _slice_bytes(sparse: bool) -> int:
+    """The float64 copy of rows that one cross product holds (``kernel._cross`` converts
+    CROSS_SLICE_BYTES of them at a time); CSR rows copy their column indices too."""
+    return CROSS_SLICE_BYTES * (3 if sparse else 2) // 2
 
 
 class SparseRLS(FittedRLS):
@@ -200,19 +206,21 @@ class SparseRLS(FittedRLS):
         return 8 * (4 * n * n + 4 * n * v + m * v + 6 * n)
 
     @staticmethod
-    def _train_work(n: int, chunk: int, arrays: int = 3, row_copy: float = 0.0) -> int:
+    def _train_work(n: int, chunk: int, arrays: int = 1, row_copy: float = 0.0,
+                    sparse: bool = False) -> int:
         """Bytes of the training pass's temporaries: the n x n K_BB before its Cholesky factor,
-        a chunk's kernel rows and R rows with the previous chunk's still alive (3 chunk x n;
-        4 with fit-time folds, whose R columns are copied out per fold) and the float64 copy
-        of the chunk's own rows the cross product takes (``row_copy`` doubles a row), the
-        divide-and-conquer eigensolver's workspace (1 + 6 n + 2 n^2 doubles, 3 + 5 n ints)."""
-        return int(8 * max(n * n, chunk * (arrays * n + row_copy), 2 * n * n + 12 * n + 8))
+        a chunk's kernel rows, turned into its R rows in place (``arrays`` = 1 chunk x n; 2
+        with fit-time folds, whose R columns are copied out per fold) beside the float64
+        copy of the chunk's rows that the cross product takes (``row_copy`` doubles a row, at
+        most a slice of :func:`_slice_bytes`), and the divide-and-conquer eigensolver's
+        workspace (1 + 6 n + 2 n^2 doubles, 3 + 5 n ints)."""
+        copy = min(8 * chunk * row_copy, _slice_bytes(sparse))
+        return int(max(8 * n * n, 8 * chunk * arrays * n + copy, 8 * (2 * n * n + 12 * n + 8)))
 
     @staticmethod
     def _row_copy_doubles(X, d: int) -> float:
         """Doubles a row takes in the float64 copy ``kernel_block`` makes of a chunk: d for
-        dense rows, 1.5 per stored value for CSR (data and indices). Where d exceeds the basis
-        size n, this copy outweighs the chunk's kernel rows, so the chunk's size counts it."""
+        dense rows, 1.5 per stored value for CSR (data and indices)."""
         if sp.issparse(X):
             return 1.5 * X.nnz / max(1, X.shape[0])
         if getattr(X, "layout", "dense") == "csr":
@@ -252,13 +260,18 @@ class SparseRLS(FittedRLS):
             state += LIBRARY_BYTES
         budget.reserve(state, "sparse RLS model (n x n, n x v and m x v matrices)")
         self._state_bytes = state
-        # row chunks of the training pass (and of later passes over the rows): 3 chunk x n
-        # float64 alive at once, shrunk to the free budget (at least 16 rows)
+        # row chunks of the training pass (and of later passes over the rows, which cut
+        # them to their own needs): one chunk x n float64 (two with folds) beside a slice's
+        # float64 copy, shrunk to the free budget (at least 16 rows)
         fold_of, grams = self._start_fold_grams(src, n, v)     # reserved before the chunks
-        arrays = 3 if self.folds is None else 4
+        arrays = 1 if self.folds is None else 2
+        sparse = bool(sp.issparse(X) or getattr(X, "layout", "dense") == "csr")
         row_copy = self._row_copy_doubles(X, d)
-        chunk = int(min(n_chunk, max(16, (budget.available - 8 * n * n)
-                                      // (8 * (arrays * n + row_copy)))))
+        room = budget.available - 8 * n * n
+        # the rows' copy whole, or a slice of it beside larger chunks: the larger count
+        chunk = max(room // (8 * (arrays * n + row_copy)),
+                    (room - _slice_bytes(sparse)) // (8 * arrays * n))
+        chunk = int(min(n_chunk, max(16, chunk)))
         if chunk < n_chunk and chunk < m:
             src = make_source(X, chunk)
         self._source, self._Y, self.basis_ = src, Y, basis
@@ -266,7 +279,7 @@ class SparseRLS(FittedRLS):
         self._bsorted = basis[self._bsorted_order]
         self.gamma_ = self.spec.resolved_gamma(d)
         self.n_features_in_ = d
-        work = self._train_work(n, min(chunk, m), arrays, row_copy)
+        work = self._train_work(n, min(chunk, m), arrays, row_copy, sparse)
         with budget.reservation(work, "sparse RLS training work (eigensolver, row chunks)"):
             self.X_basis_ = src.take(basis)
             xb = matrix_nbytes(self.X_basis_)
@@ -329,7 +342,10 @@ class SparseRLS(FittedRLS):
             Kc = self.kernel_rows(src.chunk(j), np.arange(a, b))
             kev += Kc.size
             Ky += Kc.T @ Y[a:b]
-            Rc = la.solve_triangular(self._C, Kc.T, lower=True, check_finite=False)
+            # R's columns in place of the kernel rows (K^T is Fortran-ordered: no copy)
+            Rc = la.solve_triangular(self._C, Kc.T, lower=True, check_finite=False,
+                                     overwrite_b=True)
+            del Kc
             if fold_of is None:
                 A = dsyrk(1.0, Rc, beta=1.0, c=A, trans=0, lower=0, overwrite_c=1)
             else:               # A = sum of the folds' Grams (+ rows in no fold)
@@ -345,6 +361,7 @@ class SparseRLS(FittedRLS):
                         grams[1][g] += Rg @ Y[a:b][sel]
             if self._ucache is not None:
                 self._ucache[a:b] = Rc.T
+            del Rc  # before the next chunk's kernel rows
         if fold_of is not None:
             self._budget.release(8 * m)     # the caller drops fold_of
             for g in range(len(grams[0])):
