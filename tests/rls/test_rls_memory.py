@@ -91,3 +91,41 @@ def test_close_and_refit_give_the_reservation_back(rng):
         model.loo_predict()
     SparseRLS(n_basis=50, memory=budget).fit(X, y)         # dropped at once: gc releases
     assert budget.used == 0
+
+
+def test_a_pass_chunk_evicts_cached_blocks_before_it_shrinks(rng):
+    """A pass's row chunk takes its full size where cached blocks can make room (a fit
+    that filled the block cache had cut the LOO pass at 1g to half-size chunks), halves
+    only where nothing can be evicted, and refuses below 16 rows."""
+    from ooc_learn.storage.errors import BudgetExceededError
+
+    X = rng.normal(size=(2000, 3))
+    budget = MemoryBudget("8M")
+    model = SparseRLS(n_basis=50, memory=budget).fit(X, X[:, 0])
+    cap = max(256, (1 << 22) // 50)
+    per_row = 8 * 50
+    base = budget.used
+    cached = [budget.available - 100 * per_row]   # a block cache holding nearly all the room
+    budget.reserve(cached[0])
+
+    def evict(need):
+        freed, cached[0] = cached[0], 0
+        budget.release(freed)
+        return freed
+
+    budget.register_evictor(evict)
+    with model.row_chunk(10 ** 6, per_row) as step:
+        fits = min(cap, (budget.cap - base) // per_row)
+        assert cached[0] == 0 and fits >= step > fits // 2   # the cache made room
+    assert budget.used == base
+    budget.unregister_evictor(evict)
+    pinned = budget.available - 100 * per_row     # nothing to evict now
+    budget.reserve(pinned)
+    with model.row_chunk(10 ** 6, per_row) as step:
+        assert 16 <= step <= 100                   # halved to what the budget grants
+    with pytest.raises(BudgetExceededError):
+        with model.row_chunk(10 ** 6, budget.available):  # not even 16 rows
+            pass
+    budget.release(pinned)
+    assert budget.used == base
+    model.close()
