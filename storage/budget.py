@@ -355,6 +355,21 @@ class MemoryBudget:
                 f"Raise --memory (or OOC_MEMORY) to at least "
                 f"{format_size(self.cap_needed(nbytes), up=True)}, {hint}.")
 
+    def reserve_shrinking(self, k: int, nbytes: Callable[[int], int], floor: int,
+                          what: str = "buffer") -> int:
+        """Reserve ``nbytes(k)`` for ``k`` rows of a buffer that may shrink (a read chunk, a
+        selection, a pass's chunk), halving ``k`` down to ``floor`` while the account or the
+        RSS refuses (``fit_rss``: what the account does not itemise halves the buffer, not
+        the cap's margin); at the floor the reservation must be had (:meth:`reserve`'s
+        error). Returns the ``k`` reserved: release ``nbytes(k)``."""
+        k = int(k)
+        while not self.try_reserve(nbytes(k), fit_rss=True):
+            if k <= floor:
+                self.reserve(nbytes(k), what)
+                break
+            k = max(int(floor), k // 2)
+        return k
+
     def release(self, nbytes: int) -> None:
         with self._lock:
             self._used = max(0, self._used - int(nbytes))

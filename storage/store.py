@@ -507,16 +507,11 @@ class Store:
                 continue
             a = lo
             while a < hi:
-                z = min(hi, a + step)
-                nbytes = self.estimated_bytes(z - a)
                 # by the RSS too: what the account does not itemise (the caller's last
                 # chunk, still held while this one is read) halves the chunk
-                while not budget.try_reserve(nbytes, fit_rss=True):
-                    if z - a <= CHUNK_MIN_ROWS:
-                        budget.reserve(nbytes, "store chunk")  # the cap's error
-                        break
-                    z = a + max(CHUNK_MIN_ROWS, (z - a) // 2)
-                    nbytes = self.estimated_bytes(z - a)
+                z = a + budget.reserve_shrinking(min(hi, a + step) - a, self.estimated_bytes,
+                                                 CHUNK_MIN_ROWS, "store chunk")
+                nbytes = self.estimated_bytes(z - a)
                 try:
                     yield (a,) + tuple(self.read_range(a, z, ids=ids))
                 finally:

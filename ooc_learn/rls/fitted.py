@@ -45,18 +45,14 @@ class FittedRLS:
         filled cut the LOO pass at 1g to 4,558-row chunks and 3 s), and at least 16 (a
         BudgetExceededError when even those do not fit)."""
         n = self.basis_.size
-        budget = self._budget
         per_row = max(int(per_row), 1)
         step = int(max(1, min(h, cap or max(256, (1 << 22) // n))))
-        while step > 16 and not budget.try_reserve(per_row * step, fit_rss=True):
-            step = max(16, step // 2)
-        if step <= 16:
-            step = min(step, 16)
-            budget.reserve(per_row * step, "sparse RLS row chunk")
+        step = self._budget.reserve_shrinking(step, lambda k: k * per_row, 16,
+                                              "sparse RLS row chunk")
         try:
             yield step
         finally:
-            budget.release(per_row * step)
+            self._budget.release(per_row * step)
 
     # -- rows of K~_B^T and U = K~_B^T Q -------------------------------------------------------
     def basis_hits(self, rows: np.ndarray):

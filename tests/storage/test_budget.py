@@ -286,3 +286,16 @@ def test_the_compilers_set_up_pages_are_handed_back_and_numba_still_compiles():
     assert before - after >= 20 << 20  # ~60 MiB of LLVM's code pages on Linux x86-64
     assert freed == pytest.approx(before - after, abs=4 << 20)
     assert total == 6  # compiling a new kernel afterwards faults what it needs back in
+
+
+def test_reserve_shrinking_halves_to_what_fits_and_refuses_below_its_floor():
+    """A buffer that may shrink: k halves until the budget grants it, down to the floor,
+    where the reservation must be had (the cap's error)."""
+    budget = MemoryBudget("1M")
+    k = budget.reserve_shrinking(1 << 20, lambda j: 8 * j, 16, "test chunk")
+    assert 8 * k <= (1 << 20) < 16 * k          # the largest halving that fits
+    assert budget.used == 8 * k
+    budget.release(8 * k)
+    budget.reserve(budget.available - 100)
+    with pytest.raises(BudgetExceededError, match="test chunk"):
+        budget.reserve_shrinking(1000, lambda j: 8 * j, 16, "test chunk")  # 16 rows: 128 bytes

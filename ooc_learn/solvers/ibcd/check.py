@@ -83,12 +83,7 @@ def reserve_rows(budget, k: int, per_row: int, what: str, *, extra: int = 0) -> 
     18 exact-stop runs on the issue-23 store went to 832 and 862 MiB under ``--memory 768M``,
     in the check's selection; by the RSS too the peaks were 682-704 MiB in the same time
     (bench-log, 2026-11-27)."""
-    while not budget.try_reserve(k * per_row + extra, fit_rss=True):
-        if k <= MIN_CHECK_ROWS:
-            budget.reserve(k * per_row + extra, what)
-            break
-        k = max(MIN_CHECK_ROWS, k // 2)
-    return k
+    return budget.reserve_shrinking(k, lambda j: j * per_row + extra, MIN_CHECK_ROWS, what)
 
 
 class Checker:
