@@ -524,25 +524,16 @@ def smo_solve(kd, kc, diag, train, y, alpha, G, C, eps, shrinking, max_iter, pha
 
 
 @njit(cache=True, nogil=True)
-def loo_seed_avg(y, alpha_full, C, r, a, train, free):
-    """DeCoste & Wagstaff's seed for the LOO problem without row r, in one call (the
-    arithmetic of ``seeding.remove_avg``, the per-row numpy calls' cost gone): ``train``
-    gets every row but r, ``a`` the full solution's alphas with alpha_r spread evenly over
-    the free alphas (rows with y_r's label gain, the others lose; what clipping leaves is
-    spread again over the rows still free, until no alpha moves). ``free`` is scratch of
-    length n. Returns sum_t y_t a_t over ``train``: 0 but for rounding, unless part of
-    alpha_r found no room."""
-    n = y.shape[0]
-    k = 0
-    for t in range(n):
-        if t != r:
-            train[k] = t
-            k += 1
-        a[t] = alpha_full[t]
+def spread_avg(a, y, C, r, pool, free):
+    """DeCoste & Wagstaff's AVG, in place: alpha_r spread evenly over the free alphas of
+    ``pool`` (rows with y_r's label gain, the others lose, so y'alpha is unchanged); what
+    clipping leaves is spread again over the rows still free, until no alpha moves (shares
+    below the alphas' rounding step move none: the caller repairs y'alpha). ``free`` is
+    scratch as long as ``pool``. Returns the amount that found no room."""
     left = a[r]
     a[r] = 0.0
     nf = 0
-    for t in train:
+    for t in pool:
         if 0.0 < a[t] < C:
             free[nf] = t
             nf += 1
@@ -561,9 +552,27 @@ def loo_seed_avg(y, alpha_full, C, r, a, train, free):
                 free[kept] = t
                 kept += 1
         if moved == 0.0:
-            break  # each share below its alpha's rounding step: the repair takes the rest
+            break
         left -= moved
         nf = kept
+    return max(left, 0.0)
+
+
+@njit(cache=True, nogil=True)
+def loo_seed_avg(y, alpha_full, C, r, a, train, free):
+    """The AVG seed of the LOO problem without row r in one call (the per-row numpy calls'
+    cost gone): ``train`` gets every row but r, ``a`` the full solution's alphas with
+    alpha_r spread over the free ones (:func:`spread_avg`). ``free`` is scratch of length n.
+    Returns sum_t y_t a_t over ``train``: 0 but for rounding, unless part of alpha_r found
+    no room."""
+    n = y.shape[0]
+    k = 0
+    for t in range(n):
+        if t != r:
+            train[k] = t
+            k += 1
+        a[t] = alpha_full[t]
+    spread_avg(a, y, C, r, train, free)
     total = 0.0
     for t in train:
         total += a[t] * y[t]
@@ -593,7 +602,6 @@ def loo_seed_gradient(kd, kc, y, a, alpha_full, G_full, train, changed, acc, G):
     for t in train:
         G[t] += y[t] * acc[t]
     return m
-
 
 
 @njit(cache=True, nogil=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _kernels as K
 from .smo import KernelMatrix
 
 __all__ = ["SeedContext", "SEEDERS", "restore_equality", "remove_avg", "remove_top"]
@@ -187,25 +188,12 @@ def seed_mir(ctx: SeedContext) -> np.ndarray:
 
 
 def remove_avg(a, y, C, r, pool) -> float:
-    """DeCoste & Wagstaff: spread alpha_r evenly over the free alphas of ``pool``.
-
-    Rows with y_i = y_r gain, the others lose, so y'alpha is unchanged; clipped amounts are
-    spread again over the rows still free, until no alpha moves. Returns the amount that
-    found no room.
-    """
-    left = a[r]
-    a[r] = 0.0
-    free = pool[(a[pool] > 0) & (a[pool] < C)]
-    while left > 1e-14 * max(1.0, C) and free.size:
-        sgn = np.where(y[free] == y[r], 1.0, -1.0)
-        new = np.clip(a[free] + sgn * (left / free.size), 0.0, C)
-        moved = float(np.abs(new - a[free]).sum())
-        if moved == 0.0:
-            break  # each share below its alpha's rounding step: the caller repairs y'alpha
-        left -= moved
-        a[free] = new
-        free = free[(new > 0) & (new < C)]
-    return max(left, 0.0)
+    """DeCoste & Wagstaff: spread alpha_r evenly over the free alphas of ``pool``, in place
+    (:func:`._kernels.spread_avg`; y'alpha unchanged). Returns the amount that found no
+    room."""
+    pool = np.asarray(pool, dtype=np.int64)
+    return float(K.spread_avg(a, np.asarray(y, dtype=np.float64), float(C), int(r), pool,
+                              np.empty(pool.size, np.int64)))
 
 
 def remove_top(a, y, C, r, pool, kcol) -> float:
