@@ -602,7 +602,7 @@ def test_fresh_rows_the_cap_cannot_hold_join_in_part(tmp_path, rng, monkeypatch)
 
         def squeezed(nbytes, *, evict=True, fit_rss=False):  # the fetch's reservation only
             caller = sys._getframe(1)
-            if (caller.f_code.co_name == "reserve_rows" and nbytes > cut_at
+            if (caller.f_code.co_name == "reserve_shrinking" and nbytes > cut_at
                     and caller.f_locals.get("what") == "IBCD fresh rows"):
                 return False
             return take(nbytes, evict=evict, fit_rss=fit_rss)
