@@ -501,5 +501,5 @@ def open_forest(store, *, cache_bytes: int | None = None,
                   block_offsets=store.block_offsets, budget=store.budget,
                   name=str(store.path), cache_bytes=cache_bytes, read_rows=store.read_rows,
                   block_cache=store.block_cache, block_labels=view_labels(store),
-                  will_need=store.will_need if store.past_page_cache else None,
+                  will_need=store.read_ahead,
                   search=search)

@@ -39,7 +39,7 @@ class RowSource:
                       block_offsets=st.block_offsets, budget=st.budget, name=str(st.path),
                       read_rows=self.read_rows, block_cache=st.block_cache,
                       block_labels=view_labels(st),
-                      will_need=st.will_need if st.past_page_cache else None)
+                      will_need=st.read_ahead)
 
     def read_range(self, start: int, stop: int):
         b = int(np.searchsorted(self.offsets, start, side="right") - 1)
