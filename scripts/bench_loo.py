@@ -47,8 +47,8 @@ def main():
                     help="best of N runs per cell (more, up to 20, while under a second)")
     args = ap.parse_args()
     loo_error(np.eye(4, dtype=np.float32), [0, 1, 0, 1], C=1.0)   # JIT warm-up
-    hdr = (f"{'set':14} {'n':>5} {'kernel':6} {'C':>5} {'gamma':>7} {'seed':4} {'err %':>6} {'std s':>7} "
-           f"{'stop s':>7} {'KerEval std':>11} {'KerEval stop':>12} {'KE x':>5} "
+    hdr = (f"{'set':14} {'n':>5} {'kernel':6} {'C':>5} {'gamma':>7} {'seed':4} {'err %':>6} "
+           f"{'std s':>7} {'stop s':>7} {'KerEval std':>11} {'KerEval stop':>12} {'KE x':>5} "
            f"{'computed x':>10} {'time x':>6} {'Prec %':>6}")
     print(hdr)
     print("-" * len(hdr))
@@ -79,8 +79,8 @@ def main():
                 tot[1] += b.stats["wall"]
                 tot[2] += a.stats["kernel_columns_requested"]
                 tot[3] += b.stats["kernel_columns_requested"]
-                print(f"{name:14} {len(y):5d} {kernel:6} {kw['C']:5g} {kw.get('gamma', 0):7.4g} {seeding:4} "
-                      f"{100 * a.error:6.2f} "
+                print(f"{name:14} {len(y):5d} {kernel:6} {kw['C']:5g} "
+                      f"{kw.get('gamma', 0):7.4g} {seeding:4} {100 * a.error:6.2f} "
                       f"{a.stats['wall']:7.2f} {b.stats['wall']:7.2f} "
                       f"{a.stats['kernel_columns_requested']:11d} "
                       f"{b.stats['kernel_columns_requested']:12d} {ke:5.2f} {comp:10.2f} "
