@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from typing import Callable
 
 from ooc_learn._json import jsonable
@@ -16,6 +17,16 @@ from ooc_learn.storage.budget import MemoryBudget, parse_size
 from ooc_learn.storage.errors import OOCError
 from ooc_learn.storage.stop import request_stop
 
+
+
+def _warning_line(prog: str, said: list[str]):
+    """A ``warnings.showwarning`` that writes ``prog: warning: message`` to stderr and keeps
+    the message in ``said``."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        said.append(text)
+        print(f"{prog}: warning: {text}", file=sys.stderr if file is None else file)
+    return show
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -88,8 +99,13 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
     stop = _StopSignals()
+    said: list[str] = []
     try:
-        result = body(args)
+        with warnings.catch_warnings():
+            # a warning is a line of the command's, as its errors are, not Python's (file,
+            # line and source); --json also lists them
+            warnings.showwarning = _warning_line(prog, said)
+            result = body(args)
     except BaseException as exc:
         if stop.signum is not None:
             # SIGINT or SIGTERM: whatever the exception became on its way out (h5py or numba
@@ -117,6 +133,8 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     if result is None:
         return 0
     budget = getattr(args, "budget_", None)
+    if said and isinstance(result.get("json"), dict):
+        result["json"]["warnings"] = said
     if budget is not None and isinstance(result.get("json"), dict):
         from ooc_learn.storage.resources import peak_rss_bytes
 

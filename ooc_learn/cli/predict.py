@@ -76,7 +76,13 @@ def _predict_body(args):
     ids, dec, ys, pred = ids[order], dec[order], ys[order], pred[order]
     labels = dec if model.regression else model.classes_[pred]
     names = model.meta.get("label_map", {}).get("names")
-    shown = labels if not names else np.asarray(names, dtype=object)[labels.astype(np.intp)]
+    if names:
+        shown = np.asarray(names, dtype=object)[labels.astype(np.intp)]
+    elif model.regression:
+        shown = [f"{v:.9g}" for v in labels.tolist()]
+    else:  # a class as the source wrote it: 9, not 9.0 (the shortest form that reads back)
+        text = {c: np.format_float_positional(c, trim="-") for c in model.classes_.tolist()}
+        shown = [text[c] for c in labels.tolist()]
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size)}
     if model.regression:
         from ooc_learn.model import error_figures

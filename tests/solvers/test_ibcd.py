@@ -119,6 +119,22 @@ def test_ibcd_warns_when_dual_cd_on_S_stops_at_max_iter(tmp_path):
         assert res.stats["S_converged"] is False
 
 
+def test_cli_warning_is_one_line_of_the_command_and_in_json(tmp_path, capsys):
+    # the same approximate solve from ooc-train: "ooc-train: warning: ...", not Python's
+    # file:line and source echo; --json lists it
+    X, y = problem(np.random.default_rng(1), n=3000)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True).close()
+    argv = [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--eps", "1e-4", "--quiet",
+            "--seed", "1"]
+    assert train_main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("ooc-train: warning: IBCD's dual CD") and "approximate" in err
+    assert "RuntimeWarning" not in err and ".py:" not in err
+    assert train_main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["warnings"]) == 1 and "approximate" in out["warnings"][0]
+
+
 def test_ibcd_primal_tron_blocks_match_dual_cd_on_sqhinge(tmp_path, rng):
     X, y = problem(rng, n=2000, d=10)
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=2, build_index=True) as store:

@@ -222,7 +222,8 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     if not stats.S_converged:
         warnings.warn(f"IBCD's dual CD on the active set reached its {cfg.max_iters} passes "
                       "before the projected-gradient spread fell to eps (as LIBLINEAR stops "
-                      "at max_iter): the solution is approximate. Raise eps or lower C.",
+                      "at max_iter): the solution is approximate. Raise eps, lower C or scale the "
+                      "features (e.g. to [0, 1]).",
                       RuntimeWarning, stacklevel=3)
     if not converged:
         warnings.warn(f"IBCD stopped after max_outer={n_outer} outer iterations before the "
