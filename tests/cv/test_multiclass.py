@@ -162,6 +162,9 @@ def test_predictions_to_stdout_with_the_summary_on_stderr(store, tmp_path, capsy
     got = capsys.readouterr()
     assert got.out == (tmp_path / "p.csv").read_text()  # stdout: the CSV alone
     assert "accuracy" in got.err and "confusion matrix" in got.err
+    # classes as the source wrote them (0..3), not as floats
+    labels = {line.split(",")[1] for line in got.out.splitlines()[1:]}
+    assert labels and labels <= {"0", "1", "2", "3"}
     assert predict_main([str(model), str(store), "-o", "-", "--quiet"]) == 0
     got = capsys.readouterr()
     assert got.out == (tmp_path / "p.csv").read_text() and "accuracy" not in got.err
