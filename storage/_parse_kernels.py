@@ -77,6 +77,7 @@ _CR = 13
 _SP = 32
 _TAB = 9
 _HASH = 35
+_QUOTE = 34
 _COLON = 58
 
 
@@ -503,16 +504,27 @@ def parse_csv(buf, end, st, delim, n_fields, label_col, text_label, labels, indp
                 if delim < 0:
                     break
                 return _fail(st, E_MISSING, line, tok, tok, field + 1, 0)
+            quoted = False
             if text_label and field == label_col:
                 pos = _field_end(buf, pos, end, delim)
                 kind, v = NUM_SLOW, 0.0
             else:
+                if c == _QUOTE:  # "1.5", as R's write.csv and spreadsheets quote fields
+                    quoted = True
+                    pos += 1
+                    tok = pos
                 kind, v, pos = scan_number(buf, pos, end, field != label_col)
             te = pos
+            if quoted:
+                if buf[pos] != _QUOTE:
+                    kind = NUM_BAD
+                else:
+                    pos += 1
             while pos < end and _is_space(buf[pos]) and buf[pos] != delim:
                 pos += 1
             c = buf[pos]
             if kind == NUM_BAD or not (c == delim or c == _NL or (delim < 0 and te < pos)):
+                tok -= quoted
                 te = _field_end(buf, tok, end, delim)
                 return _fail(st, E_FIELD, line, tok, te, field + 1, 0)
             if kind == NUM_NONFINITE:

@@ -28,8 +28,11 @@ _SNIFF_LINES = 20
 LIBSVM_TOKEN = re.compile(r"^(?:[+-]?\d+|qid):")
 
 
-def is_number(text: str) -> bool:
-    """Whether Python's ``float`` reads ``text`` as a number."""
+def is_number(text: str, *, quoted: bool = False) -> bool:
+    """Whether Python's ``float`` reads ``text`` as a number (``quoted``: also inside one pair
+    of double quotes, as a CSV field may be written)."""
+    if quoted and len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
     try:
         float(text)
     except ValueError:
@@ -102,7 +105,8 @@ def detect_format(path) -> str:
         if len(head.strip()) == 0 or at_eof:
             raise empty_source(path)
         raise IngestError("the first 64 KiB hold no data line, so the format cannot be "
-                          "detected", "Pass fmt='libsvm' or fmt='csv' explicitly.", path=f.path)
+                          "detected", "Pass --format libsvm or --format csv (fmt=) "
+                          "explicitly.", path=f.path)
     for _, text in lines:
         tokens = text.split("#", 1)[0].split()
         if any(LIBSVM_TOKEN.match(t) for t in tokens):
@@ -143,8 +147,8 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     if header is None:
         # a header's names are text where the data below are numbers (a column of class
         # names is text in every line, the first too)
-        header = not all(is_number(x) for x in fields) and (
-            not rows or any(not is_number(a) and is_number(b)
+        header = not all(is_number(x, quoted=True) for x in fields) and (
+            not rows or any(not is_number(a, quoted=True) and is_number(b, quoted=True)
                             for a, b in zip(fields, rows[0])))
     names = None
     if header:
@@ -156,7 +160,7 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     data = rows if header else [fields] + rows
     full = [r for r in data if len(r) == n_fields]
     def text(j, rows):
-        return (r[j] and not is_number(r[j]) for r in rows)
+        return (r[j] and not is_number(r[j], quoted=True) for r in rows)
 
     # a column of class names is text in every line read; one stray word in a column of
     # numbers is a bad value, which the parser names with its line

@@ -199,7 +199,8 @@ def label_index(path, label_column, names, n_fields: int) -> int:
         if names is None:
             raise IngestError(f"label_column={label_column!r} names a column, but the file has "
                               "no header line", "Pass the label column's number instead, or "
-                              "header=True if the first line is a header.", path=os.fspath(path))
+                              "--header (header=True) if the first line is a header.",
+                              path=os.fspath(path))
         if label_column not in names:
             raise IngestError(f"no column named {label_column!r}; the header has {names[:20]}",
                               "Pass one of the header's names or a column number.",

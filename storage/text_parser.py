@@ -235,12 +235,13 @@ _MESSAGES = {
     K.E_DUPLICATE: ("feature index {index} appears twice in one row",
                     "Merge or remove the repeated index; each index may appear once per row."),
     K.E_FIELD: ("the field is not a number",
-                "Every field must be numeric: encode text columns, and pass header=True if the "
-                "first line is a header."),
+                "Every field must be numeric: encode text columns, and pass --header (header=True) "
+                "if the first line is a header. Quoted numbers (\"1.5\") are read; decimal "
+                "commas are not."),
     K.E_MISSING: ("empty field (missing value)",
                   "Impute or drop missing values before ingesting."),
     K.E_WIDTH: ("", "Every row needs the same number of fields; fix the row, or pass the right "
-                "delimiter= if it was detected wrongly."),
+                "--delimiter (delimiter=) if it was detected wrongly."),
 }
 
 

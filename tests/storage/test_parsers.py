@@ -319,6 +319,31 @@ def test_csv_header_options(tmp_path):
         iter_chunks(path, label_column=3)
 
 
+def test_csv_quoted_numbers_as_r_and_spreadsheets_write_them(tmp_path):
+    """R's write.csv quotes the header, text and row names ("1"); a spreadsheet may quote
+    every field. A quoted number is read as the number (bit for bit as unquoted), and the
+    class names stay the label; a quote left open or a doubled one is a bad field."""
+    from ooc_learn.storage.ingest import ingest
+
+    r = tmp_path / "r.csv"
+    r.write_text('"","a","b","label"\n"1",0.1,"2.5e-3","x"\n"2","3",-4,"y"\n')
+    with ingest([r], tmp_path / "r.store") as store:
+        assert store.label_map["names"] == ["x", "y"]  # the column named label
+        X, y, ids = store.gather(np.arange(2))
+        X = X[np.argsort(ids)]
+        assert X.tolist() == np.float32([[1, 0.1, 2.5e-3], [2, 3, -4]]).tolist()
+    every = tmp_path / "q.csv"
+    every.write_text('"f1","f2","f3"\n"1","0.5","7"\n"-1","1.5","8"\n')
+    y, ip, ind, val, *_ = collect(every)
+    assert y.tolist() == [1, -1] and val.tolist() == [0.5, 7, 1.5, 8]
+    for bad, token in (('1,0,"2\n', '"2'), ('1,0,""2"\n', '""2"'), ('1,0,"2"3\n', '"2"3')):
+        path = tmp_path / "bad.csv"
+        path.write_text("label,a,b\n" + bad)
+        with pytest.raises(IngestError, match="not a number") as exc:
+            collect(path)
+        assert f"token '{token}'" in str(exc.value) and "line 2" in str(exc.value)
+
+
 def test_csv_label_column_found_by_header_name(tmp_path):
     """A header naming the label (label / y / target / class, any case) picks that column
     (it silently took column 0 before, the last column then became a feature); two such names
