@@ -20,6 +20,7 @@ from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes
 from ooc_learn.storage.errors import ParameterError
 
 from ..learners.base import check_metric, kernel_arrays
+from ..learners.one_vs_rest import OneVsRest, for_labels
 from ._kernels import stack_depth, tree_block
 from .folds import check_k, make_source
 from .result import CVResult
@@ -62,10 +63,12 @@ class CVRun:
                     f"{type(learner).__name__} has no {name}().",
                     "Use Pegasos, LeastSquaresSGD, ExactLeastSquares or wrap a scikit-learn "
                     "estimator with SklearnPartialFit.")
-        self.metric = check_metric(learner, metric, caller)
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.source = make_source(data, perm_seed=self.rng if shuffle else None,
                                   block_rows=block_rows, caller=caller)
+        # a learner of +1 / -1 labels on other labels (a multiclass store): a model per class
+        learner = for_labels(learner, self.source)
+        self.metric = check_metric(learner, metric, caller)
         self.k = check_k(k, self.source.n, caller)
         if memory is None and self.source.is_store:
             self.budget = data.budget
@@ -243,6 +246,8 @@ class CVRun:
             stats["kernel_subtrees"] = self.kernel_subtrees
         if self.blockwise_phases:
             stats["blockwise_randomized_phases"] = self.blockwise_phases
+        if isinstance(self.learner, OneVsRest):
+            stats["one_vs_rest_classes"] = self.learner.classes.tolist()
         return CVResult(estimate=float(fold_scores.mean()), fold_scores=fold_scores,
                         metric=_metric_name(self.metric), method=method, folds=self.folds,
                         predictions=self.pred, stats=stats)

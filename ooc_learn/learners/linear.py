@@ -88,7 +88,9 @@ class _FlatStateLearner:
 class Pegasos(_FlatStateLearner):
     """PEGASOS, one pass, last iterate (Shalev-Shwartz et al. 2011, Fig. 1 with k = 1).
 
-    Objective: min_w lam/2 ||w||^2 + (1/n) sum_i max(0, 1 - y_i w.x_i), y in {-1, +1}.
+    Objective: min_w lam/2 ||w||^2 + (1/n) sum_i max(0, 1 - y_i w.x_i), y in {-1, +1}
+    (TreeCV and k-fold CV on a multiclass store train one model per class:
+    :class:`~.one_vs_rest.OneVsRest`).
     Step t (one row): eta = 1/(lam t); w <- (1 - eta lam) w + eta y x if y w.x < 1, then the
     optional projection onto the ball of radius 1/sqrt(lam). Stopping rule: one pass over the
     rows fed (the setting of Joulani et al. 2015, sec. 5). No bias term: append a constant
@@ -113,6 +115,7 @@ class Pegasos(_FlatStateLearner):
     """
 
     kernel_kind = K.PEGASOS
+    binary_labels = True  # on other labels, CV runs it one-vs-rest (``one_vs_rest``)
     default_metric = "error"
     metrics = ("error", "hinge", "squared")
 

@@ -262,3 +262,61 @@ def test_tree_cv_progress_bar_goes_to_stderr_and_changes_nothing(capsys):
     quiet = tree_cv((X, y), ExactLeastSquares(1e-8), k=10)
     shown = tree_cv((X, y), ExactLeastSquares(1e-8), k=10, progress=True)
     assert shown.estimate == quiet.estimate and "tree_cv" in capsys.readouterr().err
+
+
+def _three_classes(rng, n=900):
+    centers = np.array([[3.0, 0, 0, 0], [0, 3.0, 0, 0], [0, 0, 3.0, 0]])
+    y = rng.integers(0, 3, n).astype(np.float64)
+    X = (centers[y.astype(int)] + rng.standard_normal((n, 4))).astype(np.float32)
+    return X, y
+
+
+def test_pegasos_on_class_labels_trains_one_model_per_class(rng):
+    """Labels 0, 1, 2 are not signs: CV of Pegasos runs one model per class (one-vs-rest,
+    the class of the largest decision value). k-fold equals the same models built by hand;
+    TreeCV lands near it, in parallel equals itself sequential."""
+    from ooc_learn.learners import OneVsRest
+
+    X, y = _three_classes(rng)
+    lrn = Pegasos(1e-3)
+    std = kfold_cv((X, y), lrn, 5)
+    assert std.stats["one_vs_rest_classes"] == [0.0, 1.0, 2.0]
+    bounds = array_fold_bounds(len(y), 5)
+    for i in range(5):
+        train = np.r_[0:bounds[i], bounds[i + 1]:len(y)]
+        dec = []
+        for c in (0.0, 1.0, 2.0):
+            m = lrn.update(lrn.init(4, len(y)), X, np.where(y == c, 1.0, -1.0), order=train)
+            dec.append(lrn.predict(m, X[bounds[i]:bounds[i + 1]]))
+        pred = np.argmax(np.column_stack(dec), axis=1)
+        assert std.fold_scores[i] == np.mean(pred != y[bounds[i]:bounds[i + 1]])
+    assert std.estimate < 0.1  # well-separated blobs; chance is 2/3
+    tree = tree_cv((X, y), lrn, 5)
+    assert abs(tree.estimate - std.estimate) < 0.05
+    np.testing.assert_array_equal(tree_cv((X, y), lrn, 5, n_jobs=2).fold_scores,
+                                  tree.fold_scores)
+    assert set(np.unique(tree.predictions)) <= {0.0, 1.0, 2.0}
+    # +1 / -1 labels stay one model; OneVsRest by hand gives the k-fold above
+    yb = np.where(y == 1, 1.0, -1.0)
+    assert "one_vs_rest_classes" not in kfold_cv((X, yb), lrn, 5).stats
+    assert kfold_cv((X, y), OneVsRest(lrn, [0, 1, 2]), 5).estimate == std.estimate
+    with pytest.raises(ParameterError, match="metric"):
+        kfold_cv((X, y), lrn, 5, metric="hinge")
+
+
+def test_pegasos_treecv_of_a_multiclass_store_and_its_class_view(tmp_path, rng, capsys):
+    import json
+
+    from ooc_learn.api import ingest_arrays
+    from ooc_learn.cli import train_main
+    from ooc_learn.storage.store import open_store
+
+    X, y = _three_classes(rng, 1500)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=3, task="multiclass").close()
+    assert train_main([str(tmp_path / "s"), "--cv", "5", "--cv-method", "tree", "--solver",
+                       "pegasos", "--lam", "1e-3", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["estimate"] < 0.1 and out["stats"]["one_vs_rest_classes"] == [0.0, 1.0, 2.0]
+    with open_store(tmp_path / "s", positive=2) as view:  # one class: +1 / -1, one model
+        r = tree_cv(view, Pegasos(1e-3), 5)
+    assert "one_vs_rest_classes" not in r.stats and r.estimate < 0.1

@@ -1,0 +1,111 @@
+"""A learner of +1 / -1 labels over more classes: one model per class (one-vs-rest).
+
+TreeCV and k-fold CV of a binary learner (``binary_labels``, e.g. :class:`~.linear.Pegasos`)
+on a multiclass store, or on labels other than +1 / -1, wrap it here (:func:`for_labels`), as
+``train`` trains one model per class of a multiclass store: otherwise the class codes 0..k-1
+would be fed to the hinge loss as if they were signs, and the estimate would mean nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ooc_learn.storage.errors import ParameterError
+
+__all__ = ["OneVsRest", "for_labels"]
+
+
+class OneVsRest:
+    """One copy of a binary learner per class: class c's model is fed +1 for its rows and
+    -1 for the others; the prediction is the class whose model gives the largest decision
+    value, and the ``error`` metric counts the rows whose class it misses.
+
+    Parameters
+    ----------
+    learner : IncrementalLearner
+        A learner of +1 / -1 labels whose ``predict`` returns decision values.
+    classes : array-like
+        The label values, one model each (sorted).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ooc_learn.learners import Pegasos
+    >>> X = np.eye(3, dtype=np.float32); y = np.array([0.0, 1.0, 2.0])
+    >>> ovr = OneVsRest(Pegasos(0.1), [0, 1, 2])
+    >>> m = ovr.update(ovr.init(3, 3), X, y)
+    >>> ovr.predict(m, X).tolist()
+    [0.0, 1.0, 2.0]
+    """
+
+    default_metric = "error"
+    metrics = ("error",)
+
+    def __init__(self, learner, classes):
+        self.learner = learner
+        self.classes = np.unique(np.asarray(classes, dtype=np.float64))
+        if self.classes.size < 2:
+            raise ParameterError(f"One-vs-rest needs two classes or more. Got "
+                                 f"{self.classes.tolist()}.", "Check the labels.")
+        self._y = None     # the labels last mapped (held, so that its id is not reused) ...
+        self._signs = None  # ... and their +1 / -1 per class
+
+    def _signs_of(self, y):
+        if y is not self._y:
+            y64 = np.asarray(y, dtype=np.float64)
+            self._y = y
+            self._signs = [np.where(y64 == c, 1.0, -1.0) for c in self.classes]
+        return self._signs
+
+    def init(self, n_features: int, n_samples: int) -> list:
+        return [self.learner.init(n_features, n_samples) for _ in self.classes]
+
+    def update(self, models: list, X, y, order=None) -> list:
+        signs = self._signs_of(y)
+        return [self.learner.update(m, X, s, order=order) for m, s in zip(models, signs)]
+
+    def copy(self, models: list) -> list:
+        return [self.learner.copy(m) for m in models]
+
+    def predict(self, models: list, X) -> np.ndarray:
+        dec = np.column_stack([np.asarray(self.learner.predict(m, X), dtype=np.float64)
+                               for m in models])
+        return self.classes[np.argmax(dec, axis=1)]
+
+    def losses(self, y, pred, metric) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64)
+        if callable(metric):
+            out = np.asarray(metric(y, pred), dtype=np.float64)
+            if out.shape != y.shape:
+                raise ParameterError(
+                    f"A metric callable must return one loss per row ({y.shape[0]}). "
+                    f"Got shape {out.shape} instead.",
+                    "Return an array of per-row losses, not their mean.")
+            return out
+        return (np.asarray(pred, dtype=np.float64) != y).astype(np.float64)
+
+    def score(self, models: list, X, y, metric=None) -> float:
+        return float(self.losses(y, self.predict(models, X), metric or "error").sum())
+
+    def nbytes(self, models: list) -> int:
+        return int(sum(self.learner.nbytes(m) for m in models))
+
+    def __repr__(self):
+        return f"OneVsRest({self.learner!r}, classes={self.classes.tolist()})"
+
+
+def for_labels(learner, source):
+    """``learner`` as the CV run should drive it on ``source``: wrapped in
+    :class:`OneVsRest` where it learns +1 / -1 labels (``binary_labels``) and the source's
+    labels are others (a multiclass store's classes, or arrays labelled otherwise)."""
+    if not getattr(learner, "binary_labels", False):
+        return learner
+    if source.is_store:
+        store = source.store
+        if store.task != "multiclass":
+            return learner  # binary: +1 / -1 as stored (or as a class view reads them)
+        return OneVsRest(learner, store.metadata["label_map"]["classes"])
+    values = np.unique(np.asarray(source.y, dtype=np.float64))
+    if np.isin(values, (-1.0, 1.0)).all():
+        return learner
+    return OneVsRest(learner, values)
