@@ -351,7 +351,10 @@ def _train_one_vs_rest(st, on_outer=None, n_jobs=1, client=None, **params) -> Li
     stats = {"seconds": time.perf_counter() - t0,
              "rows_read": sum(x.get("rows_read") or 0 for x in per_class),
              "bytes_read": sum(x.get("bytes_read") or 0 for x in per_class),
-             "objective": None, "n_sv": sum(x.get("n_sv") or 0 for x in per_class),
+             "objective": None,
+             # None where the solver counts none (PEGASOS), as for one class
+             "n_sv": (None if any(x.get("n_sv") is None for x in per_class)
+                      else sum(x["n_sv"] for x in per_class)),
              "outer_iterations": max(x.get("outer_iterations") or 0 for x in per_class),
              "converged": all(x.get("converged", True) for x in per_class),
              "stop_reason": _one_reason([x.get("stop_reason") for x in per_class]),

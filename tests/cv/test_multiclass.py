@@ -152,6 +152,15 @@ def test_cv_of_classes_in_threads_gives_the_same_estimate(store, solver, capsys)
     assert out["estimate"] == pytest.approx(one.estimate)
 
 
+def test_pegasos_one_vs_rest_reports_no_support_vectors(store, tmp_path, capsys):
+    # PEGASOS counts none: the multiclass summary says nothing of them (it said 0)
+    assert train_main([str(store), "-o", str(tmp_path / "p.npz"), "--solver", "pegasos",
+                       "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_sv"] is None
+    assert train_main([str(store), "-o", str(tmp_path / "p.npz"), "--solver", "pegasos"]) == 0
+    assert "support vectors" not in capsys.readouterr().out
+
+
 def test_predictions_to_stdout_with_the_summary_on_stderr(store, tmp_path, capsys):
     model = tmp_path / "m.npz"
     assert train_main([str(store), "-o", str(model), "--solver", "dcd", "--quiet"]) == 0
