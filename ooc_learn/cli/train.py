@@ -379,9 +379,11 @@ def _cv_svm(args, budget) -> dict:
     rmse = metric == "rmse"
     # the first (smallest C) of equals
     best = (min if rmse else max)(results, key=lambda r: r.estimate)
-    grid = [{"C": r.stats["C"], "estimate": r.estimate,
-             "fold_scores": [float(v) for v in r.fold_scores], "seconds": r.stats["seconds"],
-             "rows_read": r.stats["rows_read"], "folds": r.stats["folds"]} for r in results]
+    loo = bool(best.stats.get("loo"))  # a score per row: not listed
+    grid = [{"C": r.stats["C"], "estimate": r.estimate, "seconds": r.stats["seconds"],
+             "rows_read": r.stats["rows_read"]}
+            | ({} if loo else {"fold_scores": [float(v) for v in r.fold_scores],
+                               "folds": r.stats["folds"]}) for r in results]
     solver = best.stats["solver"]
     loss = args.loss or ("squared_epsilon_insensitive" if rmse else "hinge")
     out = {"store": str(args.store), "solver": solver, "loss": loss,
@@ -392,13 +394,14 @@ def _cv_svm(args, budget) -> dict:
     if "classes" in best.stats:
         out["classes"] = best.stats["classes"]
     how = ("one-vs-rest over " + str(len(best.stats["classes"])) + " classes"
-           if "classes" in best.stats else "one pass, a Gram matrix per fold"
-           if solver == "exact" else "C search, each fold warm-started from the last C"
+           if "classes" in best.stats else "two passes, in closed form" if loo
+           else "one pass, a Gram matrix per fold" if solver == "exact" else "C search, each fold warm-started from the last C"
            if args.C_search else f"{best.stats['jobs']} folds at a time in threads"
            if best.stats.get("jobs", 1) > 1 else "folds warm-started"
            if best.stats["warm_start"] else "folds from scratch")
     fmt = (lambda v: f"{v:>12.6g}") if rmse else (lambda v: f"{100 * v:>11.2f}%")
-    lines = [f"{solver} {best.k}-fold cross-validation of {args.store} ({how})",
+    kind = "leave-one-out" if loo else f"{best.k}-fold cross-validation"
+    lines = [f"{solver} {kind} of {args.store} ({how})",
              f"{'C':>10} {'cv ' + metric:>12} {'fold std':>9} {'seconds':>9} {'rows read':>11}"]
     for r in results:
         mark = "  <- best" if r is best and len(results) > 1 else ""

@@ -120,19 +120,27 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
     st, opened = open_data(store, memory)
     try:
         check_task(st, caller)
+        exact = st.task == "regression" and regression_solver(
+            st, solver, "squared_epsilon_insensitive" if loss is None else loss,
+            epsilon) == "exact"
         if isinstance(k, str) and k.lower() == "loo":
+            if exact:  # closed form: two passes for every C
+                for C in Cs:
+                    check_cost(C, caller)
+                return _loo_exact(st, Cs, bias=bias)
+            what = "SVR" if st.task == "regression" else "linear SVM"
             raise ParameterError(
-                "Leave-one-out of the linear SVM would train one model per row.",
-                "Use --cv K with K folds, or TreeCV (--cv-method tree) for leave-one-out.")
+                f"Leave-one-out of the {what} would train one model per row.",
+                "Use --cv K with K folds, or TreeCV (--cv-method tree) for leave-one-out"
+                + (" (least squares, --solver exact, has an exact one in two passes)."
+                   if st.task == "regression" else "."))
         n = st.n_samples
         k = check_k(k, n, caller)
         if k > max(n // 2, st.n_blocks):
             raise ParameterError(
                 f"{k} folds of {n} rows leave about {n / k:.1f} rows a fold; each fold is a "
                 "full SVM solve.", "Use k <= 20, or TreeCV (--cv-method tree) for many folds.")
-        if st.task == "regression" and regression_solver(
-                st, solver, "squared_epsilon_insensitive" if loss is None else loss,
-                epsilon) == "exact":
+        if exact:
             for C in Cs:  # the checks of train_regression, before any work
                 check_cost(C, caller)
             return _cross_validate_exact(st, k, Cs=Cs, bias=bias, on_fold=on_fold, seed=seed)
@@ -218,6 +226,57 @@ def _cross_validate_exact(st, k, *, Cs, bias, on_fold, seed=0) -> list[CVResult]
             stats={"k": k, "n": n, "solver": "exact", "C": C, "warm_start": False,
                    "seconds": total / m, "rows_read": (st.rows_read - rows0) // m,
                    "folds": logs[j]}))
+    if m == 1:
+        out[0].stats.update(rows_read=st.rows_read - rows0, bytes_read=st.bytes_read - bytes0,
+                            seconds=total)
+    return out
+
+
+def _loo_exact(st, Cs, *, bias) -> list[CVResult]:
+    """Leave-one-out of least squares at every C, exactly, in two passes over the store.
+
+    With A = G + I / (2C) (``solve_normal_equations``; x augmented by the bias), leaving row
+    i out changes its prediction by the Sherman-Morrison formula: its LOO residual is
+    r_i / (1 - h_i), with r_i = y_i - x_i^T w the residual of the model on all rows and
+    h_i = x_i^T A^-1 x_i. The first pass builds G and b; with G = V diag(s) V^T, the second
+    takes P = Xa V a chunk at a time, and for each C h = sum_j P_ij^2 / (s_j + 1/(2C)) and
+    x^T w = P (V^T b / (s + 1/(2C))). ``fold_scores`` are the rows' absolute LOO residuals.
+    """
+    from ooc_learn.solvers.least_squares import CHUNK_ROWS, fold_grams, gram_bytes
+
+    t0 = time.perf_counter()
+    n, d, m = st.n_samples, st.n_features, len(Cs)
+    rows0, bytes0 = st.rows_read, st.bytes_read
+    step = CHUNK_ROWS if st.layout == "dense" else 8 * CHUNK_ROWS
+    with st.budget.reservation(gram_bytes(d, 2) + 8 * (d + 1) ** 2 + n + 8 * (m + 1) * n
+                               + 8 * step * (d + 1) * 3,
+                               f"leave-one-out of least squares ((d+1)^2 matrices of {d:,} "
+                               f"features, each row's prediction)",
+                               hint="or cross-validate K folds (--cv K)"):
+        G, b = fold_grams(st, np.zeros(n, np.int8), 1, bias=bias)
+        s, V = np.linalg.eigh(G[0])
+        del G
+        s = np.maximum(s, 0.0)  # G is positive semi-definite: no rounding below 0
+        c = V.T @ b[0]
+        inv = [1.0 / (s + 0.5 / C) for C in Cs]  # A^-1 = V diag(inv) V^T
+        loo, y_all = np.empty((m, n)), np.empty(n)
+        for X, y, pos in fold_rows(st, 0, n):
+            y_all[pos] = y
+            for a in range(0, pos.size, step):
+                P = np.asarray(X[a:a + step] @ V[:d]) + bias * V[d]  # Xa V
+                P2, yc, at = P * P, y_all[pos[a:a + step]], pos[a:a + step]
+                for j in range(m):
+                    loo[j, at] = yc - (yc - P @ (c * inv[j])) / (1.0 - P2 @ inv[j])
+    total = time.perf_counter() - t0
+    out = []
+    for j, C in enumerate(Cs):
+        res = np.abs(y_all - loo[j])
+        out.append(CVResult(
+            estimate=math.sqrt(float(res @ res) / n), fold_scores=res, metric="rmse",
+            method="exact", folds=np.arange(n), predictions=loo[j],
+            stats={"k": n, "n": n, "loo": True, "solver": "exact", "C": C,
+                   "warm_start": False, "seconds": total / m,
+                   "rows_read": (st.rows_read - rows0) // m, "folds": []}))
     if m == 1:
         out[0].stats.update(rows_read=st.rows_read - rows0, bytes_read=st.bytes_read - bytes0,
                             seconds=total)

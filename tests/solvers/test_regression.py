@@ -133,6 +133,34 @@ def test_regression_cv_matches_refitting_per_fold(store, solver, k):
         assert r.estimate == pytest.approx(np.sqrt(sse / len(ys)), rel=1e-5)
 
 
+def test_least_squares_leave_one_out_matches_refitting_per_row(store, capsys):
+    """--cv loo of least squares: every row's prediction by the model of the other rows
+    (Ridge refitted per row), for every C from the same two passes."""
+    with open_store(store) as st:
+        Xs, ys, _ = st.read_range(0, st.n_samples)
+        Xs, ys = np.asarray(Xs), np.asarray(ys, dtype=np.float64)
+    grid = linear_cv_grid(store, "loo", [0.01, 1.0, 100.0])
+    rows = np.random.default_rng(0).choice(len(ys), 40, replace=False)
+    for r in grid:
+        assert r.stats["loo"] and r.k == len(ys)
+        for i in rows:
+            keep = np.arange(len(ys)) != i
+            w = _augmented_ridge(Xs[keep], ys[keep], r.stats["C"])
+            assert r.predictions[i] == pytest.approx(Xs[i] @ w[:-1] + w[-1], rel=1e-6,
+                                                     abs=1e-9)
+        assert r.estimate == pytest.approx(np.sqrt(np.mean((ys - r.predictions) ** 2)))
+    # two passes over the store, for the three Cs together
+    assert 2 * len(ys) - 3 < sum(r.stats["rows_read"] for r in grid) <= 2 * len(ys)
+    assert train_main([str(store), "--cv", "loo", "--C", "0.01,1,100", "--json",
+                       "--quiet"]) == 0
+    cv = json.loads(capsys.readouterr().out)
+    assert [g["estimate"] for g in cv["grid"]] == [r.estimate for r in grid]
+    assert "fold_scores" not in cv["grid"][0]  # one per row: not listed
+    # SVR has no closed form: refused, naming the one that has
+    assert train_main([str(store), "--cv", "loo", "--solver", "dcd", "--quiet"]) == 2
+    assert "--solver exact" in capsys.readouterr().err
+
+
 def test_cli_regression_train_predict_and_cv(store, tmp_path, capsys, diabetes):
     model = tmp_path / "m.npz"
     assert train_main([str(store), "-o", str(model), "--C", "2", "--json", "--quiet",
