@@ -101,7 +101,8 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
     A multiclass store is cross-validated one-vs-rest (accuracy of the class of the largest
     value); a regression store by the RMSE of least squares or SVR (``loss``, ``epsilon``:
     as :func:`ooc_learn.train`), least squares by the normal equations from one pass with
-    a Gram matrix per fold (any number of C from the same pass).
+    a Gram matrix per fold (any number of C from the same pass); ``k="loo"``: its exact
+    leave-one-out from two passes (:func:`_loo_exact`), the only LOO offered here.
     """
     from ooc_learn.storage.store import open_data
     from ooc_learn.training import regression_solver
