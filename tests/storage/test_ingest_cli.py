@@ -334,6 +334,7 @@ def test_info_of_a_store_and_of_a_model(tmp_path, capsys):
     assert info_main([str(tmp_path / "m.h5")]) == 0
     text = capsys.readouterr().out
     assert "dcd/hinge C=2" in text and f"accuracy {100 * trained['test_accuracy']:.2f}%" in text
+    assert "classes 0, 1\n" in text  # the source's labels 0 / 1, as it wrote them
 
 
 def test_class_names_from_ingest_to_predict(tmp_path, capsys):
