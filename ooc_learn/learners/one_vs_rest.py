@@ -50,6 +50,9 @@ class OneVsRest:
         self._y = None     # the labels last mapped (held, so that its id is not reused) ...
         self._signs = None  # ... and their +1 / -1 per class
 
+    def __getstate__(self):  # shipped to a subtree's process or Dask task: not the cache
+        return {"learner": self.learner, "classes": self.classes, "_y": None, "_signs": None}
+
     def _signs_of(self, y):
         if y is not self._y:
             y64 = np.asarray(y, dtype=np.float64)
