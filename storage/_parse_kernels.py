@@ -504,22 +504,22 @@ def parse_csv(buf, end, st, delim, n_fields, label_col, text_label, labels, indp
                 if delim < 0:
                     break
                 return _fail(st, E_MISSING, line, tok, tok, field + 1, 0)
-            quoted = False
+            quoted = 0
             if text_label and field == label_col:
                 pos = _field_end(buf, pos, end, delim)
                 kind, v = NUM_SLOW, 0.0
             else:
-                if c == _QUOTE:  # "1.5", as R's write.csv and spreadsheets quote fields
-                    quoted = True
-                    pos += 1
-                    tok = pos
                 kind, v, pos = scan_number(buf, pos, end, field != label_col)
+                if kind == NUM_BAD and c == _QUOTE:
+                    # "1.5", as R's write.csv and spreadsheets quote fields
+                    kind, v, pos = scan_number(buf, tok + 1, end, field != label_col)
+                    if kind == NUM_BAD or buf[pos] != _QUOTE:
+                        kind = NUM_BAD
+                    else:
+                        quoted = 1
+                        tok += 1
             te = pos
-            if quoted:
-                if buf[pos] != _QUOTE:
-                    kind = NUM_BAD
-                else:
-                    pos += 1
+            pos += quoted
             while pos < end and _is_space(buf[pos]) and buf[pos] != delim:
                 pos += 1
             c = buf[pos]
