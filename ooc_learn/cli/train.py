@@ -210,9 +210,11 @@ def _dask_client(args, stack):
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_dask)
     client, cluster = make_client(args.scheduler, args.workers)
-    stack.callback(client.close)
+    # the client first, then its cluster (the stack runs last in, first out): workers
+    # removed under a live client's results make the scheduler warn of tasks "lost"
     if cluster is not None:
         stack.callback(cluster.close)
+    stack.callback(client.close)
     return client
 
 
