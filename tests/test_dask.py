@@ -239,6 +239,12 @@ def test_cocoa_over_a_sharded_store_reaches_the_single_machine_optimum(client, t
     # the CLI: a sharded store trains with --solver cocoa only
     assert train_main([str(tmp_path / "sh"), "-o", str(tmp_path / "s.npz"), "--solver", "cocoa",
                        "--loss", "sqhinge", "--workers", "2", "--quiet", "--json"]) == 0
+    # its default stop is the relative gap 1e-3 (the other solvers' 0.1 left it 2 % short)
+    from ooc_learn.model import load_model
+
+    cli = load_model(tmp_path / "s.npz")
+    assert cli.meta["eps"] == 1e-3
+    assert abs(_primal(tmp_path / "one", cli, 1.0, "sqhinge") - p_ref) <= 1e-3 * p_ref
     assert train_main([str(tmp_path / "sh"), "-o", str(tmp_path / "t.npz"), "--quiet"]) == 2
 
 
