@@ -12,6 +12,8 @@ import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
 
+from .base import check_metric
+
 __all__ = ["OneVsRest", "for_labels"]
 
 
@@ -76,6 +78,7 @@ class OneVsRest:
         return self.classes[np.argmax(dec, axis=1)]
 
     def losses(self, y, pred, metric) -> np.ndarray:
+        metric = check_metric(self, metric, "OneVsRest.losses")
         y = np.asarray(y, dtype=np.float64)
         if callable(metric):
             out = np.asarray(metric(y, pred), dtype=np.float64)
@@ -88,7 +91,8 @@ class OneVsRest:
         return (np.asarray(pred, dtype=np.float64) != y).astype(np.float64)
 
     def score(self, models: list, X, y, metric=None) -> float:
-        return float(self.losses(y, self.predict(models, X), metric or "error").sum())
+        metric = check_metric(self, metric, "OneVsRest.score")
+        return float(self.losses(y, self.predict(models, X), metric).sum())
 
     def nbytes(self, models: list) -> int:
         return int(sum(self.learner.nbytes(m) for m in models))

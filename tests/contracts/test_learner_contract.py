@@ -24,8 +24,8 @@ import pytest
 import scipy.sparse as sp
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 
-from ooc_learn.learners import (ExactLeastSquares, IncrementalLearner, LeastSquaresSGD, Pegasos,
-                                SaveRevertLearner, SklearnPartialFit)
+from ooc_learn.learners import (ExactLeastSquares, IncrementalLearner, LeastSquaresSGD,
+                                OneVsRest, Pegasos, SaveRevertLearner, SklearnPartialFit)
 from ooc_learn.storage.errors import ParameterError
 
 # ---------------------------------------------------------------------------------------------
@@ -39,6 +39,7 @@ LEARNERS = {
                                                          classes=[-1.0, 1.0]), "binary"),
     "sklearn-sgd-regressor": (lambda: SklearnPartialFit(SGDRegressor(random_state=0)),
                               "regression"),
+    "pegasos-one-vs-rest": (lambda: OneVsRest(Pegasos(lam=1e-2), [0, 1, 2]), "multiclass"),
 }
 # ---------------------------------------------------------------------------------------------
 
@@ -57,7 +58,8 @@ def layout(request):
 
 
 def _data(task, layout, seed=3):
-    """n x d float32 rows with an all-zero row and a duplicate; +-1 labels or real targets."""
+    """n x d float32 rows with an all-zero row and a duplicate; +-1 labels, classes 0, 1, 2
+    or real targets."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, D)).astype(np.float32)
     X[rng.random((N, D)) < 0.3] = 0.0
@@ -67,6 +69,8 @@ def _data(task, layout, seed=3):
     y = X.astype(np.float64) @ w + 0.1 * rng.standard_normal(N)
     if task == "binary":
         y = np.where(y > 0, 1.0, -1.0)
+    elif task == "multiclass":
+        y = np.digitize(y, np.quantile(y, [1 / 3, 2 / 3])).astype(np.float64)
     else:
         y = (y - y.min()) / (y.max() - y.min())  # in [0, 1], as LeastSquaresSGD's paper setting
     return (sp.csr_matrix(X) if layout == "csr" else X), y
@@ -111,7 +115,7 @@ def test_copy_is_independent(learner_case, layout):
     learner, task = learner_case
     X, y = _data(task, layout)
     # the second batch contradicts the first, so an update that leaks shows in predictions
-    y2 = -y if task == "binary" else 1.0 - y
+    y2 = {"binary": -y, "multiclass": (y + 1) % 3}.get(task, 1.0 - y)
     model = _fit(learner, X[:40], y[:40])
     before, before_state = learner.predict(model, X), _state(model)
 
