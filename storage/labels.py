@@ -92,6 +92,12 @@ def decide_task(tracker: LabelTracker, task: str, positive_label, where: str = "
             task = "binary"
         elif not tracker.overflow and len(values) == 1 and values[0] in (-1.0, 1.0):
             task = "binary"
+        elif not tracker.overflow and len(values) == 1:
+            raise IngestError(
+                f"Every row of {where} has the label {values[0]:g}: one class, or a constant "
+                f"target, where a model needs two classes or more, or a varying target.",
+                "Check the label column (--label-column) and the file; pass --task binary if "
+                "it holds one class of a binary task (a test set, say), or --task regression.")
         elif (not tracker.overflow and tracker.integral
               and 2 < len(values) <= MULTICLASS_MAX_CLASSES):
             task = "multiclass"

@@ -262,6 +262,26 @@ def test_many_distinct_integer_labels_need_a_task(tmp_path, rng, capsys):
             assert store.task == task
 
 
+def test_one_label_value_is_refused_unless_the_task_is_given(tmp_path, capsys):
+    # every row labelled 0 (the wrong label column, a file of one class): it was refused as
+    # "1 distinct integers ... a class per value, or a number?"; now it says what it is.
+    # +1 / -1 alone stay binary (a test file of one class), as before
+    src = tmp_path / "zeros.svm"
+    src.write_text("".join(f"0 1:{i % 7 / 7:.3f} 2:0.5\n" for i in range(50)))
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(src) in err and "has the label 0: one class" in err
+    assert "--task binary" in err and "--label-column" in err
+    assert not (tmp_path / "s").exists()
+    assert ingest_main([str(src), "-o", str(tmp_path / "b"), "--task", "binary",
+                        "--quiet"]) == 0
+    ones = tmp_path / "ones.svm"
+    ones.write_text("".join(f"1 1:{i % 7 / 7:.3f}\n" for i in range(50)))
+    assert ingest_main([str(ones), "-o", str(tmp_path / "o"), "--quiet"]) == 0
+    with open_store(tmp_path / "o") as store:
+        assert store.task == "binary"
+
+
 def test_csv_label_column_by_header_name_and_ambiguity(tmp_path, capsys):
     src = tmp_path / "h.csv"
     src.write_text("f1,f2,label\n" + "".join(f"{i % 7},{i % 3},{i % 2}\n" for i in range(60)))
