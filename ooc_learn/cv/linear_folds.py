@@ -84,22 +84,22 @@ def fold_tasks(k: int, m: int, threads: int) -> list[tuple[list[int], slice]]:
 
 def fold_rows(st, a: int, z: int, mask=None):
     """``(X, y, positions)`` for the store rows a:z (those of ``mask`` among them), one
-    block's part at a time."""
+    block's part at a time, read through the store's block cache: a block is paid from the
+    budget (a fold of whole blocks read past it took a block beside the cap) and one the
+    solver left in the cache is not read again."""
     off = np.asarray(st.block_offsets, dtype=np.int64)
     b = int(np.searchsorted(off, a, side="right") - 1)
     lo = a
     while lo < z:
         hi = min(z, int(off[b + 1]))
-        if mask is None:
-            X, y = st.read_range(lo, hi, ids=False)[:2]
-            yield X, y, np.arange(lo, hi)
-        else:
-            sel = np.flatnonzero(mask[lo:hi])
-            if sel.size:
-                s0, s1 = lo + int(sel[0]), lo + int(sel[-1]) + 1
-                X, y = st.read_range(s0, s1, ids=False)[:2]
-                local = sel - (s0 - lo)
-                yield X[local], np.asarray(y)[local], lo + sel
+        sel = np.arange(hi - lo) if mask is None else np.flatnonzero(mask[lo:hi])
+        if sel.size:
+            X, y = st.read_block(b)[:2]
+            at = lo - int(off[b]) + sel
+            if mask is None:  # a run of the block: views
+                at = slice(int(at[0]), int(at[-1]) + 1)
+            yield X[at], np.asarray(y)[at], lo + sel
+            del X, y  # before the next block is read (the cache may evict this one)
         lo, b = hi, b + 1
 
 

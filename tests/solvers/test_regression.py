@@ -149,8 +149,8 @@ def test_least_squares_leave_one_out_matches_refitting_per_row(store, capsys):
             assert r.predictions[i] == pytest.approx(Xs[i] @ w[:-1] + w[-1], rel=1e-6,
                                                      abs=1e-9)
         assert r.estimate == pytest.approx(np.sqrt(np.mean((ys - r.predictions) ** 2)))
-    # two passes over the store, for the three Cs together
-    assert 2 * len(ys) - 3 < sum(r.stats["rows_read"] for r in grid) <= 2 * len(ys)
+    # two passes over the store at most (the block cache may hold some), for the three Cs
+    assert len(ys) - 3 < sum(r.stats["rows_read"] for r in grid) <= 2 * len(ys)
     assert train_main([str(store), "--cv", "loo", "--C", "0.01,1,100", "--json",
                        "--quiet"]) == 0
     cv = json.loads(capsys.readouterr().out)
