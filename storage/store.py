@@ -505,26 +505,45 @@ class Store:
         account), the range halves down to ``CHUNK_MIN_ROWS`` rows before the reservation
         fails. A caller lets go of each chunk before asking for the next."""
         self._check_open()
-        step = max(1, int(max_rows))
-        budget = self.budget
         for b in range(self.n_blocks) if blocks is None else blocks:
             b = int(b)
-            lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
-            if self.reads_whole_block(b):
-                yield (lo,) + tuple(self.read_block(b))
-                continue
-            a = lo
-            while a < hi:
-                # by the RSS too: what the account does not itemise (the caller's last
-                # chunk, still held while this one is read) halves the chunk
-                z = a + budget.reserve_shrinking(min(hi, a + step) - a, self.estimated_bytes,
-                                                 CHUNK_MIN_ROWS, "store chunk")
-                nbytes = self.estimated_bytes(z - a)
-                try:
-                    yield (a,) + tuple(self.read_range(a, z, ids=ids))
-                finally:
-                    budget.release(nbytes)
-                a = z
+            yield from self.iter_range(int(self.block_offsets[b]),
+                                       int(self.block_offsets[b + 1]), max_rows, ids=ids)
+
+    def iter_range(self, start: int, stop: int, max_rows: int, *, ids: bool = True):
+        """Yield ``(start, X, y, row_ids)`` covering the rows ``start:stop`` of one block
+        under the read policy of :meth:`iter_chunks`: a view of the whole block through the
+        cache when it takes one, else ranges of at most ``max_rows`` rows paid from the
+        budget while they are held."""
+        self._check_open()
+        start, stop = int(start), int(stop)
+        b = int(np.searchsorted(self.block_offsets, start, side="right") - 1)
+        lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
+        if not lo <= start <= stop <= hi:
+            raise IndexError(f"rows {start}:{stop} are not inside one block")
+        if start == stop:
+            return
+        if self.reads_whole_block(b):
+            X, y, row_ids = self.read_block(b)
+            if (start, stop) == (lo, hi):
+                yield start, X, y, row_ids
+            else:
+                yield (start, X[start - lo:stop - lo], y[start - lo:stop - lo],
+                       None if row_ids is None else row_ids[start - lo:stop - lo])
+            return
+        step, budget = max(1, int(max_rows)), self.budget
+        a = start
+        while a < stop:
+            # by the RSS too: what the account does not itemise (the caller's last
+            # chunk, still held while this one is read) halves the chunk
+            z = a + budget.reserve_shrinking(min(stop, a + step) - a, self.estimated_bytes,
+                                             CHUNK_MIN_ROWS, "store chunk")
+            nbytes = self.estimated_bytes(z - a)
+            try:
+                yield (a,) + tuple(self.read_range(a, z, ids=ids))
+            finally:
+                budget.release(nbytes)
+            a = z
 
     def gather(self, rows, *, whole_blocks: bool = True):
         """Rows at store positions ``rows`` as ``(X, y, row_ids)``, in the order given.

@@ -82,24 +82,33 @@ def fold_tasks(k: int, m: int, threads: int) -> list[tuple[list[int], slice]]:
                      for i in range(threads * q, k) for c in runs]
 
 
+#: rows a fold's scoring reads at a time where a block is not read whole
+SCORE_CHUNK_ROWS = 8192
+
+
 def fold_rows(st, a: int, z: int, mask=None):
-    """``(X, y, positions)`` for the store rows a:z (those of ``mask`` among them), one
-    block's part at a time, read through the store's block cache: a block is paid from the
-    budget (a fold of whole blocks read past it took a block beside the cap) and one the
-    solver left in the cache is not read again."""
+    """``(X, y, positions)`` for the store rows a:z (those of ``mask`` among them), a block's
+    part at a time, by the store's read policy (``Store.iter_range``): the block through
+    its cache where it takes one (one the solver left there is not read again), else
+    chunks paid from the budget (a fold of whole blocks read past the budget took a block
+    beside the cap)."""
     off = np.asarray(st.block_offsets, dtype=np.int64)
     b = int(np.searchsorted(off, a, side="right") - 1)
     lo = a
     while lo < z:
         hi = min(z, int(off[b + 1]))
-        sel = np.arange(hi - lo) if mask is None else np.flatnonzero(mask[lo:hi])
-        if sel.size:
-            X, y = st.read_block(b)[:2]
-            at = lo - int(off[b]) + sel
-            if mask is None:  # a run of the block: views
-                at = slice(int(at[0]), int(at[-1]) + 1)
-            yield X[at], np.asarray(y)[at], lo + sel
-            del X, y  # before the next block is read (the cache may evict this one)
+        sel = None if mask is None else np.flatnonzero(mask[lo:hi])
+        if sel is None or sel.size:
+            s0, s1 = (lo, hi) if sel is None else (lo + int(sel[0]), lo + int(sel[-1]) + 1)
+            for c0, X, y, _ in st.iter_range(s0, s1, SCORE_CHUNK_ROWS, ids=False):
+                n = X.shape[0]
+                if sel is None:
+                    yield X, y, np.arange(c0, c0 + n)
+                else:
+                    at = sel[(sel >= c0 - lo) & (sel < c0 - lo + n)]
+                    if at.size:
+                        yield X[at - (c0 - lo)], np.asarray(y)[at - (c0 - lo)], lo + at
+                del X, y  # before the next chunk or block is read
         lo, b = hi, b + 1
 
 

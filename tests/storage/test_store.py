@@ -181,6 +181,37 @@ def test_iter_chunks_covers_the_store_in_order(tmp_path, rng, sparse, memory):
         assert (max(p[0].shape[0] for p in parts) <= 100) == (memory is not None)
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("memory", [None, 40_000], ids=["whole-blocks", "chunks"])
+def test_iter_range_and_fold_rows_read_parts_of_blocks_by_the_read_policy(tmp_path, rng,
+                                                                         sparse, memory):
+    # a CV fold's rows (a range across blocks, or a mask of them) as read_range gives them:
+    # views of a cached block, or chunks paid from the budget under a small cap
+    from ooc_learn.cv.linear_folds import fold_rows
+
+    X, y = make_data(rng, n=2000, d=50, sparse=sparse)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=4).close()
+    budget = MemoryBudget(memory)
+    with open_store(tmp_path / "s", memory=budget) as store:
+        Xall, yall, idall = store.read_range(0, store.n_samples)
+        got = list(store.iter_range(620, 990, 100))
+        assert [g[0] for g in got][0] == 620 and sum(g[1].shape[0] for g in got) == 370
+        assert np.array_equal(np.vstack([dense(g[1]) for g in got]), dense(Xall[620:990]))
+        assert np.array_equal(np.concatenate([g[3] for g in got]), idall[620:990])
+        assert (len(got) > 1) == (memory is not None)
+        with pytest.raises(IndexError, match="one block"):
+            list(store.iter_range(400, 600, 100))  # blocks of 500 rows
+        mask = rng.random(store.n_samples) < 0.3
+        for m in (None, mask):
+            parts = list(fold_rows(store, 130, 1720, m))
+            pos = np.concatenate([p[2] for p in parts])
+            want = np.arange(130, 1720) if m is None else 130 + np.flatnonzero(m[130:1720])
+            assert np.array_equal(pos, want)
+            assert np.array_equal(np.vstack([dense(p[0]) for p in parts]), dense(Xall[want]))
+            assert np.array_equal(np.concatenate([p[1] for p in parts]), yall[want])
+            assert budget.used <= budget.limit
+
+
 def test_small_reads_go_through_the_descriptor_without_read_ahead(tmp_path, rng, monkeypatch):
     """A query's few rows are read through the store's second descriptor (no read-ahead),
     a scan's chunk of at least SMALL_READ bytes through the first; both give the rows."""
