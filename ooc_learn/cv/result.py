@@ -12,7 +12,7 @@ from ooc_learn._json import jsonable
 __all__ = ["CVResult"]
 
 
-@dataclass
+@dataclass(repr=False)
 class CVResult:
     """A cross-validation estimate with the work it took.
 
@@ -47,6 +47,11 @@ class CVResult:
     @property
     def k(self) -> int:
         return len(self.fold_scores)
+
+    def __repr__(self) -> str:
+        # the per-row arrays by their shapes: a notebook shows the result, not 100k numbers
+        return (f"CVResult({self.metric}={self.estimate:.6g}, method={self.method!r}, "
+                f"k={self.k}; stats: {', '.join(map(str, self.stats))})")
 
     def summary(self) -> str:
         fs = np.asarray(self.fold_scores, dtype=float)

@@ -41,7 +41,7 @@ from .smo import KernelMatrix, default_max_iter, solve
 __all__ = ["LOOResult", "loo_error"]
 
 
-@dataclass
+@dataclass(repr=False)
 class LOOResult:
     """Leave-one-out error with the work it took.
 
@@ -53,6 +53,10 @@ class LOOResult:
     predictions: np.ndarray
     resolved: np.ndarray
     stats: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the per-row arrays left out, as CVResult's
+        return (f"LOOResult(error={self.error:.6g}, n={len(self.predictions)}, "
+                f"method={self.stats.get('method')!r})")
 
     def summary(self) -> str:
         s = self.stats
