@@ -105,6 +105,10 @@ class ShardedStore:
     def shard_paths(self) -> list[Path]:
         return [self.shard_path(k) for k in range(self.n_shards)]
 
+    @property
+    def n_blocks(self) -> int:
+        return sum(int(s.get("n_blocks", 0)) for s in self.shards)
+
     def fingerprint(self) -> str:
         """One text naming every shard's fingerprint (a model records what it was fit on)."""
         return ";".join(str(s.get("fingerprint")) for s in self.shards)

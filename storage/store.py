@@ -121,6 +121,15 @@ class Store:
             raise StoreFormatError(f"No store at {self.path}.",
                                    "Create one with: ooc-ingest SOURCE -o STORE")
         if not data.is_file():
+            from .sharded import ShardedStore, is_sharded_store
+
+            if is_sharded_store(self.path):  # K stores and a manifest: not one store
+                k = ShardedStore(self.path).n_shards
+                raise StoreFormatError(
+                    f"{self.path} is a sharded store ({k} shards): this reads one store.",
+                    "Train one model over its shards with --solver cocoa --workers N (ooc-predict, "
+                    f"--test and ooc-check read it whole), or pass one shard's store "
+                    f"({self.path}/shard-0).")
             raise StoreFormatError(
                 f"{self.path} is not an ooc-learn store (no {DATA_FILE} inside).",
                 "Create one with: ooc-ingest SOURCE -o STORE")

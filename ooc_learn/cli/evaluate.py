@@ -59,8 +59,12 @@ def open_eval_data(path, spec, budget, stack):
     from ooc_learn.storage.errors import ModelMismatchError
     from ooc_learn.storage.store import is_store, open_store
 
+    from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
+
     if is_store(path):
         data = stack.enter_context(open_store(path, memory=budget))
+    elif is_sharded_store(path):  # its shards streamed one after another
+        data = _ShardsInTurn(ShardedStore(path), budget)
     else:
         from ooc_learn.api import ingest
 
@@ -87,6 +91,25 @@ def open_eval_data(path, spec, budget, stack):
                                  f"a {data.task} task.",
                                  f"Ingest the evaluation data with --task {spec['task']}.")
     return data
+
+
+class _ShardsInTurn:
+    """A sharded store read as one for scoring and prediction: every block of every shard,
+    each shard opened in turn under the budget (what a model CoCoA+ trained over the shards
+    is scored on)."""
+
+    def __init__(self, sharded, budget):
+        self.sharded, self.budget, self.path = sharded, budget, sharded.path
+        self.n_samples, self.n_features = sharded.n_samples, sharded.n_features
+        self.task, self.label_map = sharded.task, sharded.label_map
+        self.n_blocks = sharded.n_blocks
+
+    def iter_blocks(self):
+        from ooc_learn.storage.store import open_store
+
+        for path in self.sharded.shard_paths:
+            with open_store(path, memory=self.budget) as st:
+                yield from st.iter_blocks()
 
 
 PREDICTIONS_HEADER = "row_id,label,decision\n"

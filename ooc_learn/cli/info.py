@@ -133,24 +133,36 @@ def _check_body(args):
     from ooc_learn.storage.integrity import REBUILD_HINT
     from ooc_learn.storage.store import open_store
 
-    with open_store(args.store, memory=command_budget(args)) as store:
-        with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
-                  leave=False) as bar:
-            problems = store.verify(progress=lambda b: bar.update(1))
-        if store.has_index:
-            from ooc_learn.index.forest import open_forest
+    from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
-            try:
-                with open_forest(store) as forest:
-                    forest.verify()
-            except OOCError as exc:
-                problems.append(exc.message)
+    # a sharded store: each shard's store in turn
+    paths = (ShardedStore(args.store).shard_paths if is_sharded_store(args.store)
+             else [args.store])
+    budget = command_budget(args)
+    problems, blocks, digests = [], 0, True
+    for path in paths:
+        with open_store(path, memory=budget) as store:
+            with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
+                      leave=False) as bar:
+                problems += store.verify(progress=lambda b: bar.update(1))
+            if store.has_index:
+                from ooc_learn.index.forest import open_forest
+
+                try:
+                    with open_forest(store) as forest:
+                        forest.verify()
+                except OOCError as exc:
+                    problems.append(exc.message)
+            blocks += store.n_blocks
+            digests &= store.has_digests
     if problems:
         raise StoreFormatError("\n".join(problems), REBUILD_HINT)
-    out = {"store": args.store, "ok": True, "digests": store.has_digests,
-           "blocks": store.n_blocks}
-    return {"json": out, "text": f"{args.store}: whole ({store.n_blocks} blocks, "
-            + ("digests checked)" if store.has_digests else
+    out = {"store": args.store, "ok": True, "digests": digests, "blocks": blocks}
+    if len(paths) > 1:
+        out["shards"] = len(paths)
+    shards = f"{len(paths)} shards, " if len(paths) > 1 else ""
+    return {"json": out, "text": f"{args.store}: whole ({shards}{blocks} blocks, "
+            + ("digests checked)" if digests else
                "structure only: written before block digests)")}
 
 

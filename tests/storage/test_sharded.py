@@ -114,3 +114,43 @@ def test_ingest_from_a_file_gives_the_same_shards_as_from_arrays(tmp_path):
     a = ingest([tmp_path / "d.npy"], tmp_path / "a", shards=2, seed=3)
     b = ingest_arrays(X, y, tmp_path / "b", shards=2, seed=3)
     assert [s["n_samples"] for s in a.shards] == [s["n_samples"] for s in b.shards]
+
+
+def test_a_sharded_store_is_predicted_and_scored_whole_and_refused_where_one_is_read(
+        tmp_path, capsys):
+    # a model scored on the sharded store gets the unsharded store's figures and per-row
+    # predictions (ooc-predict, --test); commands that read one store name the sharding
+    from ooc_learn.cli import check_main, predict_main
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(900, 6)).astype(np.float32)
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=900) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "one", n_blocks=3).close()
+    ingest_arrays(X, y, tmp_path / "sh", n_blocks=3, shards=3).close()
+    m = str(tmp_path / "m.npz")
+    assert train_main([str(tmp_path / "one"), "-o", m, "--solver", "dcd", "--quiet",
+                       "--test", str(tmp_path / "sh"), "--json"]) == 0
+    on_shards = json.loads(capsys.readouterr().out)["test_accuracy"]
+    lines = {}
+    for name in ("one", "sh"):
+        out = tmp_path / f"{name}.csv"
+        assert predict_main([m, str(tmp_path / name), "-o", str(out), "--quiet",
+                             "--json"]) == 0
+        lines[name] = (json.loads(capsys.readouterr().out), sorted(out.read_text().splitlines()))
+    assert lines["sh"][1] == lines["one"][1] and len(lines["sh"][1]) == 901
+    assert lines["sh"][0]["accuracy"] == lines["one"][0]["accuracy"] == on_shards
+    for argv in ([str(tmp_path / "sh"), "--cv", "3"], [str(tmp_path / "sh"), "--cv", "3",
+                                                        "--cv-method", "tree"]):
+        assert train_main(argv + ["--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "is a sharded store (3 shards)" in err and "--solver cocoa" in err
+    # ooc-check checks every shard
+    assert check_main([str(tmp_path / "sh"), "--quiet", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["shards"] == 3 and out["blocks"] == 3
+    data = tmp_path / "sh" / "shard-2" / "data.h5"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert check_main([str(tmp_path / "sh"), "--quiet"]) == 2
+    assert "shard-2" in capsys.readouterr().err
