@@ -401,7 +401,8 @@ def _cv_svm(args, budget) -> dict:
         out["classes"] = best.stats["classes"]
     how = ("one-vs-rest over " + str(len(best.stats["classes"])) + " classes"
            if "classes" in best.stats else "two passes, in closed form" if loo
-           else "one pass, a Gram matrix per fold" if solver == "exact" else "C search, each fold warm-started from the last C"
+           else "one pass, a Gram matrix per fold" if solver == "exact"
+           else "C search, each fold warm-started from the last C"
            if args.C_search else f"{best.stats['jobs']} folds at a time in threads"
            if best.stats.get("jobs", 1) > 1 else "folds warm-started"
            if best.stats["warm_start"] else "folds from scratch")
