@@ -57,9 +57,8 @@ def open_eval_data(path, spec, budget, stack):
     from pathlib import Path
 
     from ooc_learn.storage.errors import ModelMismatchError
-    from ooc_learn.storage.store import is_store, open_store
-
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
+    from ooc_learn.storage.store import is_store, open_store
 
     if is_store(path):
         data = stack.enter_context(open_store(path, memory=budget))
@@ -77,10 +76,26 @@ def open_eval_data(path, spec, budget, stack):
         base = spec["zero_based"]
         task = spec["task"] if spec["task"] != "binary" else "binary" if pos is None else "auto"
         kw = {"positive_label": pos, **_names_kw(spec.get("label_map"))}
+        # a LIBSVM file names its features: one with fewer than the model has them at 0,
+        # one with more has features the model gives no weight (a9a.t against a9a);
+        # LIBLINEAR's predict leaves those out, and so does this, saying so
+        from ooc_learn.storage.sniff import detect_format
+
+        named = detect_format(path) == "libsvm"
         data = stack.enter_context(ingest(
             [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
-            n_features=spec["n_features"], task=task,
+            n_features=None if named else spec["n_features"], task=task,
             zero_based="auto" if base is None else bool(base), **kw))
+        d = spec["n_features"]
+        if named and data.n_features != d:
+            if data.n_features > d:
+                import warnings
+
+                warnings.warn(f"{path} has {data.n_features} features, {spec['what'].lower()} "
+                              f"{d}: features beyond {d} have no weight in it and are left "
+                              f"out, as LIBLINEAR's predict does.", RuntimeWarning,
+                              stacklevel=2)
+            data = _Resized(data, d)
     if data.n_features != spec["n_features"]:
         raise ModelMismatchError(
             f"{spec['what']} has {spec['n_features']} features; {path} has "
@@ -91,6 +106,29 @@ def open_eval_data(path, spec, budget, stack):
                                  f"a {data.task} task.",
                                  f"Ingest the evaluation data with --task {spec['task']}.")
     return data
+
+
+class _Resized:
+    """A store read with ``d`` features: columns beyond ``d`` left out, or missing ones at
+    0 (a LIBSVM file whose largest index differs from the model's)."""
+
+    def __init__(self, store, d: int):
+        self.store, self.n_features = store, int(d)
+        for name in ("path", "n_samples", "task", "label_map", "n_blocks"):
+            setattr(self, name, getattr(store, name))
+
+    def iter_blocks(self):
+        import numpy as np
+        import scipy.sparse as sp
+
+        d = self.n_features
+        for X, y, ids in self.store.iter_blocks():
+            if sp.issparse(X):
+                X = X[:, :d] if X.shape[1] > d else sp.csr_matrix(
+                    (X.data, X.indices, X.indptr), shape=(X.shape[0], d))
+            else:
+                X = X[:, :d] if X.shape[1] > d else np.pad(X, ((0, 0), (0, d - X.shape[1])))
+            yield X, y, ids
 
 
 class _ShardsInTurn:

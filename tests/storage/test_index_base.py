@@ -51,3 +51,35 @@ def test_a_test_file_that_contradicts_the_stores_base_is_refused(tmp_path, capsy
     assert predict_main([str(model), str(test), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "Feature index 0" in err and f"{test}, line 1" in err and "1-based" in err
+
+
+def test_a_test_file_with_other_features_than_the_model_is_read_as_liblinear_does(tmp_path,
+                                                                                   capsys):
+    # a9a.t has 122 features, a9a 123: a model of either scores the other. A feature the
+    # model lacks has no weight in it (left out, with a warning, as LIBLINEAR's predict);
+    # a feature the file lacks is 0
+    from ooc_learn.model import load_model
+
+    X, y = data(600, 2)
+    train, wide, narrow = tmp_path / "train.svm", tmp_path / "wide.svm", tmp_path / "n.svm"
+    dump_svmlight_file(X, y, str(train), zero_based=False)  # 12 features
+    Xw = np.c_[X[:200], np.ones(200)]  # a 13th feature
+    dump_svmlight_file(Xw, y[:200], str(wide), zero_based=False)
+    Xn = X[:200].copy()
+    Xn[:, -2:] = 0.0  # its largest index is 10
+    dump_svmlight_file(Xn, y[:200], str(narrow), zero_based=False)
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(train), "-o", str(store), "--quiet"]) == 0
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    capsys.readouterr()
+    m = load_model(model)
+    for path, rows in ((wide, X[:200]), (narrow, Xn)):
+        out = tmp_path / "p.csv"
+        assert predict_main([str(model), str(path), "--quiet", "-o", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert ("13 features, the model 12" in err) == (path == wide)
+        got = np.loadtxt(out, delimiter=",", skiprows=1)
+        np.testing.assert_allclose(got[:, 2], m.decision_function(rows.astype(np.float32)),
+                                   rtol=1e-5, atol=1e-6)
+    assert train_main([str(store), "-o", str(model), "--quiet", "--test", str(wide)]) == 0
+    assert "left out, as LIBLINEAR's predict does" in capsys.readouterr().err
