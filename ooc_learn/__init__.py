@@ -48,6 +48,7 @@ _EXPORTS = {
     "LeastSquaresSGD": "ooc_learn.learners",
     "ExactLeastSquares": "ooc_learn.learners",
     "SklearnPartialFit": "ooc_learn.learners",
+    "OneVsRest": "ooc_learn.learners",
     "svm_cv": "ooc_learn.kernel.cv",
     "loo_error": "ooc_learn.kernel.loo",
     "LOOResult": "ooc_learn.kernel.loo",
