@@ -13,7 +13,7 @@ from ooc_learn.storage.errors import ParameterError
 
 from .fold_task import FoldTask
 from .folds import check_k
-from .linear import check_task, linear_cv_grid
+from .linear import check_fold_count, check_task, linear_cv_grid
 from .linear_folds import fold_plan
 from .result import CVResult
 
@@ -52,7 +52,14 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
     try:
         check_task(st, "linear_c_search")
         n, d = st.n_samples, st.n_features
+        if isinstance(k, str) and k.lower() == "loo":  # one solve per row and C
+            raise ParameterError(
+                "The C search cross-validates K folds, not leave-one-out.",
+                "Least squares has its exact leave-one-out at a list of C in two passes: "
+                "--cv loo --C 0.01,0.1,1,10 (linear_cv_grid(store, 'loo', Cs))."
+                if st.task == "regression" else "Use --cv K, e.g. --cv 5.")
         k = check_k(k, n, "linear_c_search")
+        check_fold_count(st, k)
         regression = st.task == "regression"
         if C_min is None:
             top = float(np.max(st.sqnorms())) + bias * bias if n else 1.0

@@ -135,12 +135,8 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
                 "Use --cv K with K folds, or TreeCV (--cv-method tree) for leave-one-out"
                 + (" (least squares, --solver exact, has an exact one in two passes)."
                    if st.task == "regression" else "."))
-        n = st.n_samples
-        k = check_k(k, n, caller)
-        if k > max(n // 2, st.n_blocks):
-            raise ParameterError(
-                f"{k} folds of {n} rows leave about {n / k:.1f} rows a fold; each fold is a "
-                "full SVM solve.", "Use k <= 20, or TreeCV (--cv-method tree) for many folds.")
+        k = check_k(k, st.n_samples, caller)
+        check_fold_count(st, k)
         if exact:
             for C in Cs:  # the checks of train_regression, before any work
                 check_cost(C, caller)
@@ -158,6 +154,15 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
     finally:
         if opened:
             st.close()
+
+
+def check_fold_count(st, k: int) -> None:
+    """Refuse folds of a row or two: each is a full solve."""
+    n = st.n_samples
+    if k > max(n // 2, st.n_blocks):
+        raise ParameterError(
+            f"{k} folds of {n} rows leave about {n / k:.1f} rows a fold; each fold is a "
+            "full SVM solve.", "Use k <= 20, or TreeCV (--cv-method tree) for many folds.")
 
 
 def check_task(st, caller: str) -> None:

@@ -159,6 +159,14 @@ def test_least_squares_leave_one_out_matches_refitting_per_row(store, capsys):
     # SVR has no closed form: refused, naming the one that has
     assert train_main([str(store), "--cv", "loo", "--solver", "dcd", "--quiet"]) == 2
     assert "--solver exact" in capsys.readouterr().err
+    # the C search takes K folds (with "loo" it ran one dual CD solve per row and C)
+    from ooc_learn.cv.c_search import linear_c_search
+
+    with pytest.raises(ParameterError, match="not leave-one-out") as exc:
+        linear_c_search(store, "loo")
+    assert "--cv loo --C" in exc.value.hint
+    with pytest.raises(ParameterError, match="rows a fold"):
+        linear_c_search(store, 300)
 
 
 def test_cli_regression_train_predict_and_cv(store, tmp_path, capsys, diabetes):
