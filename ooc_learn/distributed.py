@@ -64,11 +64,17 @@ def _dask():
     return distributed
 
 
-def make_client(scheduler: str | None = None, workers: int | None = None, memory=None):
+def make_client(scheduler: str | None = None, workers: int | None = None, memory=None, *,
+                prog: str | None = None, quiet_logs: bool = False):
     """``(client, cluster)``: a client of the scheduler at ``scheduler``, or of a local
     cluster of ``workers`` worker processes (one thread each) started here, each limited to
     ``memory`` (a size: the worker process's memory limit; default: Dask's share of RAM).
-    ``cluster`` is None for an existing scheduler; close both when done."""
+    ``cluster`` is None for an existing scheduler; close both when done.
+
+    ``prog`` (a command's local cluster, whose workers write to its terminal): a warning a
+    task raises is the line ``prog: warning: ...``, as the command's own. ``quiet_logs``:
+    Dask's workers log errors only (their warnings at a Ctrl-C, a task cancelled, were lines
+    of noise)."""
     distributed = _dask()
     if scheduler is not None:
         try:
@@ -80,10 +86,37 @@ def make_client(scheduler: str | None = None, workers: int | None = None, memory
     from ooc_learn.storage.budget import parse_size
 
     limit = "auto" if memory is None else parse_size(memory)
+    import logging
+
     cluster = distributed.LocalCluster(n_workers=int(workers), threads_per_worker=1,
                                        processes=True, memory_limit=limit,
-                                       dashboard_address=":0")  # any free port
-    return distributed.Client(cluster), cluster
+                                       dashboard_address=":0",  # any free port
+                                       silence_logs=logging.ERROR if quiet_logs
+                                       else logging.WARNING)
+    client = distributed.Client(cluster)
+    if prog is not None:
+        client.register_plugin(_warning_lines(prog))
+    return client, cluster
+
+
+def _warning_lines(prog: str):
+    """A worker plugin: warnings print as ``prog: warning: message`` on the worker's
+    stderr (see :func:`make_client`); a worker the nanny restarts gets it too."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class WarningLines(WorkerPlugin):
+        name = "ooc-learn-warning-lines"
+
+        def setup(self, worker):
+            import sys
+            import warnings
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+
+            warnings.showwarning = show
+
+    return WarningLines()
 
 
 def n_workers(client) -> int:

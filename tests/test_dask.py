@@ -99,6 +99,16 @@ def test_the_cli_runs_folds_on_local_workers(stores, capsys):
     assert remote["best_C"] == local["best_C"]
 
 
+def test_a_task_warning_on_local_workers_is_one_line_of_the_command(stores, capfd):
+    # 20 passes of streamed dual CD do not reach eps: each fold's task warns on its worker,
+    # whose stderr is the command's; the line reads as the command's own warnings do
+    assert train_main([str(stores / "bin"), "--cv", "3", "--solver", "dcd", "--eps", "1e-9",
+                       "--max-outer", "1", "--workers", "2", "--quiet"]) == 0
+    err = capfd.readouterr().err
+    assert "ooc-train: warning: Streamed dual CD reached max_iter" in err
+    assert "RuntimeWarning" not in err and "dcd_streamed.py" not in err
+
+
 def test_treecv_subtrees_on_the_cluster_equal_the_sequential_run(client, stores):
     from ooc_learn.cv.treecv import tree_cv
     from ooc_learn.learners import Pegasos

@@ -213,7 +213,8 @@ def _dask_client(args, stack):
     if not getattr(args, "verbose", False):  # Dask's own INFO lines (nanny, scheduler)
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_dask)
-    client, cluster = make_client(args.scheduler, args.workers)
+    client, cluster = make_client(args.scheduler, args.workers, prog="ooc-train",
+                                  quiet_logs=not getattr(args, "verbose", False))
     # the client first, then its cluster (the stack runs last in, first out): workers
     # removed under a live client's results make the scheduler warn of tasks "lost"
     if cluster is not None:
