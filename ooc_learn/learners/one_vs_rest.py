@@ -16,6 +16,9 @@ from .base import check_metric
 
 __all__ = ["OneVsRest", "for_labels"]
 
+#: the most distinct integer labels of arrays taken as classes (one model each)
+MAX_CLASSES = 1000
+
 
 class OneVsRest:
     """One copy of a binary learner per class: class c's model is fed +1 for its rows and
@@ -107,12 +110,24 @@ def for_labels(learner, source):
     labels are others (a multiclass store's classes, or arrays labelled otherwise)."""
     if not getattr(learner, "binary_labels", False):
         return learner
+    name = type(learner).__name__
     if source.is_store:
         store = source.store
+        if store.task == "regression":
+            raise ParameterError(
+                f"{name} learns classes; {store.path} holds a regression task.",
+                "Cross-validate a regression learner (--learner lsqsgd or exact-ls: "
+                "LeastSquaresSGD, ExactLeastSquares).")
         if store.task != "multiclass":
             return learner  # binary: +1 / -1 as stored (or as a class view reads them)
         return OneVsRest(learner, store.metadata["label_map"]["classes"])
     values = np.unique(np.asarray(source.y, dtype=np.float64))
     if np.isin(values, (-1.0, 1.0)).all():
         return learner
+    if not np.all(values == np.round(values)) or values.size > MAX_CLASSES:
+        raise ParameterError(
+            f"{name} learns classes; the labels are {values.size} distinct values"
+            + ("" if np.all(values == np.round(values)) else ", not all integers") + ".",
+            "Cross-validate a regression learner (LeastSquaresSGD, ExactLeastSquares), or "
+            "pass class labels.")
     return OneVsRest(learner, values)

@@ -305,6 +305,10 @@ def test_pegasos_on_class_labels_trains_one_model_per_class(rng):
     assert kfold_cv((X, y), OneVsRest(lrn, [0, 1, 2]), 5).estimate == std.estimate
     with pytest.raises(ParameterError, match="metric"):
         kfold_cv((X, y), lrn, 5, metric="hinge")
+    # real targets are not classes: refused, naming the regression learners
+    with pytest.raises(ParameterError, match="learns classes") as exc:
+        tree_cv((X, y + 0.5), lrn, 5)
+    assert "LeastSquaresSGD" in exc.value.hint
 
 
 def test_pegasos_treecv_of_a_multiclass_store_and_its_class_view(tmp_path, rng, capsys):
@@ -323,3 +327,7 @@ def test_pegasos_treecv_of_a_multiclass_store_and_its_class_view(tmp_path, rng, 
     with open_store(tmp_path / "s", positive=2) as view:  # one class: +1 / -1, one model
         r = tree_cv(view, Pegasos(1e-3), 5)
     assert "one_vs_rest_classes" not in r.stats and r.estimate < 0.1
+    ingest_arrays(X, X[:, 0] * 2.0, tmp_path / "r", task="regression").close()
+    assert train_main([str(tmp_path / "r"), "--cv", "5", "--cv-method", "tree",
+                       "--quiet"]) == 2
+    assert "holds a regression task" in capsys.readouterr().err
