@@ -12,7 +12,7 @@ import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
 
-from .base import check_metric
+from .base import check_metric, row_losses
 
 __all__ = ["OneVsRest", "for_labels"]
 
@@ -82,16 +82,11 @@ class OneVsRest:
 
     def losses(self, y, pred, metric) -> np.ndarray:
         metric = check_metric(self, metric, "OneVsRest.losses")
-        y = np.asarray(y, dtype=np.float64)
         if callable(metric):
-            out = np.asarray(metric(y, pred), dtype=np.float64)
-            if out.shape != y.shape:
-                raise ParameterError(
-                    f"A metric callable must return one loss per row ({y.shape[0]}). "
-                    f"Got shape {out.shape} instead.",
-                    "Return an array of per-row losses, not their mean.")
-            return out
-        return (np.asarray(pred, dtype=np.float64) != y).astype(np.float64)
+            return row_losses(y, pred, metric)
+        # "error": the class missed (base's "error" reads the sign of a decision value)
+        return (np.asarray(pred, dtype=np.float64) != np.asarray(y, dtype=np.float64)
+                ).astype(np.float64)
 
     def score(self, models: list, X, y, metric=None) -> float:
         metric = check_metric(self, metric, "OneVsRest.score")
