@@ -102,3 +102,19 @@ def test_block_minimisation_reaches_the_dcd_optimum(data, loss, tmp_path):
     assert res.stats.rows_read == res.stats.epochs * store.n_samples
     assert np.all(np.diff(seen) <= 1e-9 * np.abs(seen[:-1]))
     store.close()
+
+
+@pytest.mark.parametrize("solver", ["dcd", "bm"])
+def test_a_trained_models_objective_is_its_primal_beside_the_dual(store, solver):
+    # the dual value alone, reported as the objective, made a stopped solve look better
+    # than the optimum; the model of all rows reports its primal (one more pass) and the dual
+    from ooc_learn.solvers.dcd import primal_objective
+    from ooc_learn.training import train
+
+    model = train(store, solver=solver, C=1.0, max_outer=2)  # stopped early: a gap
+    st = model.meta["stats"]
+    X, y, _ = store.read_range(0, store.n_samples)
+    w = np.append(model.coef_, model.intercept_)
+    assert st["objective"] == pytest.approx(primal_objective(X, y, w, "hinge", 1.0),
+                                            rel=1e-9)
+    assert st["dual_objective"] < st["objective"]
