@@ -38,7 +38,24 @@ from ._common import check_positive, seed_state
 from .dcd import DCDResult, DCDStats, check_dual_params, dual_objective
 
 __all__ = ["solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed", "StreamedDual",
-           "drop_rows", "held_out"]
+           "drop_rows", "held_out", "store_primal_objective"]
+
+#: rows a chunk of :func:`store_primal_objective` holds where a block is not read whole
+PRIMAL_CHUNK_ROWS = 8192
+
+
+def store_primal_objective(store, w, loss, C: float, bias: float = 1.0) -> float:
+    """``1/2 |w|^2 + C sum_i L(y_i [x_i, bias]^T w)`` over every row of ``store``, streamed
+    by its read policy (``Store.iter_chunks``): one pass."""
+    from ._common import margins
+
+    base = get_loss(loss).base()
+    w = np.asarray(w, dtype=np.float64)
+    total = 0.0
+    for _, X, y, _ in store.iter_chunks(PRIMAL_CHUNK_ROWS, ids=False):
+        total += float(base.value(margins(X, np.asarray(y, dtype=np.float64), w, bias)).sum())
+        del X, y
+    return 0.5 * float(w @ w) + C * total
 
 
 def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_features: int, *,
