@@ -91,10 +91,10 @@ def open_eval_data(path, spec, budget, stack):
             if data.n_features > d:
                 import warnings
 
-                warnings.warn(f"{path} has {data.n_features} features, {spec['what'].lower()} "
-                              f"{d}: features beyond {d} have no weight in it and are left "
-                              f"out, as LIBLINEAR's predict does.", RuntimeWarning,
-                              stacklevel=2)
+                what = spec["what"][:1].lower() + spec["what"][1:]  # not the path's case
+                warnings.warn(f"{path} has {data.n_features} features, {what} {d}: features "
+                              f"beyond {d} have no weight in it and are left out, as "
+                              f"LIBLINEAR's predict does.", RuntimeWarning, stacklevel=2)
             data = _Resized(data, d)
     if data.n_features != spec["n_features"]:
         raise ModelMismatchError(
