@@ -64,6 +64,12 @@ def _validate_fit(estimator, X, y, **kwargs):
                          **kwargs)
 
 
+def _r2(y, pred) -> float:
+    from sklearn.metrics import r2_score
+
+    return float(r2_score(np.asarray(y, dtype=np.float64), pred))
+
+
 def _is_store_like(X) -> bool:
     """A Store, or the path of a store folder."""
     from ooc_learn.storage.store import Store, is_store
@@ -71,6 +77,18 @@ def _is_store_like(X) -> bool:
     if isinstance(X, Store):
         return True
     return isinstance(X, (str, Path)) and is_store(X)
+
+
+def _on_store(X, memory, fn):
+    """``fn(store)`` with ``X`` a Store, or a store's path opened for the call."""
+    from ooc_learn.storage.store import open_data
+
+    store, opened = open_data(X, memory)
+    try:
+        return fn(store)
+    finally:
+        if opened:
+            store.close()
 
 
 class _SparseInput(BaseEstimator):
@@ -242,12 +260,22 @@ class LinearSVC(ClassifierMixin, _LinearEstimator):
         return self
 
     def decision_function(self, X):
-        """Signed distances to the hyperplane: (n,) for two classes, (n, n_classes) else."""
+        """Signed distances to the hyperplane: (n,) for two classes, (n, n_classes) else
+        (``X`` a store: its rows in store order, streamed)."""
         check_is_fitted(self)
+        if _is_store_like(X):
+            return _on_store(X, self.memory, self.model_.decision_function)
         X = validate_data(self, X, accept_sparse="csr", reset=False,
                           dtype=[np.float64, np.float32])
         scores = np.asarray(X @ self.coef_.T, dtype=np.float64) + self.intercept_
         return scores.ravel() if scores.shape[1] == 1 else scores
+
+    def score(self, X, y=None, sample_weight=None):
+        """Mean accuracy on ``(X, y)``, or on a store (``y`` left out: its labels)."""
+        if _is_store_like(X) and y is None and sample_weight is None:
+            check_is_fitted(self)
+            return _on_store(X, self.memory, self.model_.score)
+        return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):
         """The class of each row: ``classes_[1]`` where the decision value is > 0 (two
@@ -323,11 +351,23 @@ class LinearSVR(RegressorMixin, _LinearEstimator):
         return self
 
     def predict(self, X):
-        """``X @ coef_ + intercept_``."""
+        """``X @ coef_ + intercept_`` (``X`` a store: its rows in store order, streamed)."""
         check_is_fitted(self)
+        if _is_store_like(X):
+            return _on_store(X, self.memory, self.model_.decision_function)
         X = validate_data(self, X, accept_sparse="csr", reset=False,
                           dtype=[np.float64, np.float32])
         return np.asarray(X @ self.coef_, dtype=np.float64).ravel() + self.intercept_[0]
+
+    def score(self, X, y=None, sample_weight=None):
+        """R² on ``(X, y)``, or on a store (``y`` left out: its targets, streamed)."""
+        if _is_store_like(X) and y is None and sample_weight is None:
+            from ooc_learn.model import regression_errors
+
+            check_is_fitted(self)
+            return _on_store(X, self.memory,
+                             lambda st: regression_errors(self.model_, st)["r2"])
+        return super().score(X, y, sample_weight=sample_weight)
 
 
 class SparseRLS(RegressorMixin, _SparseInput):
@@ -428,11 +468,21 @@ class SparseRLS(RegressorMixin, _SparseInput):
         self.basis_ = model.basis_
 
     def predict(self, X):
-        """``k(x, X_B) a`` for each row (chunked under the memory cap)."""
+        """``k(x, X_B) a`` for each row (chunked under the memory cap; ``X`` may be a
+        store)."""
         check_is_fitted(self)
+        if _is_store_like(X):
+            return _on_store(X, self.memory, self.model_.predict)
         X = validate_data(self, X, accept_sparse="csr", reset=False,
                           dtype=[np.float64, np.float32])
         return self.model_.predict(X)
+
+    def score(self, X, y=None, sample_weight=None):
+        """R² on ``(X, y)``, or on a store (``y`` left out: its targets)."""
+        if _is_store_like(X) and y is None and sample_weight is None:
+            check_is_fitted(self)
+            return _on_store(X, self.memory, lambda st: _r2(st.labels(), self.model_.predict(st)))
+        return super().score(X, y, sample_weight=sample_weight)
 
     # -- the solver's fast CV, on the rows of the last fit --------------------------------
     def set_lambda(self, lam):

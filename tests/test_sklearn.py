@@ -136,6 +136,42 @@ def test_fit_on_a_store_reads_labels_from_it(tmp_path):
     assert reg.coef_.shape == (10,) and reg.n_features_in_ == 10
 
 
+def test_a_fitted_estimator_predicts_and_scores_a_store(tmp_path):
+    # fit(store) had no way back to a store: predict / score / decision_function of one
+    # raised a TypeError. Now its rows in store order, its labels for score
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    keep = y < 3
+    words = np.array(["zero", "one", "two"])[y[keep]]
+    ingest_arrays(X, y.astype(np.float64), tmp_path / "mc", task="multiclass").close()
+    ingest_arrays(X[keep], words, tmp_path / "w").close()
+    ingest_arrays(X, np.where(y == 3, 1.0, -1.0), tmp_path / "bin").close()
+    for name in ("mc", "w", "bin"):
+        path = str(tmp_path / name)
+        clf = LinearSVC(C=0.1, solver="dcd").fit(path)
+        with open_store(path) as st:
+            Xs, ys, _ = st.read_range(0, st.n_samples)
+            Xs = np.asarray(Xs)
+            pred = clf.predict(st)
+            np.testing.assert_array_equal(pred, clf.predict(Xs))
+            np.testing.assert_allclose(clf.decision_function(path), clf.decision_function(Xs))
+            truth = clf.classes_[np.searchsorted(clf.model_.classes_, ys)] if name != "bin" \
+                else np.where(ys > 0, clf.classes_[1], clf.classes_[0])
+            assert clf.score(st) == pytest.approx(np.mean(pred == truth))
+            assert clf.score(path) == clf.score(st) > 0.9
+    path = _regression_store(tmp_path)
+    reg = LinearSVR(loss="squared_epsilon_insensitive").fit(path)
+    rls = SparseRLS(kernel="rbf", gamma=0.1, n_basis=100)
+    with open_store(path) as st:
+        Xs, ys, _ = st.read_range(0, st.n_samples)
+        rls.fit(st)
+        for est in (reg, rls):
+            np.testing.assert_allclose(est.predict(st), est.predict(np.asarray(Xs)),
+                                       rtol=1e-6)
+            assert est.score(st) == pytest.approx(est.score(np.asarray(Xs), ys))
+        rls.close()
+
+
 def _regression_store(tmp_path):
     path = tmp_path / "reg"
     if not path.exists():
