@@ -105,11 +105,27 @@ class _NpyReader:
         return np.frombuffer(data, dtype=self.dtype).reshape((rows, *self.shape[1:]))
 
 
+#: the (X, y) member pairs an archive is read by when it lacks the default ("X", "y"), in
+#: order: numpy's positional np.savez(f, X, y), scikit-learn's data / target, and the like
+NPZ_PAIRS = (("X", "y"), ("x", "y"), ("data", "target"), ("features", "labels"),
+             ("X_train", "y_train"), ("x_train", "y_train"), ("arr_0", "arr_1"))
+
+
+def npz_pair(names, keys) -> tuple[str, str]:
+    """The members holding X and y among ``names``: ``keys`` where asked for (not the
+    default), else the first of :data:`NPZ_PAIRS` present."""
+    keys = tuple(keys)
+    if keys != NPZ_PAIRS[0]:
+        return keys
+    return next((pair for pair in NPZ_PAIRS if pair[0] in names and pair[1] in names), keys)
+
+
 def _npz_member(zf, names, key, path, ndim, what):
     if key not in names:
         raise IngestError(f"the .npz archive has no member {key!r}; it has {sorted(names)}",
-                          "Save X and y (np.savez(f, X=X, y=y)), a sparse CSR matrix with y "
-                          "(data, indices, indptr, shape, format, y), or pass npz_keys=.",
+                          "Save X and y (np.savez(f, X=X, y=y); data / target and "
+                          "np.savez(f, X, y) are read too), a sparse CSR matrix with y (data, "
+                          "indices, indptr, shape, format, y), or pass npz_keys=.",
                           path=path)
     return _NpyReader(zf.open(names[key]), path, f"the .npz member {key!r}", ndim)
 
@@ -123,7 +139,7 @@ def iter_npz(path, chunk_bytes: int, keys: tuple[str, str]) -> Iterator[RawChunk
                           "Re-create it with numpy.savez.", path=p) from exc
     with zf:
         names = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
-        xk, yk = keys
+        xk, yk = npz_pair(names, keys)
         size = os.path.getsize(p)
         if xk not in names and {"data", "indices", "indptr"} <= names.keys():
             yield from _iter_npz_csr(zf, names, yk, p, chunk_bytes, size)

@@ -228,9 +228,10 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
         kwargs["label_names"] = [str(n) for n in names]
         y = y.astype(np.float64)
     chunk_rows = max(1, (4 << 20) // max(1, 4 * X.shape[1]))
+    name = kwargs.pop("_source_name", "<arrays>")  # what the store's metadata calls them
     # a memory-mapped .npy (np.load(..., mmap_mode="r")) is read from its file by row
     # position, as ingest reads the file itself: never through its mapping whole
-    return ingest([], out, _chunks=lambda: [("<arrays>", _array_chunks(X, y, chunk_rows))],
+    return ingest([], out, _chunks=lambda: [(name, _array_chunks(X, y, chunk_rows))],
                   _chunks_total=X.shape[0],
                   _files=[mapped] if mapped else None,
                   **kwargs)

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _parse_kernels as K
+from ._array_sources import npz_pair
 from .errors import IngestError, NonFiniteError
 from .ingest_parse import IOCount, Parsed
 from .ingest_plan import DENSE_THRESHOLD, Shape, check_block_fits
@@ -159,7 +160,7 @@ def _probe(path: Path, fmt: str, label_column, npz_keys) -> ArrayFile | None:
                 infos = {i.filename[:-4]: i for i in zf.infolist() if i.filename.endswith(".npy")}
         except (zipfile.BadZipFile, OSError):
             return None
-        xk, yk = npz_keys
+        xk, yk = npz_pair(infos, npz_keys)
         if xk not in infos or yk not in infos:
             return None
         heads = []

@@ -103,10 +103,11 @@ def _info_body(args):
              f"every row {format_size(info['memory']['all_rows_bytes'], up=True)} (data "
              f"alone: --memory also holds the process, ~150M)"]
     for s in meta.get("sources", []):
-        lines.append(f"source       {s.get('name')}  {s.get('rows')} rows  "
-                     f"{s.get('bytes')} bytes  " + (
-                         f"sha256 {s['sha256']}" if s.get("sha256") else
-                         f"sha256 of its {s.get('piece_rows')}-row pieces {s.get('sha256_pieces')}"))
+        digest = (f"  sha256 {s['sha256']}" if s.get("sha256") else
+                  f"  sha256 of its {s['piece_rows']}-row pieces {s.get('sha256_pieces')}"
+                  if s.get("sha256_pieces") else "")  # arrays from memory have none
+        size = f"  {s['bytes']} bytes" if s.get("bytes") is not None else ""
+        lines.append(f"source       {s.get('name')}  {s.get('rows')} rows{size}{digest}")
     return {"json": info, "text": "\n".join(lines)}
 
 

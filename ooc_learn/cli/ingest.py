@@ -50,6 +50,9 @@ def _ingest_parser() -> argparse.ArgumentParser:
                    help="CSV/npy: label column, an index (negative from the end) or a header "
                         "name (default: the CSV header's column named label, y, target or "
                         "class, else the first column)")
+    p.add_argument("--labels", default=None, metavar="FILE",
+                   help=".npy of features only (X.npy): the labels, one per row, from the "
+                        ".npy FILE (y.npy); the features are read from the source by row")
     p.add_argument("--delimiter", default=None, help="CSV delimiter (default: detected)")
     hg = p.add_mutually_exclusive_group()
     hg.add_argument("--header", dest="header", action="store_true", default=None,
@@ -117,21 +120,76 @@ def _label_column(text):
 
 
 def _ingest_body(args):
-    from ooc_learn.api import ingest
-
     if args.sources.count("-") > 1:
         raise ParameterError("'-' (standard input) can be given once.", "Pass it once.")
     budget = command_budget(args, parsers=any_text(args.sources))
+    if args.labels is not None:
+        store = _ingest_with_labels(args, budget)
+    else:
+        store = _ingest_sources(args, budget)
+    return _report(args, store)
+
+
+def _ingest_with_labels(args, budget):
+    """``X.npy --labels y.npy``: the features memory-mapped (read from the file by row
+    position, as a .npy source), the labels in memory (paid from the budget)."""
+    import numpy as np
+
+    from ooc_learn.api import ingest_arrays
+    from ooc_learn.storage.errors import IngestError
+
+    if len(args.sources) != 1 or not str(args.sources[0]).endswith(".npy"):
+        raise ParameterError("--labels gives the labels of one .npy source of features.",
+                             "Pass one X.npy with --labels y.npy, or put the labels in a "
+                             "column of the source (--label-column).")
+    if args.label_column is not None:
+        raise ParameterError("--labels and --label-column both name the labels.",
+                             "Give one of them.")
+    src, lab = args.sources[0], args.labels
+    arrays = []
+    for path, what in ((src, "features"), (lab, "labels")):
+        try:  # allow_pickle=False: a .npy that would run code is refused
+            arrays.append(np.load(path, mmap_mode="r" if what == "features" else None,
+                                  allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise IngestError(f"the {what} cannot be read as a .npy array ({exc})",
+                              "Save them with numpy.save.", path=path) from None
+    X, y = arrays
+    if X.ndim != 2:
+        raise IngestError(f"the features are a {X.ndim}-d array; they are rows x features",
+                          "Save a 2-d array (np.save(f, X)).", path=src)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.shape[0] != X.shape[0]:
+        raise IngestError(f"{y.shape[0] if y.ndim else 0} labels (shape {y.shape}) for the "
+                          f"{X.shape[0]} rows of {src}", "Save one label per row, in the "
+                          "rows' order (np.save(f, y)).", path=lab)
+    with budget.reservation(y.nbytes, f"the labels of {lab}"):
+        return ingest_arrays(X, y, args.output, layout=args.layout, task=args.task,
+                             n_blocks=args.blocks, block_rows=args.block_rows,
+                             n_features=args.n_features, positive_label=args.positive_label,
+                             build_index=not args.no_index, width=args.width,
+                             leaf_size=args.leaf_size, seed=args.seed, memory=budget,
+                             overwrite=args.overwrite, progress=not args.quiet,
+                             shards=args.shards, _source_name=f"{src} (labels {lab})")
+
+
+def _ingest_sources(args, budget):
+    from ooc_learn.api import ingest
+
     with _stdin_spooled(args.sources, args.output) as (sources, names):
-        store = ingest(sources, args.output, format=args.format, layout=args.layout,
+        return ingest(sources, args.output, format=args.format, layout=args.layout,
                        task=args.task, n_blocks=args.blocks, block_rows=args.block_rows,
                        n_features=args.n_features, positive_label=args.positive_label,
                        label_column=_label_column(args.label_column),
                        delimiter=args.delimiter, header=args.header,
                        zero_based=args.zero_based, build_index=not args.no_index,
                        width=args.width, leaf_size=args.leaf_size, seed=args.seed,
-                       memory=budget, overwrite=args.overwrite, progress=not args.quiet,
-                       source_names=names, shards=args.shards)
+                      memory=budget, overwrite=args.overwrite, progress=not args.quiet,
+                      source_names=names, shards=args.shards)
+
+
+def _report(args, store):
     st = store.ingest_stats
     if args.shards is not None:
         out = {"store": str(store.path), "n_samples": store.n_samples,

@@ -420,3 +420,33 @@ def test_a_non_finite_value_or_label_in_text_is_a_value_error_too(tmp_path, text
     with pytest.raises(NonFiniteError, match="line") as ei:
         ingest([src], tmp_path / "s", format="libsvm")
     assert isinstance(ei.value, ValueError) and ei.value.line is not None
+
+
+def test_features_and_labels_in_two_npy_files_and_npz_member_names(tmp_path, capsys):
+    # X.npy with y.npy beside it (numpy's usual pair) took X's first column as the label,
+    # silently; --labels names the labels' file. An .npz of data / target or of np.savez's
+    # positional arr_0 / arr_1 is read as X / y
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(400, 6)).astype(np.float32)
+    y = np.where(X[:, 2] > 0, 3, 7)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    np.savez(tmp_path / "dt.npz", data=X, target=y)
+    np.savez(tmp_path / "pos.npz", X, y)
+    for argv in ([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy")],
+                 [str(tmp_path / "dt.npz")], [str(tmp_path / "pos.npz")]):
+        out = tmp_path / "s"
+        assert ingest_main(argv + ["-o", str(out), "--quiet", "--overwrite"]) == 0
+        with open_store(out) as st:
+            Xs, ys, ids = st.read_range(0, st.n_samples)
+            assert st.n_features == 6 and st.task == "binary"
+            assert np.array_equal(np.asarray(Xs)[np.argsort(ids)], X)
+            assert np.array_equal(np.asarray(ys)[np.argsort(ids)], np.where(y == 7, 1.0, -1.0))
+    capsys.readouterr()
+    np.save(tmp_path / "short.npy", y[:10])
+    assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "short.npy"),
+                        "-o", str(tmp_path / "t"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "10 labels" in err and "400 rows" in err and not (tmp_path / "t").exists()
+    assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"),
+                        "--label-column", "0", "-o", str(tmp_path / "t"), "--quiet"]) == 2
