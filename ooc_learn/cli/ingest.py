@@ -174,8 +174,28 @@ def _ingest_with_labels(args, budget):
                              shards=args.shards, _source_name=f"{src} (labels {lab})")
 
 
+def _labels_beside(path) -> str | None:
+    """``y.npy`` beside ``X.npy`` (``y_train.npy`` beside ``X_train.npy``, ...), if there."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix != ".npy" or p.name[:1] not in "Xx":
+        return None
+    twin = p.with_name("y" + p.name[1:])
+    return str(twin) if twin.is_file() else None
+
+
 def _ingest_sources(args, budget):
+    import warnings
+
     from ooc_learn.api import ingest
+
+    for src in args.sources:
+        twin = None if args.label_column is not None else _labels_beside(src)
+        if twin:
+            warnings.warn(f"the labels are column 0 of {src}; {twin} beside it is not read. If "
+                          f"it holds the labels, ingest with --labels {twin}.", RuntimeWarning,
+                          stacklevel=2)
 
     with _stdin_spooled(args.sources, args.output) as (sources, names):
         return ingest(sources, args.output, format=args.format, layout=args.layout,

@@ -443,6 +443,10 @@ def test_features_and_labels_in_two_npy_files_and_npz_member_names(tmp_path, cap
             assert np.array_equal(np.asarray(Xs)[np.argsort(ids)], X)
             assert np.array_equal(np.asarray(ys)[np.argsort(ids)], np.where(y == 7, 1.0, -1.0))
     capsys.readouterr()
+    # X.npy alone, y.npy beside it: the first column is the label, and a warning says so
+    assert ingest_main([str(tmp_path / "X.npy"), "-o", str(tmp_path / "s"), "--quiet",
+                        "--overwrite"]) == 0
+    assert "--labels" in capsys.readouterr().err
     np.save(tmp_path / "short.npy", y[:10])
     assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "short.npy"),
                         "-o", str(tmp_path / "t"), "--quiet"]) == 2
