@@ -29,7 +29,10 @@ __all__ = ["CVRun", "is_flat"]
 
 
 def is_flat(learner) -> bool:
-    """Whether the learner's model is a flat numba state (TreeCV runs its subtrees in a kernel)."""
+    """Whether the learner's model is a flat numba state, or one per class of such states
+    (``OneVsRest``): TreeCV then runs its subtrees in a kernel, class by class."""
+    if isinstance(learner, OneVsRest):
+        learner = learner.learner
     return getattr(learner, "kernel_kind", -1) >= 0
 
 
@@ -193,7 +196,9 @@ class CVRun:
         return self._y64
 
     def kernel_subtree(self, s, e, model):
-        """Folds s..e (inside one block) in one numba call, starting from f_{s..e}."""
+        """Folds s..e (inside one block) in one numba call, starting from f_{s..e}; one call
+        per class for ``OneVsRest`` (the same folds and order, its class's +1 / -1 labels),
+        each row then scored by the class of the largest of its held-out decision values."""
         a, b = int(self.bounds[s]), int(self.bounds[e + 1])
         src = self.source
         if src.is_store:
@@ -203,19 +208,28 @@ class CVRun:
         else:
             X, y, ids, off, yk = src.X, src.y, src.ids, 0, self.y64()
             src.rows_read += b - a
+        ovr = isinstance(self.learner, OneVsRest)
+        flat = self.learner.learner if ovr else self.learner
+        models = model if ovr else [model]
+        signs = ([np.where(yk == c, 1.0, -1.0) for c in self.learner.classes] if ovr
+                 else [yk])
         depth = stack_depth(e - s + 1)
-        nb = depth * int(model.nbytes)
-        with self.budget.reservation(nb, "TreeCV in-block model stack"):
-            states = np.empty((depth, model.shape[0]))
-            states[0] = model
-            rel = np.ascontiguousarray(self.bounds[s:e + 2] - off, dtype=np.int64)
-            out = np.empty(b - a)
-            seed = int(self.rng.integers(2**31 - 1)) if self.randomized else 0
-            Xd, indptr, indices, data, is_csr = kernel_arrays(X)
-            upd, mm = tree_block(self.learner.kernel_kind, self.learner.n_features_of(model),
-                                 states, Xd, indptr, indices, data, is_csr, yk, rel,
-                                 self.randomized, seed, out)
-        self.updates += int(upd)
+        rel = np.ascontiguousarray(self.bounds[s:e + 2] - off, dtype=np.int64)
+        seed = int(self.rng.integers(2**31 - 1)) if self.randomized else 0
+        Xd, indptr, indices, data, is_csr = kernel_arrays(X)
+        outs = []
+        for m, yc in zip(models, signs):
+            with self.budget.reservation(depth * int(m.nbytes), "TreeCV in-block model stack"):
+                states = np.empty((depth, m.shape[0]))
+                states[0] = m
+                out = np.empty(b - a)
+                upd, mm = tree_block(flat.kernel_kind, flat.n_features_of(m), states, Xd,
+                                     indptr, indices, data, is_csr, yc, rel, self.randomized,
+                                     seed, out)
+            outs.append(out)
+        out = (self.learner.classes[np.argmax(np.column_stack(outs), axis=1)] if ovr
+               else outs[0])
+        self.updates += int(upd)  # the rows fed (each class's model is fed the same)
         self.kernel_subtrees += 1
         self.max_alive = max(self.max_alive, self.alive + int(mm))
         ys = y[a - off:b - off]

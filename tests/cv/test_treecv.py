@@ -293,6 +293,15 @@ def test_pegasos_on_class_labels_trains_one_model_per_class(rng):
     assert std.estimate < 0.1  # well-separated blobs; chance is 2/3
     tree = tree_cv((X, y), lrn, 5)
     assert abs(tree.estimate - std.estimate) < 0.05
+    # the subtrees in one numba call a class (one block) = the Python recursion over blocks
+    assert tree.stats["kernel_subtrees"] == 1
+    python = tree_cv((X, y), lrn, 5, _block_rows=50)
+    assert "kernel_subtrees" not in python.stats
+    np.testing.assert_array_equal(python.fold_scores, tree.fold_scores)
+    np.testing.assert_array_equal(python.predictions, tree.predictions)
+    for k in (20, "loo"):  # and with folds inside blocks, both ways
+        np.testing.assert_array_equal(tree_cv((X, y), lrn, k).predictions,
+                                      tree_cv((X, y), lrn, k, _block_rows=64).predictions)
     np.testing.assert_array_equal(tree_cv((X, y), lrn, 5, n_jobs=2).fold_scores,
                                   tree.fold_scores)
     assert set(np.unique(tree.predictions)) <= {0.0, 1.0, 2.0}
