@@ -57,17 +57,19 @@ def _save(fig, path) -> None:
 
 
 def plot_cv(grid: list[dict], metric: str, best_C: float, path, title: str) -> None:
-    """``grid``: ``{"C", "estimate", "fold_scores"}`` per C (``ooc-train --cv --json``)."""
+    """``grid``: ``{"C", "estimate", "fold_scores"}`` per C (``ooc-train --cv --json``;
+    leave-one-out lists no fold scores: a score per row)."""
     plt = _pyplot()
     scale = 1.0 if metric == "rmse" else 100.0
     label = "CV RMSE" if metric == "rmse" else "CV accuracy (%)"
     fig, ax = plt.subplots(figsize=(6, 4))
     cs = [g["C"] for g in grid]
-    for g in grid:
+    folds = all("fold_scores" in g for g in grid)
+    for g in grid if folds else []:
         ax.scatter([g["C"]] * len(g["fold_scores"]), [scale * v for v in g["fold_scores"]],
                    s=12, color="0.6", zorder=2)
     ax.plot(cs, [scale * g["estimate"] for g in grid], "o-", color="C0", zorder=3,
-            label="mean of the folds")
+            label="mean of the folds" if folds else "leave-one-out")
     best = next(g for g in grid if g["C"] == best_C)
     ax.plot([best_C], [scale * best["estimate"]], "*", ms=14, color="C3", zorder=4,
             label=f"best C = {best_C:g}")

@@ -32,6 +32,14 @@ def test_cv_and_training_plots(store, tmp_path, capsys):
     svg = run.read_text()
     assert "<svg" in svg and "test error" in svg and "rows read" in svg
     assert not list(tmp_path.glob(".*ooc-tmp*"))  # written through a temporary sibling
+    # least squares' leave-one-out lists no fold scores (one a row): the curve alone
+    X, y = make_classification(n_samples=300, n_features=5, random_state=1)
+    ingest_arrays(X.astype(np.float32), X[:, 0] + y, tmp_path / "r",
+                  task="regression").close()
+    loo = tmp_path / "loo.svg"
+    assert train_main([str(tmp_path / "r"), "--cv", "loo", "--C", "0.1,1", "--plot",
+                       str(loo), "--quiet"]) == 0
+    assert "leave-one-out" in loo.read_text()
 
 
 def test_plot_refusals_come_before_the_work(store, tmp_path, capsys, without_module):
