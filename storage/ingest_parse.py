@@ -112,8 +112,27 @@ class Parsed:
         self.tracker = LabelTracker()
         self.buckets: BucketWriter | None = None
         self.bytes_in = 0
+        self._names: dict = {}  # source -> its CSV header's feature names (None: none)
+
+    @property
+    def feature_names(self) -> list | None:
+        """The feature columns' names where every source is a CSV with the same header."""
+        named = list(self._names.values())
+        return named[0] if named and all(v is not None for v in named) else None
 
     def add(self, ch, name) -> None:
+        if name not in self._names:  # a source's first chunk
+            names = getattr(ch, "feature_names", None)
+            for other, seen in self._names.items():
+                if names is not None and seen is not None and names != seen:
+                    at = next((j for j, (a, b) in enumerate(zip(names, seen)) if a != b),
+                              min(len(names), len(seen)))
+                    raise IngestError(
+                        f"This source's header names other columns than {other}'s: column "
+                        f"{at + 1} is {names[at]!r} here and {seen[at]!r} there.",
+                        "Give every source of one store the same columns in the same order.",
+                        path=name)
+            self._names[name] = names
         self.tracker.add(ch.labels)
         self.min_index = min(self.min_index, int(ch.min_index))
         self.max_index = max(self.max_index, int(ch.max_index))

@@ -184,6 +184,7 @@ def store_metadata(p: Parsed, shape: Shape, *, task, label_map, seed, positive_l
     """The metadata every ingest writes into its store (``data.h5`` and ``meta.json``)."""
     return {
         "label_map": label_map, "sources": p.sources, "formats": sorted(p.formats),
+        "feature_names": p.feature_names,  # a CSV header's, where every source has it
         "zero_based": shape.base == 0, "nnz": int(p.nnz), "density": shape.density,
         "params": {"n_blocks": int(shape.n_blocks), "seed": int(seed), "layout": shape.layout,
                    "task": task, "positive_label": positive_label,

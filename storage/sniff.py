@@ -125,6 +125,7 @@ class CSVLayout:
     n_fields: int
     label_col: int
     text_label: bool = False  # the label column holds class names
+    feature_names: list | None = None  # the header's names of the feature columns, in order
 
 
 def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
@@ -172,7 +173,9 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     # a full-width row whose label field is not a number (rows of another width are the
     # kernel's to name, with their line)
     text_label = any(text(label_col, full))
-    return CSVLayout(delimiter, first_no if header else 0, n_fields, label_col, text_label)
+    features = None if not names else [x for j, x in enumerate(names) if j != label_col]
+    return CSVLayout(delimiter, first_no if header else 0, n_fields, label_col, text_label,
+                     features)
 
 
 def _sniff_delimiter(lines: list[str]) -> str | None:

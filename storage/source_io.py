@@ -49,6 +49,8 @@ class RawChunk:
     max_index: int
     n_columns: int | None
     bytes_read: int
+    #: a CSV header's feature names (the first chunk of such a source), else None
+    feature_names: list | None = None
 
     @property
     def n_rows(self) -> int:

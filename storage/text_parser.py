@@ -324,4 +324,8 @@ def iter_csv(path, chunk_bytes: int, layout: CSVLayout, detected: bool,
             seps += buf.count(b"\t", a, b)
         return n_lines, min(n_lines * n_feat, seps + n_lines)
 
-    yield from _iter_text(path, chunk_bytes, parser, capacity, layout.header_line, n_feat)
+    first = True
+    for chunk in _iter_text(path, chunk_bytes, parser, capacity, layout.header_line, n_feat):
+        if first:
+            chunk.feature_names, first = layout.feature_names, False
+        yield chunk

@@ -32,10 +32,12 @@ def eval_spec(model=None, store=None) -> dict:
         label_map = model.meta.get("label_map", {})
         return {"n_features": model.n_features_in_, "task": task,
                 "positive": label_map.get("positive"), "label_map": label_map,
-                "zero_based": model.meta.get("zero_based"), "what": "The model"}
+                "zero_based": model.meta.get("zero_based"),
+                "feature_names": model.meta.get("feature_names"), "what": "The model"}
     return {"n_features": store.n_features, "task": store.task,
             "positive": store.label_map.get("positive"), "label_map": store.label_map,
             "zero_based": store.metadata.get("zero_based"),
+            "feature_names": store.metadata.get("feature_names"),
             "what": f"The training store {store.path}"}
 
 
@@ -101,11 +103,38 @@ def open_eval_data(path, spec, budget, stack):
             f"{spec['what']} has {spec['n_features']} features; {path} has "
             f"{data.n_features}.", "Use data ingested from the same feature space (same "
             "--n-features), or retrain on this data.")
+    _check_columns(spec, data, path)
     if data.task != spec["task"]:
         raise ModelMismatchError(f"{spec['what']} is for a {spec['task']} task; {path} holds "
                                  f"a {data.task} task.",
                                  f"Ingest the evaluation data with --task {spec['task']}.")
     return data
+
+
+def _check_columns(spec, data, path) -> None:
+    """Refuse evaluation rows whose CSV header names other columns, or the same ones in
+    another order, than the training data's: read by position, they would be scored
+    silently wrong (as scikit-learn refuses feature names that differ from fit's)."""
+    from ooc_learn.storage.errors import ModelMismatchError
+
+    want = spec.get("feature_names")
+    got = getattr(data, "metadata", {}).get("feature_names")
+    if not want or not got or list(want) == list(got):
+        return
+    if sorted(want) == sorted(got):
+        raise ModelMismatchError(
+            f"{path} has the training data's columns in another order: "
+            f"{', '.join(got[:6])}{' ...' if len(got) > 6 else ''} against "
+            f"{', '.join(want[:6])}{' ...' if len(want) > 6 else ''}.",
+            "Write the columns in the training order (they are read by position).")
+    at = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b),
+              min(len(got), len(want)))
+    theirs = repr(got[at]) if at < len(got) else "nothing"
+    ours = repr(want[at]) if at < len(want) else "nothing"
+    raise ModelMismatchError(
+        f"{path}'s header names other columns than the training data's: column {at + 1} is "
+        f"{theirs} there and {ours} in training.",
+        "Score data with the training data's columns, in its order.")
 
 
 class _Resized:

@@ -454,3 +454,43 @@ def test_features_and_labels_in_two_npy_files_and_npz_member_names(tmp_path, cap
     assert "10 labels" in err and "400 rows" in err and not (tmp_path / "t").exists()
     assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"),
                         "--label-column", "0", "-o", str(tmp_path / "t"), "--quiet"]) == 2
+
+
+def test_a_csv_headers_names_guard_the_columns_of_scoring_and_of_more_sources(tmp_path,
+                                                                               capsys):
+    # a test CSV with the training columns in another order, or other columns, was scored
+    # by position, silently wrong; the header's names now travel with the store and model
+    from ooc_learn.cli import predict_main, train_main
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 3))
+    y = np.where(X[:, 0] - X[:, 2] > 0, "yes", "no")
+
+    def write(path, names, cols):
+        with open(path, "w") as fh:
+            fh.write(",".join(names + ["label"]) + "\n")
+            for row, lab in zip(X[:, cols], y):
+                fh.write(",".join(f"{v:.5f}" for v in row) + f",{lab}\n")
+
+    write(tmp_path / "train.csv", ["a", "b", "c"], [0, 1, 2])
+    write(tmp_path / "same.csv", ["a", "b", "c"], [0, 1, 2])
+    write(tmp_path / "swapped.csv", ["c", "b", "a"], [2, 1, 0])
+    write(tmp_path / "other.csv", ["a", "b", "d"], [0, 1, 2])
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(tmp_path / "train.csv"), "-o", str(store), "--quiet"]) == 0
+    with open_store(store) as st:
+        assert st.metadata["feature_names"] == ["a", "b", "c"]
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    assert predict_main([str(model), str(tmp_path / "same.csv"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert predict_main([str(model), str(tmp_path / "swapped.csv"), "--quiet"]) == 2
+    assert "in another order" in capsys.readouterr().err
+    assert predict_main([str(model), str(tmp_path / "other.csv"), "--quiet"]) == 2
+    assert "column 3 is 'd' there and 'c' in training" in capsys.readouterr().err
+    assert train_main([str(store), "-o", str(model), "--quiet", "--test",
+                       str(tmp_path / "swapped.csv")]) == 2
+    # two sources of one store: the same header, or refused naming the column
+    assert ingest_main([str(tmp_path / "train.csv"), str(tmp_path / "swapped.csv"), "-o",
+                        str(tmp_path / "two"), "--quiet"]) == 2
+    assert "column 1 is 'c' here and 'a' there" in capsys.readouterr().err
+    assert not (tmp_path / "two").exists()
