@@ -196,6 +196,13 @@ def label_index(path, label_column, names, n_fields: int) -> int:
             raise IngestError(f"the header names more than one label column: {cols}",
                               f"Pick the label with --label-column NAME (label_column=), e.g. "
                               f"--label-column {names[named[0]]}.", path=os.fspath(path))
+        if names and not named:  # a header that names no label: say which column is
+            import warnings
+
+            warnings.warn(f"{os.fspath(path)}: the header names no label column "
+                          f"({', '.join(LABEL_NAMES)}); its first column, {names[0]!r}, is the "
+                          f"label. If another is, pass --label-column NAME.", RuntimeWarning,
+                          stacklevel=2)
         return named[0] if named else 0
     if isinstance(label_column, str):
         if names is None:

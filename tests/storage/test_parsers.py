@@ -362,7 +362,8 @@ def test_csv_label_column_found_by_header_name(tmp_path):
     assert collect(both, label_column="label")[0].tolist() == [3]
     plain = tmp_path / "plain.csv"
     plain.write_text("a,b,c\n7,8,9\n")
-    assert collect(plain)[0].tolist() == [7]
+    with pytest.warns(RuntimeWarning, match="names no label column.*'a', is the label"):
+        assert collect(plain)[0].tolist() == [7]  # the first column, said so
     numeric = tmp_path / "n.csv"
     numeric.write_text("4,2\n3,1\n")
     assert collect(numeric)[0].tolist() == [4, 3]
