@@ -169,6 +169,8 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     if label_column is None and len(name_cols) == 1 and not (
             names and any(x.strip().lower() in LABEL_NAMES for x in names)):
         label_column = name_cols[0]  # the one column of class names is the label
+    if label_column is None and not header and full and n_fields > 1:
+        _warn_if_the_label_looks_last(path, full)
     label_col = label_index(path, label_column, names, n_fields)
     # a full-width row whose label field is not a number (rows of another width are the
     # kernel's to name, with their line)
@@ -176,6 +178,29 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     features = None if not names else [x for j, x in enumerate(names) if j != label_col]
     return CSVLayout(delimiter, first_no if header else 0, n_fields, label_col, text_label,
                      features)
+
+
+def _labelish(values: list[str]) -> bool:
+    """Whether sampled fields look like class labels: integers, at most half of them
+    distinct (two at the least)."""
+    try:
+        nums = [float(v.strip('"')) for v in values]
+    except ValueError:
+        return False
+    return (all(v == int(v) for v in nums)
+            and len(set(nums)) <= max(2, len(nums) // 2))
+
+
+def _warn_if_the_label_looks_last(path, rows: list[list[str]]) -> None:
+    """A headerless CSV's label is its first column by default; where that column does not
+    look like labels and the last does (UCI's files put the class last), say so."""
+    if _labelish([r[-1] for r in rows]) and not _labelish([r[0] for r in rows]):
+        import warnings
+
+        warnings.warn(f"{os.fspath(path)}: the label is the first column (no header names "
+                      f"one), which holds values like {rows[0][0]}; the last column looks like "
+                      f"class labels. If it holds them, pass --label-column -1.",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _sniff_delimiter(lines: list[str]) -> str | None:

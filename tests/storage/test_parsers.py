@@ -344,6 +344,23 @@ def test_csv_quoted_numbers_as_r_and_spreadsheets_write_them(tmp_path):
         assert f"token '{token}'" in str(exc.value) and "line 2" in str(exc.value)
 
 
+def test_a_headerless_csv_whose_label_looks_last_warns(tmp_path):
+    # UCI's files put the class last; the default (first column) then took a feature as
+    # the label without a word. A label-first file says nothing
+    last = tmp_path / "last.csv"
+    last.write_text("".join(f"{i * 0.37:.2f},{i % 5 * 1.5},{i % 2}\n" for i in range(20)))
+    with pytest.warns(RuntimeWarning, match="--label-column -1"):
+        assert collect(last)[0].tolist()[:2] == [0.0, 0.37]
+    assert collect(last, label_column=-1)[0].tolist()[:3] == [0, 1, 0]
+    first = tmp_path / "first.csv"
+    first.write_text("".join(f"{i % 2},{i * 0.37:.2f},{i % 5 * 1.5}\n" for i in range(20)))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert collect(first)[0].tolist()[:3] == [0, 1, 0]
+
+
 def test_csv_label_column_found_by_header_name(tmp_path):
     """A header naming the label (label / y / target / class, any case) picks that column
     (it silently took column 0 before, the last column then became a feature); two such names
