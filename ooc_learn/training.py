@@ -204,7 +204,8 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
             eps=eps, block_solver=block_solver if solver == "ibcd" else None,
             store=str(st.path), store_fingerprint=st.fingerprint(),
             label_map=st.label_map, zero_based=st.metadata.get("zero_based"),
-            feature_names=st.metadata.get("feature_names"), stats=stats)
+            feature_names=st.metadata.get("feature_names"),
+            label_name=st.metadata.get("label_name"), stats=stats)
     finally:
         if opened:
             st.close()
@@ -303,7 +304,8 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
         w, bias=bias, classes=None, solver=solver, loss=loss, C=C, epsilon=epsilon, eps=eps,
         task="regression", store=str(st.path), store_fingerprint=st.fingerprint(),
         label_map=st.label_map, zero_based=st.metadata.get("zero_based"),
-        feature_names=st.metadata.get("feature_names"), stats=stats)
+        feature_names=st.metadata.get("feature_names"),
+        label_name=st.metadata.get("label_name"), stats=stats)
 
 
 def _train_one_vs_rest(st, on_outer=None, n_jobs=1, client=None, **params) -> LinearModel:

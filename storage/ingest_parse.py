@@ -113,6 +113,7 @@ class Parsed:
         self.buckets: BucketWriter | None = None
         self.bytes_in = 0
         self._names: dict = {}  # source -> its CSV header's feature names (None: none)
+        self.label_name = None  # the first CSV header's name of its label column
 
     @property
     def feature_names(self) -> list | None:
@@ -133,6 +134,8 @@ class Parsed:
                         "Give every source of one store the same columns in the same order.",
                         path=name)
             self._names[name] = names
+            if names is not None and self.label_name is None:
+                self.label_name = getattr(ch, "label_name", None)
         self.tracker.add(ch.labels)
         self.min_index = min(self.min_index, int(ch.min_index))
         self.max_index = max(self.max_index, int(ch.max_index))

@@ -126,6 +126,7 @@ class CSVLayout:
     label_col: int
     text_label: bool = False  # the label column holds class names
     feature_names: list | None = None  # the header's names of the feature columns, in order
+    label_name: str | None = None  # the header's name of the label column
 
 
 def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
@@ -177,7 +178,7 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     text_label = any(text(label_col, full))
     features = None if not names else [x for j, x in enumerate(names) if j != label_col]
     return CSVLayout(delimiter, first_no if header else 0, n_fields, label_col, text_label,
-                     features)
+                     features, names[label_col] if names else None)
 
 
 def _labelish(values: list[str]) -> bool:

@@ -49,8 +49,9 @@ class RawChunk:
     max_index: int
     n_columns: int | None
     bytes_read: int
-    #: a CSV header's feature names (the first chunk of such a source), else None
+    #: a CSV header's feature names and label name (the first chunk of such a source)
     feature_names: list | None = None
+    label_name: str | None = None
 
     @property
     def n_rows(self) -> int:

@@ -327,5 +327,6 @@ def iter_csv(path, chunk_bytes: int, layout: CSVLayout, detected: bool,
     first = True
     for chunk in _iter_text(path, chunk_bytes, parser, capacity, layout.header_line, n_feat):
         if first:
-            chunk.feature_names, first = layout.feature_names, False
+            chunk.feature_names, chunk.label_name = layout.feature_names, layout.label_name
+            first = False
         yield chunk

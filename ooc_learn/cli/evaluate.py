@@ -33,11 +33,13 @@ def eval_spec(model=None, store=None) -> dict:
         return {"n_features": model.n_features_in_, "task": task,
                 "positive": label_map.get("positive"), "label_map": label_map,
                 "zero_based": model.meta.get("zero_based"),
-                "feature_names": model.meta.get("feature_names"), "what": "The model"}
+                "feature_names": model.meta.get("feature_names"),
+                "label_name": model.meta.get("label_name"), "what": "The model"}
     return {"n_features": store.n_features, "task": store.task,
             "positive": store.label_map.get("positive"), "label_map": store.label_map,
             "zero_based": store.metadata.get("zero_based"),
             "feature_names": store.metadata.get("feature_names"),
+            "label_name": store.metadata.get("label_name"),
             "what": f"The training store {store.path}"}
 
 
@@ -83,7 +85,10 @@ def open_eval_data(path, spec, budget, stack):
         # LIBLINEAR's predict leaves those out, and so does this, saying so
         from ooc_learn.storage.sniff import detect_format
 
-        named = detect_format(path) == "libsvm"
+        fmt = detect_format(path)
+        named = fmt == "libsvm"
+        if fmt == "csv" and spec.get("label_name"):  # the training data's label column
+            kw["label_column"] = _label_of(path, spec["label_name"])
         data = stack.enter_context(ingest(
             [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
             n_features=None if named else spec["n_features"], task=task,
@@ -109,6 +114,23 @@ def open_eval_data(path, spec, budget, stack):
                                  f"a {data.task} task.",
                                  f"Ingest the evaluation data with --task {spec['task']}.")
     return data
+
+
+def _label_of(path, name):
+    """``name`` where the CSV's header has that column (the training label's), else None
+    (the usual choice)."""
+    import warnings
+
+    from ooc_learn.storage.sniff import csv_layout
+
+    try:
+        with warnings.catch_warnings():  # a probe: its default label is not the one read
+            warnings.simplefilter("ignore")
+            layout = csv_layout(path, None, None, None)
+    except Exception:  # the ingest reports what is wrong with the file
+        return None
+    names = (layout.feature_names or []) + [layout.label_name]
+    return name if name in names else None
 
 
 def _check_columns(spec, data, path) -> None:

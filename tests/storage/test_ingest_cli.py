@@ -494,3 +494,25 @@ def test_a_csv_headers_names_guard_the_columns_of_scoring_and_of_more_sources(tm
                         str(tmp_path / "two"), "--quiet"]) == 2
     assert "column 1 is 'c' here and 'a' there" in capsys.readouterr().err
     assert not (tmp_path / "two").exists()
+
+
+def test_a_test_csv_is_read_with_the_training_label_column(tmp_path, capsys):
+    # trained with --label-column quality (the last column, no usual label name): a test
+    # CSV of the same header took its first column as the label (and the label as a
+    # feature); the label column's name travels with the store and the model
+    from ooc_learn.cli import predict_main, train_main
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(200, 2))
+    q = X @ [2.0, -1.0] + 0.1 * rng.normal(size=200)
+    text = "f1,f2,quality\n" + "".join(f"{a:.4f},{b:.4f},{c:.4f}\n" for (a, b), c in zip(X, q))
+    (tmp_path / "train.csv").write_text(text)
+    (tmp_path / "test.csv").write_text(text)
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(tmp_path / "train.csv"), "-o", str(store), "--task", "regression",
+                        "--label-column", "quality", "--quiet"]) == 0
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    capsys.readouterr()
+    assert predict_main([str(model), str(tmp_path / "test.csv"), "--json", "--quiet"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["rmse"] < 0.2 and "warning" not in got.err
