@@ -454,6 +454,11 @@ def test_features_and_labels_in_two_npy_files_and_npz_member_names(tmp_path, cap
     assert "10 labels" in err and "400 rows" in err and not (tmp_path / "t").exists()
     assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"),
                         "--label-column", "0", "-o", str(tmp_path / "t"), "--quiet"]) == 2
+    capsys.readouterr()
+    (tmp_path / "y.txt").write_text("\n".join(map(str, y)))
+    assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.txt"),
+                        "-o", str(tmp_path / "t"), "--quiet"]) == 2
+    assert "not a .npy array" in capsys.readouterr().err  # not numpy's word of pickles
 
 
 def test_a_csv_headers_names_guard_the_columns_of_scoring_and_of_more_sources(tmp_path,
