@@ -103,6 +103,7 @@ def for_labels(learner, source):
     """``learner`` as the CV run should drive it on ``source``: wrapped in
     :class:`OneVsRest` where it learns +1 / -1 labels (``binary_labels``) and the source's
     labels are others (a multiclass store's classes, or arrays labelled otherwise)."""
+    _check_classes(learner, source)
     if not getattr(learner, "binary_labels", False):
         return learner
     name = type(learner).__name__
@@ -126,3 +127,32 @@ def for_labels(learner, source):
             "Cross-validate a regression learner (LeastSquaresSGD, ExactLeastSquares), or "
             "pass class labels.")
     return OneVsRest(learner, values)
+
+
+def _check_classes(learner, source) -> None:
+    """Refuse a classifier whose ``classes`` (``SklearnPartialFit``'s) miss the labels the
+    store holds: +1 / -1 (binary), or the class codes of a multiclass store, whose names
+    ``ooc-info`` shows (scikit-learn's own error did not say what to pass)."""
+    classes = getattr(learner, "classes", None)
+    if not getattr(learner, "is_classifier", False) or classes is None or not source.is_store:
+        return
+    store = source.store
+    if store.task == "binary":
+        want = [-1.0, 1.0]
+    elif store.task == "multiclass":
+        want = [float(c) for c in store.metadata["label_map"]["classes"]]
+    else:
+        return
+    try:
+        have = set(np.asarray(classes, dtype=np.float64).tolist())
+    except (TypeError, ValueError):
+        have = set()
+    if set(want) <= have:
+        return
+    names = store.label_map.get("names")
+    shown = ", ".join(f"{v:g}" for v in want)
+    raise ParameterError(
+        f"{store.path} holds the labels {shown}"
+        + (f" (for the classes {', '.join(map(str, names))})" if names else "")
+        + f"; the learner's classes are {list(np.asarray(classes).tolist())}.",
+        f"Pass classes=[{shown}] (the store's labels, not the names).")

@@ -336,6 +336,20 @@ def test_pegasos_treecv_of_a_multiclass_store_and_its_class_view(tmp_path, rng, 
     with open_store(tmp_path / "s", positive=2) as view:  # one class: +1 / -1, one model
         r = tree_cv(view, Pegasos(1e-3), 5)
     assert "one_vs_rest_classes" not in r.stats and r.estimate < 0.1
+    # a scikit-learn classifier's classes are the store's labels: names are refused, saying
+    # which to pass (scikit-learn's "classes should include all valid labels" did not)
+    from sklearn.linear_model import SGDClassifier
+
+    from ooc_learn.learners import SklearnPartialFit
+
+    words = np.array(["a", "b", "c"])[y.astype(int)]
+    ingest_arrays(X, words, tmp_path / "w").close()
+    with open_store(tmp_path / "w") as st:
+        with pytest.raises(ParameterError, match="holds the labels 0, 1, 2") as exc:
+            tree_cv(st, SklearnPartialFit(SGDClassifier(), classes=["a", "b", "c"]), 5)
+        assert "classes=[0, 1, 2]" in exc.value.hint
+        assert tree_cv(st, SklearnPartialFit(SGDClassifier(random_state=0),
+                                             classes=[0, 1, 2]), 5).estimate < 0.2
     ingest_arrays(X, X[:, 0] * 2.0, tmp_path / "r", task="regression").close()
     assert train_main([str(tmp_path / "r"), "--cv", "5", "--cv-method", "tree",
                        "--quiet"]) == 2
