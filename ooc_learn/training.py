@@ -25,9 +25,13 @@ def check_params(solver, loss, C, s, bias, eps, max_outer, block_size):
                              f"Got {got!r} instead.", hint)
 
     if solver not in SOLVERS:
-        bad("solver", f"one of {', '.join(SOLVERS)}", solver)
+        bad("solver", f"one of {', '.join(SOLVERS)}", solver,
+            "--solver exact is least squares, for a regression store (ingested with --task "
+            "regression)." if solver == "exact" else "")
     if loss not in ("hinge", "sqhinge"):
-        bad("loss", "'hinge' or 'sqhinge'", loss)
+        bad("loss", "'hinge' or 'sqhinge'", loss,
+            f"{loss} is a regression loss, for a store ingested with --task regression."
+            if loss in ("epsilon_insensitive", "squared_epsilon_insensitive") else "")
     if not (isinstance(C, (int, float)) and math.isfinite(C) and C > 0):
         bad("C", "> 0", C, "C is the SVM cost; try 1.")
     if s is not None and not (isinstance(s, (int, float)) and s >= 0):

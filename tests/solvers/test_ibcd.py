@@ -377,6 +377,11 @@ def test_bad_flags_and_mismatch_exit_2(tmp_path, rng):
                                 "--truncate", "1", "--solver", "dcd"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "IBCD" in r.stderr
+    # regression's solver and losses on a classification store: the hint says where they fit
+    for flags in (["--solver", "exact"], ["--loss", "epsilon_insensitive"]):
+        r = subprocess.run(TRAIN + [str(tmp_path / "s"), "-o", str(tmp_path / "m.npz")] + flags,
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "--task regression" in r.stderr
     r = subprocess.run(TRAIN + [str(tmp_path / "nostore"), "-o", str(tmp_path / "m.npz")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "No store" in r.stderr
