@@ -85,9 +85,9 @@ def make_client(scheduler: str | None = None, workers: int | None = None, memory
                                  "--workers N for a local cluster.") from None
     from ooc_learn.storage.budget import parse_size
 
-    limit = "auto" if memory is None else parse_size(memory)
     import logging
 
+    limit = "auto" if memory is None else parse_size(memory)
     cluster = distributed.LocalCluster(n_workers=int(workers), threads_per_worker=1,
                                        processes=True, memory_limit=limit,
                                        dashboard_address=":0",  # any free port
@@ -108,13 +108,11 @@ def _warning_lines(prog: str):
         name = "ooc-learn-warning-lines"
 
         def setup(self, worker):
-            import sys
             import warnings
 
-            def show(message, category, filename, lineno, file=None, line=None):
-                print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+            from ooc_learn._warnings import warning_line
 
-            warnings.showwarning = show
+            warnings.showwarning = warning_line(prog)
 
     return WarningLines()
 

@@ -13,20 +13,11 @@ import warnings
 from typing import Callable
 
 from ooc_learn._json import jsonable
+from ooc_learn._warnings import warning_line
 from ooc_learn.storage.budget import MemoryBudget, parse_size
 from ooc_learn.storage.errors import OOCError
 from ooc_learn.storage.stop import request_stop
 
-
-
-def _warning_line(prog: str, said: list[str]):
-    """A ``warnings.showwarning`` that writes ``prog: warning: message`` to stderr and keeps
-    the message in ``said``."""
-    def show(message, category, filename, lineno, file=None, line=None):
-        text = str(message)
-        said.append(text)
-        print(f"{prog}: warning: {text}", file=sys.stderr if file is None else file)
-    return show
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -104,7 +95,7 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
         with warnings.catch_warnings():
             # a warning is a line of the command's, as its errors are, not Python's (file,
             # line and source); --json also lists them
-            warnings.showwarning = _warning_line(prog, said)
+            warnings.showwarning = warning_line(prog, said)
             result = body(args)
     except BaseException as exc:
         if stop.signum is not None:
