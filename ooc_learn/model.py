@@ -38,7 +38,8 @@ from ooc_learn._json import jsonable
 from ooc_learn.storage.errors import ModelMismatchError, ParameterError, UsageError
 from ooc_learn.storage.replace import atomic_file
 
-__all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "regression_errors",
+__all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "class_text",
+           "regression_errors",
            "error_figures", "MODEL_FORMAT", "MODEL_VERSION"]
 
 MODEL_FORMAT = "ooc-learn-linear-model"
@@ -302,6 +303,14 @@ class LinearModel:
     def __repr__(self) -> str:
         return (f"LinearModel(n_features={self.n_features_in_}, classes={self.classes_.tolist()}, "
                 f"solver={self.meta.get('solver')!r}, loss={self.meta.get('loss')!r})")
+
+
+def class_text(value, names=None) -> str:
+    """A class as its source wrote it: its name (``names``: the label map's, indexed by the
+    class code), or the value's shortest form that reads back (9, not 9.0)."""
+    if names and float(value).is_integer() and 0 <= int(value) < len(names):
+        return str(names[int(value)])
+    return np.format_float_positional(float(value), trim="-")
 
 
 def regression_errors(model, X, y=None) -> dict:

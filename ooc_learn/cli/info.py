@@ -20,19 +20,8 @@ def _info_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _class_text(c, meta) -> str:
-    """A class as the source wrote it: its name, or the value's shortest form (9, not
-    9.0)."""
-    import numpy as np
-
-    names = meta.get("label_map", {}).get("names")
-    if names and float(c).is_integer() and 0 <= int(c) < len(names):
-        return str(names[int(c)])
-    return np.format_float_positional(float(c), trim="-")
-
-
 def _model_info(path) -> dict:
-    from ooc_learn.model import load_model, model_format
+    from ooc_learn.model import class_text, load_model, model_format
 
     m = load_model(path)
     meta, stats = m.meta, m.meta.get("stats", {})
@@ -46,7 +35,8 @@ def _model_info(path) -> dict:
             "test": meta.get("test")}
     lines = [f"model        {info['model']} ({info['format']})",
              f"task         {task}, {info['n_features']} features"
-             + (", classes " + ", ".join(_class_text(c, meta) for c in info["classes"])
+             + (", classes " + ", ".join(class_text(c, meta.get("label_map", {}).get("names"))
+                                        for c in info["classes"])
                 if info["classes"] else ""),
              f"trained      {info['solver']}/{info['loss']} C={info['C']}"
              + ("" if info["s"] is None else f" truncate {info['s']}")

@@ -76,12 +76,12 @@ def _predict_body(args):
     ids, dec, ys, pred = ids[order], dec[order], ys[order], pred[order]
     labels = dec if model.regression else model.classes_[pred]
     names = model.meta.get("label_map", {}).get("names")
-    if names:
-        shown = np.asarray(names, dtype=object)[labels.astype(np.intp)]
-    elif model.regression:
+    if model.regression:
         shown = [f"{v:.9g}" for v in labels.tolist()]
-    else:  # a class as the source wrote it: 9, not 9.0 (the shortest form that reads back)
-        text = {c: np.format_float_positional(c, trim="-") for c in model.classes_.tolist()}
+    else:  # a class as the source wrote it: its name, or 9, not 9.0
+        from ooc_learn.model import class_text
+
+        text = {c: class_text(c, names) for c in model.classes_.tolist()}
         shown = [text[c] for c in labels.tolist()]
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size)}
     if model.regression:
@@ -136,7 +136,10 @@ def _confusion_text(classes, confusion) -> str:
     """The confusion matrix as a table: a row per true class, a column per predicted one."""
     import numpy as np
 
-    names = [f"{c:g}" if isinstance(c, float) else str(c) for c in np.asarray(classes).tolist()]
+    from ooc_learn.model import class_text
+
+    names = [class_text(c) if isinstance(c, float) else str(c)
+             for c in np.asarray(classes).tolist()]
     width = max(6, max(len(n) for n in names) + 1,
                 max(len(str(v)) for row in confusion for v in row) + 1)
     lines = ["confusion matrix (rows: true class, columns: predicted)",
