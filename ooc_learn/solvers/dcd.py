@@ -43,7 +43,7 @@ from . import _kernels as K
 from ._common import as_rows, check_labels, check_positive, seed_state
 
 __all__ = ["DCDStats", "DCDResult", "dcd_subproblem", "solve_dcd", "dual_objective",
-           "primal_objective", "check_dual_params"]
+           "primal_objective", "loss_sum", "check_dual_params"]
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,19 @@ def dual_objective(w: np.ndarray, alpha: np.ndarray, diag: float) -> float:
 def primal_objective(X, y, w: np.ndarray, loss: Loss | str, C: float, bias: float = 1.0,
                      rows=None) -> float:
     """``1/2 |w|^2 + C sum_{i in rows} L(y_i [x_i, bias]^T w)``."""
+    return float(0.5 * np.dot(w, w) + C * loss_sum(X, y, w, loss, bias, rows))
+
+
+def loss_sum(X, y, w: np.ndarray, loss: Loss | str, bias: float = 1.0, rows=None) -> float:
+    """``sum_{i in rows} L(y_i [x_i, bias]^T w)``: the loss part of :func:`primal_objective`
+    (a store's is summed chunk by chunk: ``dcd_streamed.store_primal_objective``)."""
     loss = get_loss(loss)
     Xd, ip, ix, dt, sparse = kernel_args(X)
-    n = X.shape[0]
-    r = as_rows(rows, n, "primal_objective")
+    r = as_rows(rows, X.shape[0], "primal_objective")
     z = np.empty(r.shape[0])
     K.rows_dot(Xd, ip, ix, dt, sparse, float(bias), r, np.asarray(w, dtype=np.float64), z)
     z *= np.asarray(y, dtype=np.float64)[r]
-    return float(0.5 * np.dot(w, w) + C * loss.value(z).sum())
+    return float(loss.value(z).sum())
 
 
 def check_dual_params(C, eps, max_iter, bias, where):

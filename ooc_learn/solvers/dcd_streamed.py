@@ -35,7 +35,7 @@ from . import _kernels as K
 from ooc_learn.storage.arrays import kernel_args
 
 from ._common import check_positive, seed_state
-from .dcd import DCDResult, DCDStats, check_dual_params, dual_objective
+from .dcd import DCDResult, DCDStats, check_dual_params, dual_objective, loss_sum
 
 __all__ = ["solve_dcd_streamed", "solve_dcd_store", "solve_bm_streamed", "StreamedDual",
            "drop_rows", "held_out", "store_primal_objective"]
@@ -46,14 +46,11 @@ PRIMAL_CHUNK_ROWS = 8192
 
 def store_primal_objective(store, w, loss, C: float, bias: float = 1.0) -> float:
     """``1/2 |w|^2 + C sum_i L(y_i [x_i, bias]^T w)`` over every row of ``store``, streamed
-    by its read policy (``Store.iter_chunks``): one pass."""
-    from ._common import margins
-
-    base = get_loss(loss).base()
+    by its read policy (``Store.iter_chunks``): one pass of :func:`~.dcd.loss_sum`."""
     w = np.asarray(w, dtype=np.float64)
     total = 0.0
     for _, X, y, _ in store.iter_chunks(PRIMAL_CHUNK_ROWS, ids=False):
-        total += float(base.value(margins(X, np.asarray(y, dtype=np.float64), w, bias)).sum())
+        total += loss_sum(X, y, w, loss, bias)
         del X, y
     return 0.5 * float(w @ w) + C * total
 
