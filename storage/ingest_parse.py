@@ -20,6 +20,7 @@ from .errors import IngestError
 from .ingest_plan import deal_buckets
 from .labels import LabelTracker
 from .shuffle import BucketWriter, Dealer
+from .sniff import first_difference
 from .stop import check_stop
 
 __all__ = ["Parsed", "IOCount", "parse_and_deal"]
@@ -126,8 +127,7 @@ class Parsed:
             names = getattr(ch, "feature_names", None)
             for other, seen in self._names.items():
                 if names is not None and seen is not None and names != seen:
-                    at = next((j for j, (a, b) in enumerate(zip(names, seen)) if a != b),
-                              min(len(names), len(seen)))
+                    at = first_difference(names, seen)
                     raise IngestError(
                         f"This source's header names other columns than {other}'s: column "
                         f"{at + 1} is {names[at]!r} here and {seen[at]!r} there.",

@@ -18,7 +18,7 @@ from .errors import IngestError
 from .source_io import LABEL_NAMES, SourceFile, is_idx_head, label_index, open_binary, read_full
 
 __all__ = ["detect_format", "CSVLayout", "csv_layout", "LIBSVM_TOKEN", "is_number",
-           "split_fields", "empty_source"]
+           "first_difference", "split_fields", "empty_source"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -28,11 +28,22 @@ _SNIFF_LINES = 20
 LIBSVM_TOKEN = re.compile(r"^(?:[+-]?\d+|qid):")
 
 
+def _unquoted(text: str) -> str:
+    """``text`` without one pair of double quotes around it, as a CSV field may be written."""
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+
+
+def first_difference(a, b) -> int:
+    """The first position where the name lists ``a`` and ``b`` differ (the shorter one's
+    length where one extends the other): what a refusal of other columns names."""
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def is_number(text: str, *, quoted: bool = False) -> bool:
     """Whether Python's ``float`` reads ``text`` as a number (``quoted``: also inside one pair
     of double quotes, as a CSV field may be written)."""
-    if quoted and len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1]
+    if quoted:
+        text = _unquoted(text)
     try:
         float(text)
     except ValueError:
@@ -184,10 +195,9 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
 def _labelish(values: list[str]) -> bool:
     """Whether sampled fields look like class labels: integers, at most half of them
     distinct (two at the least)."""
-    try:
-        nums = [float(v.strip('"')) for v in values]
-    except ValueError:
+    if not all(is_number(v, quoted=True) for v in values):
         return False
+    nums = [float(_unquoted(v)) for v in values]
     return (all(v == int(v) for v in nums)
             and len(set(nums)) <= max(2, len(nums) // 2))
 

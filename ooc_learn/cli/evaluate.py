@@ -138,6 +138,7 @@ def _check_columns(spec, data, path) -> None:
     another order, than the training data's: read by position, they would be scored
     silently wrong (as scikit-learn refuses feature names that differ from fit's)."""
     from ooc_learn.storage.errors import ModelMismatchError
+    from ooc_learn.storage.sniff import first_difference
 
     want = spec.get("feature_names")
     got = getattr(data, "metadata", {}).get("feature_names")
@@ -149,8 +150,7 @@ def _check_columns(spec, data, path) -> None:
             f"{', '.join(got[:6])}{' ...' if len(got) > 6 else ''} against "
             f"{', '.join(want[:6])}{' ...' if len(want) > 6 else ''}.",
             "Write the columns in the training order (they are read by position).")
-    at = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b),
-              min(len(got), len(want)))
+    at = first_difference(got, want)
     theirs = repr(got[at]) if at < len(got) else "nothing"
     ours = repr(want[at]) if at < len(want) else "nothing"
     raise ModelMismatchError(
