@@ -145,22 +145,20 @@ def _ingest_with_labels(args, budget):
     if args.label_column is not None:
         raise ParameterError("--labels and --label-column both name the labels.",
                              "Give one of them.")
+    from ooc_learn.storage.sniff import detect_format
+
     src, lab = args.sources[0], args.labels
     arrays = []
     for path, what in ((src, "features"), (lab, "labels")):
-        try:
-            with open(path, "rb") as fh:
-                npy = fh.read(6) == b"\x93NUMPY"
-            # allow_pickle=False: a .npy that would run code is refused
-            if npy:
-                arrays.append(np.load(path, mmap_mode="r" if what == "features" else None,
-                                      allow_pickle=False))
+        if detect_format(path) != "npy":  # numpy's own error speaks of pickled data
+            raise IngestError(f"the {what} file is not a .npy array (no .npy header)",
+                              "Save them with numpy.save (np.save(f, y)).", path=path)
+        try:  # allow_pickle=False: a .npy that would run code is refused
+            arrays.append(np.load(path, mmap_mode="r" if what == "features" else None,
+                                  allow_pickle=False))
         except (OSError, ValueError) as exc:
             raise IngestError(f"the {what} cannot be read as a .npy array ({exc})",
                               "Save them with numpy.save.", path=path) from None
-        if not npy:
-            raise IngestError(f"the {what} file is not a .npy array (no .npy header)",
-                              "Save them with numpy.save (np.save(f, y)).", path=path)
     X, y = arrays
     if X.ndim != 2:
         raise IngestError(f"the features are a {X.ndim}-d array; they are rows x features",

@@ -211,8 +211,7 @@ class CVRun:
         ovr = isinstance(self.learner, OneVsRest)
         flat = self.learner.learner if ovr else self.learner
         models = model if ovr else [model]
-        signs = ([np.where(yk == c, 1.0, -1.0) for c in self.learner.classes] if ovr
-                 else [yk])
+        signs = self.learner.signs(yk) if ovr else [yk]
         depth = stack_depth(e - s + 1)
         rel = np.ascontiguousarray(self.bounds[s:e + 2] - off, dtype=np.int64)
         seed = int(self.rng.integers(2**31 - 1)) if self.randomized else 0

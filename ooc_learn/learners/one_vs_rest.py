@@ -58,7 +58,8 @@ class OneVsRest:
     def __getstate__(self):  # shipped to a subtree's process or Dask task: not the cache
         return {"learner": self.learner, "classes": self.classes, "_y": None, "_signs": None}
 
-    def _signs_of(self, y):
+    def signs(self, y) -> list:
+        """Each class's +1 / -1 labels of ``y`` (the last ``y`` asked for is remembered)."""
         if y is not self._y:
             y64 = np.asarray(y, dtype=np.float64)
             self._y = y
@@ -69,7 +70,7 @@ class OneVsRest:
         return [self.learner.init(n_features, n_samples) for _ in self.classes]
 
     def update(self, models: list, X, y, order=None) -> list:
-        signs = self._signs_of(y)
+        signs = self.signs(y)
         return [self.learner.update(m, X, s, order=order) for m, s in zip(models, signs)]
 
     def copy(self, models: list) -> list:
