@@ -151,8 +151,10 @@ def _train_body(args):
         raise ParameterError("--C-search needs --cv K and an SVM solver (ibcd, dcd, bm) or a "
                              "regression store.", "Add --cv 5.")
     args.C = [1.0] if args.C is None else args.C
-    if args.eps is None:  # CoCoA+'s is a relative gap: 0.1 would leave the model 2 % short
-        args.eps = 1e-3 if args.solver == "cocoa" else 0.1
+    if args.eps is None:
+        from ooc_learn.training import default_eps
+
+        args.eps = default_eps(args.solver)
     if args.plot is not None:
         if incremental or args.solver == "pegasos":
             raise ParameterError("--plot draws an SVM's cross-validation against C or a "
