@@ -266,17 +266,14 @@ def _loo_exact(st, Cs, *, bias) -> list[CVResult]:
         c = V.T @ b[0]
         inv = [1.0 / (s + 0.5 / C) for C in Cs]  # A^-1 = V diag(inv) V^T
         loo, y_all = np.empty((m, n)), np.empty(n)
-        off = np.asarray(st.block_offsets, dtype=np.int64)
-        for blk in range(st.n_blocks):  # through the block cache, as the first pass
-            X, y = st.read_block(blk)[:2]
-            pos = np.arange(off[blk], off[blk + 1])
+        for X, y, pos in fold_rows(st, 0, n):  # by the store's read policy, as scoring
             y_all[pos] = y
             for a in range(0, pos.size, step):
                 P = np.asarray(X[a:a + step] @ V[:d]) + bias * V[d]  # Xa V
                 P2, yc, at = P * P, y_all[pos[a:a + step]], pos[a:a + step]
                 for j in range(m):
                     loo[j, at] = yc - (yc - P @ (c * inv[j])) / (1.0 - P2 @ inv[j])
-            del X, y  # before the next block is read (see fold_grams)
+            del X, y  # before the next part is read (see fold_grams)
     total = time.perf_counter() - t0
     out = []
     for j, C in enumerate(Cs):
