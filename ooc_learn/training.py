@@ -454,7 +454,9 @@ def run_solver(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, bloc
     """Run one solver; the stats dict holds ``w`` and ``warm``, the state a later solve on
     other rows (the next cross-validation fold) starts from: ``(alpha, w)`` of the dual CD
     solvers over all rows, ``(rows, alpha)`` of IBCD's support vectors. ``holdout`` (a row
-    range) is left out of the problem; PEGASOS takes neither."""
+    range) is left out of the problem; PEGASOS takes neither. ``eps`` None: the solver's
+    :func:`default_eps`."""
+    eps = default_eps(solver) if eps is None else eps
     # every solver reports one dict per outer iteration/epoch: {"outer": i, ...}
     report = on_outer
     step = None if on_outer is None else (lambda i, info: report(dict(info, outer=i)))
