@@ -378,6 +378,61 @@ def rows_col_sqsum(Xd, indptr, indices, data, sparse, bias, rows, weight, out):
                 out[j] += c * np.float64(Xd[i, j]) * Xd[i, j]
 
 
+@njit(cache=True, nogil=True)
+def rows_dense(Xd, indptr, indices, data, sparse, bias, rows, out):
+    """``out[k] = [x_{rows[k]}, bias]`` in float64 (``out`` is ``len(rows) x (d + 1)``)."""
+    d = out.shape[1] - 1
+    for k in range(rows.shape[0]):
+        i = rows[k]
+        if sparse:
+            for j in range(d):
+                out[k, j] = 0.0
+            for p in range(indptr[i], indptr[i + 1]):
+                out[k, indices[p]] = data[p]
+        else:
+            for j in range(d):
+                out[k, j] = Xd[i, j]
+        out[k, d] = bias
+
+
+# --------------------------------------------------------------------------------------------
+# The smoothed hinge's Newton step (hinge_newton.py)
+# --------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def huber_weight(m, h):
+    """The smoothed hinge's -dL/dm: 1 below 1 - h, 0 above 1 + h, linear between."""
+    c = (1.0 + h - m) / (2.0 * h)
+    return 1.0 if c >= 1.0 else (0.0 if c <= 0.0 else c)
+
+
+@njit(cache=True, nogil=True, fastmath=_REASSOC)
+def huber_slope(m, dm, h, C, t, ss, us):
+    """phi'(t) for phi(t) = f(u - t s): ``t |s|^2 - (u - v)^T s + C sum c(m - t dm) dm``
+    (``ss`` = |s|^2, ``us`` = (u - v)^T s, ``c`` = :func:`huber_weight`)."""
+    acc = 0.0
+    for i in range(m.shape[0]):
+        if dm[i] != 0.0:
+            acc += huber_weight(m[i] - t * dm[i], h) * dm[i]
+    return t * ss - us + C * acc
+
+
+@njit(cache=True, nogil=True)
+def huber_line_search(m, dm, h, C, ss, us, tol):
+    """The step t in (0, 1] minimising phi (convex, piecewise quadratic): 1 where phi'(1)
+    <= 0, else phi''s root by bisection to ``tol`` (returned from above, where phi' > 0)."""
+    if huber_slope(m, dm, h, C, 1.0, ss, us) <= 0.0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if huber_slope(m, dm, h, C, mid, ss, us) > 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 # --------------------------------------------------------------------------------------------
 # PEGASOS (Shalev-Shwartz, Singer, Srebro 2007), w = scale * v
 # --------------------------------------------------------------------------------------------

@@ -119,6 +119,25 @@ def test_ibcd_warns_when_dual_cd_on_S_stops_at_max_iter(tmp_path):
         assert res.stats["S_converged"] is False
 
 
+def test_newton_on_S_converges_where_dual_cd_alone_stops_at_its_pass_limit(tmp_path):
+    # C = 1, eps = 0.01, 5 % flipped labels: 1000 dual CD passes leave S short of eps (IBCD
+    # warns); Newton's method on the smoothed hinge first (the default) reaches it, and the
+    # certified solution is eps-optimal on every row of the store, at a lower objective
+    X, y = problem(np.random.default_rng(1), n=3000)
+    C, eps = 1.0, 0.01
+    kw = dict(C=C, n=200, eps=eps, init_sample=500, seed=1)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True) as store:
+        with pytest.warns(RuntimeWarning, match="approximate"):
+            dual_only = solve_ibcd(store, **kw, newton=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            res = solve_ibcd(store, **kw)
+        assert res.stats["S_converged"] and res.stats["newton_solves"] >= 1
+        assert not dual_only.stats["S_converged"] and dual_only.stats["newton_solves"] == 0
+        assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < eps
+        assert res.stats["objective"] <= dual_only.stats["objective"]
+
+
 def test_cli_warning_is_one_line_of_the_command_and_in_json(tmp_path, capsys):
     # the same approximate solve from ooc-train: "ooc-train: warning: ...", not Python's
     # file:line and source echo; --json lists it

@@ -65,6 +65,11 @@ class IBCDConfig:
         Passes for a solve of S on the way (S doubled, or a check follows).
     max_iters : int
         Passes for a solve of S that a stop rests on (LIBLINEAR's limit before 2.42).
+    newton : bool
+        A resident S of the hinge is solved first by Newton's method on the smoothed hinge
+        (:mod:`ooc_learn.solvers.hinge_newton`: d + 1 unknowns, where dual CD needs
+        thousands of passes over S's correlated rows near the margin), then by dual CD from
+        the dual point it leaves; off: dual CD alone.
     dual_switch_iters : int
         A resident squared-hinge solve of S that dual CD has not finished in this many
         passes goes on by TRON from the w reached (LIBLINEAR's ``-s 1``).
@@ -168,6 +173,7 @@ class IBCDConfig:
     init_iters: int = 50
     quick_iters: int = 100
     max_iters: int = 1000
+    newton: bool = True
     dual_switch_iters: int = 300
     primal_eps: float = 0.01
     resolve_growth: float = 2.0
@@ -277,6 +283,7 @@ _RULES = [
     ("min_precision", _num(0, hi=1), "Try 0.05."),
     ("dense_query", _num(0, hi=1), "Try 0.4."),
     ("cost_model", lambda v: isinstance(v, (bool, np.bool_)), "True or False."),
+    ("newton", lambda v: isinstance(v, (bool, np.bool_)), "True or False."),
     ("visit_cost", _num(0), "Try 100000."),
     ("read_cost", _num(0), "Try 2."),
     ("query_read_cost", _num(0), "Try 60."),
@@ -293,7 +300,7 @@ _RULES = [
 _WANT = {
     "C": "> 0", "eps": "> 0", "sample_eps": "in [0, 1)", "s": ">= 0 or None",
     "loss": "'hinge' or 'sqhinge'", "block_solver": "'dual' or 'primal'",
-    "cost_model": "a bool", "min_precision": "in [0, 1]", "dense_query": "in [0, 1]",
+    "cost_model": "a bool", "newton": "a bool", "min_precision": "in [0, 1]", "dense_query": "in [0, 1]",
     "resident_share": "in (0, 1]", "resolve_growth": "> 1", "check_growth": "> 0",
     "primal_eps": "> 0", "scan_margin": "> 0",
     **{k: "an int >= 1" for k in ("n", "max_outer", "init_sample", "block_iters", "init_iters",

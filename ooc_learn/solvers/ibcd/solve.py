@@ -14,6 +14,7 @@ from ooc_learn.storage.arrays import kernel_args
 from ooc_learn.storage.resources import release_free_heap
 
 from .. import _kernels as K
+from .. import hinge_newton
 from .._common import margins
 from ..dcd import dcd_subproblem
 from ..tron import L2LossPrimal, tron
@@ -95,9 +96,15 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     """Problem (13) on S to ``eps`` (LIBLINEAR's projected-gradient spread) within
     ``max_iter`` dual CD passes; returns the spread reached (0 when converged).
 
-    A resident S: dual CD with shrinking. With the primal block solver (squared hinge) TRON
-    instead; with the dual one too, once dual CD has not converged in ``dual_switch_iters``
-    passes of a solve a stop may rest on (LIBLINEAR's ``-s 1``), and from then on.
+    A resident S: dual CD with shrinking. For the hinge, a solve a stop may rest on
+    (``max_iter`` >= ``max_iters``) first runs Newton's method on the smoothed hinge
+    (:mod:`~ooc_learn.solvers.hinge_newton`, ``IBCDConfig.newton``), and dual CD polishes
+    the dual point it leaves: on S's correlated rows near the margin dual CD alone spends
+    its 1000 passes short of eps (solves on the way keep to dual CD's ``quick_iters``: with
+    Newton there too, IBCD's runs took longer; bench-log 2026-11-27, session 36). With the
+    primal block solver (squared hinge) TRON instead; with the dual one too, once dual CD
+    has not converged in ``dual_switch_iters`` passes of a solve a stop may rest on
+    (LIBLINEAR's ``-s 1``), and from then on.
 
     A spilled S is solved by rounds of a working set. Even rounds sweep S window by window
     (block minimisation over S, Yu et al. 2010; :func:`_sweep_spilled`): each window is read
@@ -119,6 +126,8 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
         # dual CD stalled on S once: it stalls again on the S that follows
         solver = "primal"
     if solver == "dual" and not S.spilled:
+        if final:
+            _newton(st, S)
         switch = max_iter > cfg.dual_switch_iters and get_loss(cfg.loss).base().name == "sqhinge"
         res = dcd_subproblem(S.X, y, alpha, w, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
                              eps=cfg.eps,
@@ -162,6 +171,27 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
             stats.S_converged = spread < cfg.eps
             # like the in-memory solve: the spread its last (working-set) pass left
             return 0.0 if spread < cfg.eps else min(spread, last)
+
+
+def _newton(st, S) -> None:
+    """Newton's method on the smoothed hinge before dual CD (``IBCDConfig.newton``), where the
+    loss is the hinge, S has rows, its Hessian is small enough and the cap holds its working
+    memory (else dual CD alone)."""
+    cfg = st.cfg
+    if not (cfg.newton and S.m and get_loss(cfg.loss).base().name == "hinge"
+            and hinge_newton.applies(S.d)):
+        return
+    budget = st.store.budget
+    need = hinge_newton.newton_hinge_bytes(S.m, S.d)
+    if not budget.try_reserve(need, fit_rss=True):
+        return
+    try:
+        X, y, _, alpha = S.view()
+        res = hinge_newton.newton_hinge(X, y, alpha, st.w, C=cfg.C, bias=cfg.bias)
+    finally:
+        budget.release(need)
+    st.stats.newton_solves += 1
+    st.stats.newton_steps += res.iterations
 
 
 def _sweep_spilled(st, S, max_iter: int, upper: float, diag: float):

@@ -37,6 +37,8 @@ class IBCDStats:
     S_resolves_before_spill: int = 0  #: solves of S tried before it spilled
     spilled_rounds: int = 0        #: working-set rounds over a spilled S
     switched_to_primal: int = 0    #: dual CD on S handed over to TRON
+    newton_solves: int = 0         #: solves of S begun by Newton's method (hinge)
+    newton_steps: int = 0          #: ... its Newton steps
     stopped_by_sample_rule: int = 0
     sample_rule_rechecks: int = 0  #: queries repeated at a solution of S for the sampled rule
     fetches_cut: int = 0           #: query answers cut to what the cap held

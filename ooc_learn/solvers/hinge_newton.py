@@ -1,0 +1,268 @@
+"""The hinge SVM on rows in memory by Newton's method on a smoothed hinge, then dual CD.
+
+Problem (13) of the IBCD paper on a set S of rows whose other rows' alpha are fixed (their
+part of w is ``v``)::
+
+    primal  min_u  1/2 |u|^2 - v^T u + C sum_{i in S} max(0, 1 - z_i^T u),   z_i = y_i [x_i, bias]
+    dual    max_a  sum a - 1/2 |v + Z^T a|^2,   0 <= a_i <= C
+
+Dual CD (Hsieh et al. 2008) moves one alpha at a time by at most (1 - z_i^T w) / |z_i|^2.
+Where S holds tens of thousands of correlated rows near the margin in a few hundred
+dimensions (IBCD's S on image data) it needs thousands of passes: most rows end at a bound
+but get there in steps of 1 / |z_i|^2 of C, and at an optimum at most d + 1 of them are
+strictly inside (0, C). The primal has only d + 1 unknowns.
+
+Method (Chapelle 2007, "Training a support vector machine in the primal", §4: the hinge
+replaced by a Huber-like loss of width h, solved by Newton's method): the smoothed loss is
+
+    L_h(m) = 0 (m >= 1 + h),  (1 + h - m)^2 / (4 h) (|1 - m| < h),  1 - m (m <= 1 - h),
+
+whose generalized Hessian is ``I + C / (2 h) Z_B^T Z_B`` over the band ``B = {|1 - m| < h}``
+(constant in m, so H follows the band's changes by rank-one updates; Cholesky in d + 1).
+Each step takes the exact minimiser along the Newton direction (phi is piecewise quadratic).
+At a stationary point ``u = v + Z^T a`` with ``a_i = C c_i``, ``c_i = -L_h'(m_i)`` in [0, 1]:
+a feasible dual point whose gap is below ``C h |B|``. That ``a`` (and ``w = v + Z^T a``
+recomputed from it) is handed to dual CD, which polishes it to LIBLINEAR's projected-gradient
+rule in a few passes: few rows are left free, and shrinking sets the others aside.
+
+Stopping rule of the Newton phase: the Newton decrement ``g^T H^-1 g <= tol * C * |S|``, a full
+step that leaves the band and the rows below it unchanged (the piece's exact minimiser), a
+step shorter than 1e-9, or ``max_newton`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import scipy.linalg as sla
+from scipy.linalg.blas import dsyrk as _syrk
+
+from ooc_learn.storage.arrays import kernel_args
+
+from . import _kernels as K
+
+__all__ = ["MAX_FEATURES", "NewtonStats", "applies", "newton_hinge", "newton_hinge_bytes"]
+
+# the smoothing width, in units of the margin 1 (a warm start from IBCD's last w converges
+# in 10-20 steps; wider bands cost more Hessian per step, narrower more steps; bench-log
+# 2026-11-27, session 36)
+DEFAULT_H = 0.01
+# band rows gathered at a time into float64 for the Hessian
+_CHUNK = 1024
+# H is rebuilt from the band instead of updated when more rows change than this share of it
+# (and every _REBUILD steps: the updates' rounding accumulates)
+_UPDATE_SHARE = 0.5
+_REBUILD = 16
+# conjugate-gradient steps on a changed H before it is factored again
+_PCG_ITERS = 10
+# the widest data the Newton phase takes (its H is (d + 1)^2 float64)
+MAX_FEATURES = 4096
+
+
+class NewtonStats(NamedTuple):
+    """What the Newton phase did."""
+
+    iterations: int        #: Newton steps taken
+    band: int              #: rows in the band at the end
+    converged: bool        #: stopped by the decrement or the exact-piece rule
+    changed: int           #: alphas that changed from the ones passed in
+
+
+def newton_hinge_bytes(n: int, d: int) -> int:
+    """The working memory of :func:`newton_hinge` for ``n`` rows of ``d`` features: H, its
+    factor and a rebuild's fresh H, a chunk of band rows, and sixteen float64 arrays of n
+    (margins, their step, the weights before and after, index lists and temporaries)."""
+    return 3 * 8 * (d + 1) ** 2 + 8 * _CHUNK * (d + 1) + 16 * 8 * n
+
+
+def newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float = DEFAULT_H,
+                 max_newton: int = 100, tol: float = 1e-8) -> NewtonStats:
+    """Solve the smoothed problem on the rows of ``X`` from ``(alpha, w)`` and write its dual
+    point in place: ``alpha`` becomes ``C c(m)`` and ``w`` moves by ``Z^T (alpha_new -
+    alpha_old)`` (so ``w - Z^T alpha``, the fixed rows' part v, is kept).
+
+    Parameters
+    ----------
+    X : dense float32 array or CSR matrix, (n, d)
+    y : labels in {-1, +1}, float64 (n,)
+    alpha : float64 (n,), in [0, C], written in place
+    w : float64 (d + 1,), equal to v + Z^T alpha, written in place
+    C, bias : the SVM's C and the bias feature's value
+    h : the smoothing width (a fraction of the margin)
+    max_newton : Newton steps at most
+    tol : the decrement's stop, relative to C |S|
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 5)).astype(np.float32)
+    >>> y = np.sign(X[:, 0] + 0.3 * rng.normal(size=200))
+    >>> alpha, w = np.zeros(200), np.zeros(6)
+    >>> newton_hinge(X, y, alpha, w, C=1.0, bias=1.0).converged
+    True
+    """
+    Xd, ip, ix, dt, sparse = kernel_args(X)
+    n = y.shape[0]
+    d1 = w.shape[0]
+    bias = float(bias)
+    rows = np.arange(n, dtype=np.int64)
+    yz = np.ascontiguousarray(y, dtype=np.float64)
+    # q = u - v = Z^T alpha: the S part of w (v, the fixed rows' part, never moves)
+    q = np.zeros(d1)
+    K.rows_tdot(Xd, ip, ix, dt, sparse, bias, rows, alpha * yz, q)
+    u = np.array(w, dtype=np.float64)
+    m = np.empty(n)
+    K.rows_dot(Xd, ip, ix, dt, sparse, bias, rows, u, m)
+    m *= yz
+    dm = np.empty(n)
+    scale = C / (2.0 * h)
+    H = _Hessian(Xd, ip, ix, dt, sparse, bias, d1, scale)
+    c = _weights(m, h)
+    zc = np.zeros(d1)  # Z^T c, followed by the rows whose c changes
+    K.rows_tdot(Xd, ip, ix, dt, sparse, bias, rows, c * yz, zc)
+    it, converged = 0, False
+    while it < max_newton:
+        band = np.flatnonzero((c > 0.0) & (c < 1.0))
+        H.follow(band)
+        g = q - C * zc
+        s = H.solve(g)
+        dec = float(g @ s)
+        it += 1
+        if not math.isfinite(dec) or dec <= tol * C * max(n, 1):
+            converged = math.isfinite(dec)
+            break
+        K.rows_dot(Xd, ip, ix, dt, sparse, bias, rows, s, dm)
+        dm *= yz
+        # phi'(t) = t |s|^2 - (u - v)^T s + C sum c(m - t dm) dm, with u - v = q
+        t = K.huber_line_search(m, dm, h, C, float(s @ s), float(q @ s), 1e-10)
+        u -= t * s
+        q -= t * s
+        m -= t * dm
+        c_new = _weights(m, h)
+        same_pieces = np.array_equal(_pattern(c_new), _pattern(c))
+        if H.rebuilt:  # the sum is refreshed with H: the updates' rounding accumulates
+            zc[:] = 0.0
+            K.rows_tdot(Xd, ip, ix, dt, sparse, bias, rows, c_new * yz, zc)
+        else:
+            moved = np.flatnonzero(c_new != c)
+            K.rows_tdot(Xd, ip, ix, dt, sparse, bias, moved, (c_new - c)[moved] * yz[moved], zc)
+        c = c_new
+        if t == 1.0 and same_pieces:
+            converged = True  # the step minimised the quadratic piece it stayed on
+            break
+        if t < 1e-9:
+            break
+    # the dual point at the last u (margins recomputed: the updates drift)
+    K.rows_dot(Xd, ip, ix, dt, sparse, bias, rows, u, m)
+    m *= yz
+    new_alpha = C * _weights(m, h)
+    delta = new_alpha - alpha
+    moved = np.flatnonzero(delta)
+    K.rows_tdot(Xd, ip, ix, dt, sparse, bias, moved, delta[moved] * yz[moved], w)
+    alpha[:] = new_alpha
+    band_now = int(((m > 1.0 - h) & (m < 1.0 + h)).sum())
+    return NewtonStats(it, band_now, converged, int(moved.size))
+
+
+def _weights(m, h):
+    """c_i = -L_h'(m_i) in [0, 1]: alpha_i / C at a stationary point."""
+    return np.clip((1.0 + h - m) / (2.0 * h), 0.0, 1.0)
+
+
+def _pattern(c):
+    """Which piece each row's loss is on: 0 above the band, 1 in it, 2 below."""
+    return (c > 0.0).astype(np.int8) + (c >= 1.0)
+
+
+class _Hessian:
+    """H = I + scale * sum over the band of [x, bias][x, bias]^T (upper triangle), followed by
+    rank-one updates as rows enter and leave the band and rebuilt every _REBUILD steps or
+    where more than _UPDATE_SHARE of the band changed. Solves by the Cholesky factor of H
+    as it last was factored, with conjugate gradients on the current H where it has changed
+    since (few steps: the band changes by few rows once the iterates settle)."""
+
+    def __init__(self, Xd, ip, ix, dt, sparse, bias, d1, scale):
+        self.args = (Xd, ip, ix, dt, sparse, bias)
+        self.d1, self.scale = d1, scale
+        self.H = None
+        self.band = np.empty(0, np.int64)
+        self.since_build = 0
+        self.factor = None
+        self.changed = True   # H moved since it was factored
+        self.rebuilt = False  # the last follow() rebuilt H
+
+    def follow(self, band) -> None:
+        enter = np.setdiff1d(band, self.band, assume_unique=True)
+        leave = np.setdiff1d(self.band, band, assume_unique=True)
+        self.rebuilt = (self.H is None or self.since_build >= _REBUILD
+                        or enter.size + leave.size > _UPDATE_SHARE * max(1, band.size))
+        if self.rebuilt:
+            self.H = np.eye(self.d1)
+            self._add(band, self.scale)
+            self.since_build = 0
+            self.changed = True
+        elif enter.size or leave.size:
+            self._add(enter, self.scale)
+            self._add(leave, -self.scale)
+            self.since_build += 1
+            self.changed = True
+        self.band = band
+
+    def solve(self, g):
+        if self.factor is None or self.rebuilt:
+            return self._factor_solve(g)
+        if not self.changed:
+            return sla.cho_solve(self.factor, g, check_finite=False)
+        s, ok = self._pcg(g)
+        return s if ok else self._factor_solve(g)
+
+    def _factor_solve(self, g):
+        self.factor = sla.cho_factor(self.H, lower=False, check_finite=False)
+        self.changed = False
+        return sla.cho_solve(self.factor, g, check_finite=False)
+
+    def _Hv(self, v):
+        Xd, ip, ix, dt, sparse, bias = self.args
+        z = np.empty(self.band.size)
+        K.rows_dot(Xd, ip, ix, dt, sparse, bias, self.band, v, z)
+        out = v.copy()
+        K.rows_tdot(Xd, ip, ix, dt, sparse, bias, self.band, self.scale * z, out)
+        return out
+
+    def _pcg(self, g, rtol: float = 1e-6, max_iter: int = _PCG_ITERS):
+        """Conjugate gradients on H s = g preconditioned by the last factor."""
+        s = np.zeros_like(g)
+        r = g.copy()
+        z = sla.cho_solve(self.factor, r, check_finite=False)
+        p = z.copy()
+        rz = float(r @ z)
+        stop = rtol * rtol * float(g @ g)
+        for _ in range(max_iter):
+            Hp = self._Hv(p)
+            a = rz / float(p @ Hp)
+            s += a * p
+            r -= a * Hp
+            if float(r @ r) <= stop:
+                return s, True
+            z = sla.cho_solve(self.factor, r, check_finite=False)
+            rz, rz_old = float(r @ z), rz
+            p = z + (rz / rz_old) * p
+        return s, False
+
+    def _add(self, rows, weight) -> None:
+        """H += weight * sum over ``rows`` of [x, bias][x, bias]^T, upper triangle, by chunks."""
+        Xd, ip, ix, dt, sparse, bias = self.args
+        for a in range(0, rows.size, _CHUNK):
+            part = rows[a:a + _CHUNK]
+            G = np.empty((part.size, self.d1))
+            K.rows_dense(Xd, ip, ix, dt, sparse, bias, part, G)
+            # dsyrk on G^T (Fortran order d1 x k): H = weight G^T G + H, upper triangle
+            self.H = _syrk(weight, G.T, beta=1.0, c=self.H, trans=0, lower=0, overwrite_c=1)
+
+
+def applies(d: int) -> bool:
+    """Whether the Newton phase's Hessian is small enough: d + 1 at most 4,096 (H of 128 MiB;
+    wider data are sparse text, where dual CD needs few passes)."""
+    return d + 1 <= MAX_FEATURES
