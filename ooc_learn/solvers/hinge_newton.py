@@ -43,14 +43,18 @@ from ooc_learn.storage.arrays import kernel_args
 
 from . import _kernels as K
 
-__all__ = ["MAX_FEATURES", "NewtonStats", "applies", "newton_hinge", "newton_hinge_bytes"]
+__all__ = ["MAX_FEATURES", "NewtonStats", "applies", "load_kernels", "newton_hinge",
+           "newton_hinge_bytes"]
 
 # the smoothing width, in units of the margin 1 (a warm start from IBCD's last w converges
 # in 10-20 steps; wider bands cost more Hessian per step, narrower more steps; bench-log
 # 2026-11-27, session 36)
 DEFAULT_H = 0.01
 # band rows gathered at a time into float64 for the Hessian
-_CHUNK = 1024
+_CHUNK = 256
+# what the BLAS's packing buffers touch on its first call (dsyrk, Cholesky: 6-7 MiB at
+# d = 784), with room to spare: a run at the cap went 1 MiB over it without
+_BLAS_BUFFERS = 16 << 20
 # H is rebuilt from the band instead of updated when more rows change than this share of it
 # (and every _REBUILD steps: the updates' rounding accumulates)
 _UPDATE_SHARE = 0.5
@@ -72,9 +76,12 @@ class NewtonStats(NamedTuple):
 
 def newton_hinge_bytes(n: int, d: int) -> int:
     """The working memory of :func:`newton_hinge` for ``n`` rows of ``d`` features: H, its
-    factor and a rebuild's fresh H, a chunk of band rows, and sixteen float64 arrays of n
-    (margins, their step, the weights before and after, index lists and temporaries)."""
-    return 3 * 8 * (d + 1) ** 2 + 8 * _CHUNK * (d + 1) + 16 * 8 * n
+    factor and a rebuild's fresh H, a chunk of band rows (twice: BLAS packs it), sixteen
+    float64 arrays of n (margins, their step, the weights before and after, index lists and
+    temporaries), and the BLAS's buffers on its first call. Measured from outside the
+    solve (a poller of VmRSS): 26 MiB at 61,815 rows of 784 features, against 40 MiB here."""
+    return (3 * 8 * (d + 1) ** 2 + 2 * 8 * _CHUNK * (d + 1) + 16 * 8 * n
+            + _BLAS_BUFFERS)
 
 
 def newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float = DEFAULT_H,
@@ -266,3 +273,17 @@ def applies(d: int) -> bool:
     """Whether the Newton phase's Hessian is small enough: d + 1 at most 4,096 (H of 128 MiB;
     wider data are sparse text, where dual CD needs few passes)."""
     return d + 1 <= MAX_FEATURES
+
+
+def load_kernels() -> None:
+    """Load this module's kernels now, on one-row inputs of the types the solve passes.
+
+    Loading a kernel from numba's cache faults much of LLVM's library back in (tens of MB,
+    handed back by ``release_compiler_pages`` when the budget runs short). IBCD calls this
+    at its start, while the cap has room: at its first final solve, with S grown to its
+    share, the load had taken a run under ``--memory 768M`` to 791 MiB of RSS."""
+    X = np.zeros((1, 1), np.float32)
+    out = np.empty((1, 2))
+    K.rows_dense(*kernel_args(X), 1.0, np.zeros(1, np.int64), out)
+    one = np.zeros(1)
+    K.huber_line_search(one, one, DEFAULT_H, 1.0, 1.0, 0.0, 1e-10)

@@ -190,6 +190,8 @@ def _newton(st, S) -> None:
         res = hinge_newton.newton_hinge(X, y, alpha, st.w, C=cfg.C, bias=cfg.bias)
     finally:
         budget.release(need)
+        # its arrays of n went to malloc's heap, which keeps them (the RSS the budget reads)
+        release_free_heap()
     st.stats.newton_solves += 1
     st.stats.newton_steps += res.iterations
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ooc_learn.losses import get_loss
 
+from .. import hinge_newton
 from ..dcd_streamed import held_out
 from ..relax import outer_loop
 from .active_set import ActiveSet
@@ -96,6 +97,9 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
     rng = np.random.default_rng(cfg.seed)
     # counted from here: opening the forest already reads (and caches) pivot rows
     rows_read0, bytes_read0 = store.rows_read, store.bytes_read
+    if cfg.newton and get_loss(cfg.loss).base().name == "hinge" and \
+            hinge_newton.applies(store.n_features):
+        hinge_newton.load_kernels()  # while the cap has room (see load_kernels)
     rows = RowSource(store)
     forest = rows.open_forest()
     n_all = store.n_samples
