@@ -175,11 +175,12 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
 
 def _newton(st, S) -> None:
     """Newton's method on the smoothed hinge before dual CD (``IBCDConfig.newton``), where the
-    loss is the hinge, S has rows, its Hessian is small enough and the cap holds its working
-    memory (else dual CD alone)."""
+    loss is the hinge, S has enough rows for it to pay and a Hessian small enough
+    (:func:`hinge_newton.applies`), and the cap holds its working memory (else dual CD
+    alone)."""
     cfg = st.cfg
     if not (cfg.newton and S.m and get_loss(cfg.loss).base().name == "hinge"
-            and hinge_newton.applies(S.d)):
+            and hinge_newton.applies(S.d, S.m)):
         return
     budget = st.store.budget
     need = hinge_newton.newton_hinge_bytes(S.m, S.d)
