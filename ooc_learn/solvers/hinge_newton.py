@@ -112,6 +112,13 @@ def newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float = DEFAULT_H,
     >>> newton_hinge(X, y, alpha, w, C=1.0, bias=1.0).converged
     True
     """
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite values: see the end
+        return _newton_hinge(X, y, alpha, w, C=C, bias=bias, h=h, max_newton=max_newton,
+                             tol=tol)
+
+
+def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton: int,
+                  tol: float) -> NewtonStats:
     Xd, ip, ix, dt, sparse = kernel_args(X)
     n = y.shape[0]
     d1 = w.shape[0]
@@ -169,7 +176,12 @@ def newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float = DEFAULT_H,
     new_alpha = C * _weights(m, h)
     delta = new_alpha - alpha
     moved = np.flatnonzero(delta)
-    K.rows_tdot(Xd, ip, ix, dt, sparse, bias, moved, delta[moved] * yz[moved], w)
+    dw = np.zeros(d1)
+    K.rows_tdot(Xd, ip, ix, dt, sparse, bias, moved, delta[moved] * yz[moved], dw)
+    if not (np.isfinite(new_alpha).all() and np.isfinite(dw).all()):
+        # overflowing values: alpha and w stay as they came (dual CD takes over, and says so)
+        return NewtonStats(it, 0, False, 0)
+    w += dw
     alpha[:] = new_alpha
     band_now = int(((m > 1.0 - h) & (m < 1.0 + h)).sum())
     return NewtonStats(it, band_now, converged, int(moved.size))

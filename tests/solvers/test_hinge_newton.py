@@ -106,3 +106,16 @@ def test_newton_keeps_the_fixed_rows_part_of_w(layout):
     assert res.converged
     _, w_qp = dual_qp(XS, y[S], C, fixed=v)
     np.testing.assert_allclose(w, w_qp, atol=2e-3)
+
+
+def test_non_finite_margins_leave_alpha_and_w_as_they_came():
+    X = np.ones((40, 3), np.float32)
+    X[7, 1] = np.inf
+    y = np.where(np.arange(40) % 2, 1.0, -1.0)
+    alpha, w = np.full(40, 0.25), np.zeros(4)
+    w[:] = augmented(np.nan_to_num(X, posinf=0.0)).T @ (alpha * y)
+    a0, w0 = alpha.copy(), w.copy()
+    st = newton_hinge(X, y, alpha, w, C=1.0, bias=1.0)
+    assert not st.converged and st.changed == 0
+    np.testing.assert_array_equal(alpha, a0)
+    np.testing.assert_array_equal(w, w0)
