@@ -21,7 +21,7 @@ whose generalized Hessian is ``I + C / (2 h) Z_B^T Z_B`` over the band ``B = {|1
 (constant in m, so H follows the band's changes by rank-one updates; Cholesky in d + 1).
 Each step takes the exact minimiser along the Newton direction (phi is piecewise quadratic).
 At a stationary point ``u = v + Z^T a`` with ``a_i = C c_i``, ``c_i = -L_h'(m_i)`` in [0, 1]:
-a feasible dual point whose gap is below ``C h |B|``. That ``a`` (and ``w = v + Z^T a``
+a feasible dual point whose gap is at most ``C h |B| / 8``. That ``a`` (and ``w = v + Z^T a``
 recomputed from it) is handed to dual CD, which polishes it to LIBLINEAR's projected-gradient
 rule in a few passes: few rows are left free, and shrinking sets the others aside.
 
@@ -46,9 +46,10 @@ from . import _kernels as K
 __all__ = ["MAX_FEATURES", "MIN_ROWS_PER_FEATURE", "NewtonStats", "applies", "load_kernels",
            "newton_hinge", "newton_hinge_bytes"]
 
-# the smoothing width, in units of the margin 1 (a warm start from IBCD's last w converges
-# in 10-20 steps; wider bands cost more Hessian per step, narrower more steps; bench-log
-# 2026-11-27, session 36)
+# the smoothing width, in units of the margin 1 (warm from IBCD's w, 17-67 steps on the
+# issue-23 store's S; 0.03-0.3 took fewer but left dual CD a point it did not finish in
+# 1,000 passes, and continuation from wider widths took longer; bench-log 2026-11-27,
+# session 36)
 DEFAULT_H = 0.01
 # band rows gathered at a time into float64 for the Hessian
 _CHUNK = 256
