@@ -406,6 +406,13 @@ def huber_weight(m, h):
     return 1.0 if c >= 1.0 else (0.0 if c <= 0.0 else c)
 
 
+@njit(cache=True, nogil=True)
+def huber_weights(m, h, out):
+    """``out[i]`` = :func:`huber_weight` of ``m[i]``."""
+    for i in range(m.shape[0]):
+        out[i] = huber_weight(m[i], h)
+
+
 @njit(cache=True, nogil=True, fastmath=_REASSOC)
 def huber_slope(m, dm, h, C, t, ss, us):
     """phi'(t) for phi(t) = f(u - t s): ``t |s|^2 - (u - v)^T s + C sum c(m - t dm) dm``

@@ -184,13 +184,15 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
         return NewtonStats(it, 0, False, 0)
     w += dw
     alpha[:] = new_alpha
-    band_now = int(((m > 1.0 - h) & (m < 1.0 + h)).sum())
+    band_now = int(((new_alpha > 0.0) & (new_alpha < C)).sum())
     return NewtonStats(it, band_now, converged, int(moved.size))
 
 
 def _weights(m, h):
     """c_i = -L_h'(m_i) in [0, 1]: alpha_i / C at a stationary point."""
-    return np.clip((1.0 + h - m) / (2.0 * h), 0.0, 1.0)
+    out = np.empty_like(m)
+    K.huber_weights(m, h, out)
+    return out
 
 
 def _pattern(c):
@@ -305,3 +307,4 @@ def load_kernels() -> None:
     K.rows_dense(*kernel_args(X), 1.0, np.zeros(1, np.int64), out)
     one = np.zeros(1)
     K.huber_line_search(one, one, DEFAULT_H, 1.0, 1.0, 0.0, 1e-10)
+    K.huber_weights(one, DEFAULT_H, one)

@@ -227,6 +227,13 @@ class IBCDConfig:
                 and self.block_solver == "dual" and math.isfinite(self.freeze_margin))
 
     @property
+    def newton_on_S(self) -> bool:
+        """Whether a solve of S that a stop rests on begins with Newton's method on the
+        smoothed hinge (``newton``, for the hinge; where S is resident and large enough:
+        ``solve._newton``)."""
+        return self.newton and self.loss == "hinge"
+
+    @property
     def prune_above(self) -> int:
         """``prune_bytes``, with None read as the CPU's last-level cache."""
         return last_level_cache_bytes() if self.prune_bytes is None else int(self.prune_bytes)
@@ -300,7 +307,8 @@ _RULES = [
 _WANT = {
     "C": "> 0", "eps": "> 0", "sample_eps": "in [0, 1)", "s": ">= 0 or None",
     "loss": "'hinge' or 'sqhinge'", "block_solver": "'dual' or 'primal'",
-    "cost_model": "a bool", "newton": "a bool", "min_precision": "in [0, 1]", "dense_query": "in [0, 1]",
+    "cost_model": "a bool", "newton": "a bool", "min_precision": "in [0, 1]",
+    "dense_query": "in [0, 1]",
     "resident_share": "in (0, 1]", "resolve_growth": "> 1", "check_growth": "> 0",
     "primal_eps": "> 0", "scan_margin": "> 0",
     **{k: "an int >= 1" for k in ("n", "max_outer", "init_sample", "block_iters", "init_iters",

@@ -179,8 +179,7 @@ def _newton(st, S) -> None:
     (:func:`hinge_newton.applies`), and the cap holds its working memory (else dual CD
     alone)."""
     cfg = st.cfg
-    if not (cfg.newton and S.m and get_loss(cfg.loss).base().name == "hinge"
-            and hinge_newton.applies(S.d, S.m)):
+    if not (cfg.newton_on_S and S.m and hinge_newton.applies(S.d, S.m)):
         return
     budget = st.store.budget
     need = hinge_newton.newton_hinge_bytes(S.m, S.d)

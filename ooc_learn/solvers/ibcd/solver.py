@@ -97,8 +97,7 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
     rng = np.random.default_rng(cfg.seed)
     # counted from here: opening the forest already reads (and caches) pivot rows
     rows_read0, bytes_read0 = store.rows_read, store.bytes_read
-    if cfg.newton and get_loss(cfg.loss).base().name == "hinge" and \
-            hinge_newton.applies(store.n_features):
+    if cfg.newton_on_S and hinge_newton.applies(store.n_features):
         hinge_newton.load_kernels()  # while the cap has room (see load_kernels)
     rows = RowSource(store)
     forest = rows.open_forest()
