@@ -243,16 +243,17 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
         if enough and block_end and n_viol >= enough and done < nb:
             break
     complete = done == nb
-    got, pool = admit.result(), near.result()
+    # S takes its rows in store order: the selection writes them so (a reordering copy
+    # beside it would be a fourth copy of the rows, beyond the three reserved)
+    got, pool = admit.result(by_row=True), near.result()
     pool = None if pool is None else (pool[0], pool[2], pool[3])
     source, nxt = "scan" if complete else "sample", int(order[done % nb])
     if got is None:
         return (Answer(np.empty(0, np.int64), None, None, 0.0, examined, n_viol, source,
                        f_worst, f_loss), pool, nxt)
     rows, _, XN, yN = got
-    order = np.argsort(rows, kind="stable")  # S takes its rows in store order
-    return (Answer(rows[order], XN[order], yN[order], worst, examined, n_viol, source, f_worst,
-                   f_loss), pool, nxt)
+    return (Answer(rows, XN, yN, worst, examined, n_viol, source, f_worst, f_loss), pool,
+            nxt)
 
 
 class Nearest:
@@ -276,6 +277,7 @@ class Nearest:
             # check's reservation (merged after, they would reach 3k beside the answer)
             self.parts = [_select(self.parts, self.k)]
             self.count = self.k
+            release_free_heap()  # the parts' pages (see result)
             self.top = min(self.top, float(self.parts[0][1].max()))
             c = c[key[c] < self.top]
             if not c.size:
@@ -283,21 +285,27 @@ class Nearest:
         self.parts.append((rows[c], key[c], X[local[c]], y[local[c]]))
         self.count += c.size
 
-    def result(self):
-        """(rows, keys, X, y), smallest key first (ties in store order), or None. The parts
-        are let go (the caller's reordering copy would otherwise sit beside them)."""
-        out = _select(self.parts, self.k) if self.parts else None
+    def result(self, *, by_row: bool = False):
+        """(rows, keys, X, y), smallest key first (ties in store order; ``by_row``: in store
+        order), or None. The parts are let go, and the heap pages they held go back to the
+        OS (here and after each merge): parts of a few rows are small arrays from malloc's
+        heap, whose pages stay resident once freed. With them kept, a check admitting 34-41k
+        rows peaked at 4.3 copies of them where 3 are reserved (bench-log 2026-11-27,
+        session 37)."""
+        out = _select(self.parts, self.k, by_row) if self.parts else None
         self.parts, self.count = [], 0
+        release_free_heap()
         return out
 
 
-def _select(parts, k):
+def _select(parts, k, by_row: bool = False):
     """The ``k`` rows of smallest key among a selection's parts, smallest first (ties in
-    store order), as one ``(rows, keys, X, y)``."""
+    store order; ``by_row``: in store order), as one ``(rows, keys, X, y)``."""
     rows = np.concatenate([p[0] for p in parts])
     m = np.concatenate([p[1] for p in parts])
     sel = np.argpartition(m, k - 1)[:k] if rows.size > k else np.arange(rows.size)
-    sel = sel[np.lexsort((rows[sel], m[sel]))]
+    sel = sel[np.argsort(rows[sel], kind="stable") if by_row
+              else np.lexsort((rows[sel], m[sel]))]
     # the rows of X taken part by part (the parts' X are never concatenated whole)
     ends = np.cumsum([p[0].size for p in parts])
     which = np.searchsorted(ends, sel, side="right")
