@@ -138,6 +138,28 @@ def test_newton_on_S_converges_where_dual_cd_alone_stops_at_its_pass_limit(tmp_p
         assert res.stats["objective"] <= dual_only.stats["objective"]
 
 
+def test_solves_of_S_on_the_way_by_newton_steps_reach_the_same_certified_solution(
+        tmp_path, monkeypatch):
+    # quick_newton_steps (the default): a solve of S on the way takes a few Newton steps on
+    # a wider smoothing and a few dual CD passes instead of quick_iters passes (here on any
+    # S, not only on S of QUICK_MIN_VALUES stored values); the exact stop still certifies
+    # every row of the store, at the objective dual CD's way reaches
+    from ooc_learn.solvers.ibcd import solve as ibcd_solve
+
+    monkeypatch.setattr(ibcd_solve, "QUICK_MIN_VALUES", 0)
+    X, y = problem(np.random.default_rng(1), n=3000)
+    C, eps = 1.0, 0.01
+    kw = dict(C=C, n=200, eps=eps, init_sample=500, seed=1)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True) as store:
+        quick = solve_ibcd(store, **kw)
+        passes = solve_ibcd(store, **kw, quick_newton_steps=0)
+        for res in (quick, passes):
+            assert res.stats["converged"] and res.stats["S_converged"]
+            assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < eps
+    assert quick.stats["newton_solves"] > passes.stats["newton_solves"] >= 1
+    assert quick.stats["objective"] == pytest.approx(passes.stats["objective"], rel=1e-3)
+
+
 def test_cli_warning_is_one_line_of_the_command_and_in_json(tmp_path, capsys):
     # the same approximate solve from ooc-train: "ooc-train: warning: ...", not Python's
     # file:line and source echo; --json lists it

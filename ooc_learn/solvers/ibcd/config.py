@@ -70,6 +70,11 @@ class IBCDConfig:
         (:mod:`ooc_learn.solvers.hinge_newton`: d + 1 unknowns, where dual CD needs
         thousands of passes over S's correlated rows near the margin), then by dual CD from
         the dual point it leaves; off: dual CD alone.
+    quick_newton_steps : int
+        Where ``newton`` holds, a solve of S on the way takes at most this many Newton steps
+        on a wider smoothing (``solve.QUICK_H``) and then ``solve.QUICK_POLISH`` passes of
+        dual CD, instead of ``quick_iters`` passes (which leave S's correlated rows far from
+        solved); 0: ``quick_iters`` passes of dual CD alone.
     dual_switch_iters : int
         A resident squared-hinge solve of S that dual CD has not finished in this many
         passes goes on by TRON from the w reached (LIBLINEAR's ``-s 1``).
@@ -174,6 +179,7 @@ class IBCDConfig:
     quick_iters: int = 100
     max_iters: int = 1000
     newton: bool = True
+    quick_newton_steps: int = 10
     dual_switch_iters: int = 300
     primal_eps: float = 0.01
     resolve_growth: float = 2.0
@@ -291,6 +297,7 @@ _RULES = [
     ("dense_query", _num(0, hi=1), "Try 0.4."),
     ("cost_model", lambda v: isinstance(v, (bool, np.bool_)), "True or False."),
     ("newton", lambda v: isinstance(v, (bool, np.bool_)), "True or False."),
+    ("quick_newton_steps", _int(0), "Try 10; 0 solves S on the way by dual CD alone."),
     ("visit_cost", _num(0), "Try 100000."),
     ("read_cost", _num(0), "Try 2."),
     ("query_read_cost", _num(0), "Try 60."),
@@ -316,7 +323,8 @@ _WANT = {
                                  "pool_share", "spilled_rounds", "spilled_final_rounds",
                                  "spilled_stall", "spilled_window_iters",
                                  "spilled_resolve_rounds")},
-    "seed": "an int >= 0", "bias": "a finite number", "prune_bytes": "an int >= 0 or None",
+    "seed": "an int >= 0", "quick_newton_steps": "an int >= 0", "bias": "a finite number",
+    "prune_bytes": "an int >= 0 or None",
 }
 for _name, _, _ in _RULES:
     _WANT.setdefault(_name, ">= 0")

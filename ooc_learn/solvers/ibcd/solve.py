@@ -19,8 +19,22 @@ from .._common import margins
 from ..dcd import dcd_subproblem
 from ..tron import L2LossPrimal, tron
 
-__all__ = ["S_margins", "drop_outliers", "objective_on_S", "primal_eps", "prune_inactive",
-           "solve_S", "solve_block"]
+__all__ = ["QUICK_H", "QUICK_MIN_VALUES", "QUICK_POLISH", "S_margins", "drop_outliers",
+           "objective_on_S", "primal_eps", "prune_inactive", "solve_S", "solve_block"]
+
+# A solve of S on the way (IBCDConfig.quick_newton_steps): Newton's steps on the hinge
+# smoothed over this width, then this many passes of dual CD. On the issue-23 store (S of
+# 10-80k rows near the margin) 100 passes of dual CD alone left a projected-gradient spread
+# of 3-7 in 0.4-5 s each; 10 steps at this width take 0.3-1.6 s (bench-log 2026-11-27,
+# session 37). A width of 0.01 needs 40-60 steps; 0.3 was faster still but its runs
+# ended 0.2-0.4 points less accurate.
+QUICK_H = 0.1
+QUICK_POLISH = 10
+# ... where S holds this many stored values at least (a pass streams 16 MiB of float32): below,
+# dual CD's passes are cheap, and the few passes after Newton's steps left a spread that
+# kept the checks from asking for full solves (w8a at C = 10: 397 checks, 46.6 s against
+# 0.35 s; LIBSVM's a9a, w8a and ijcnn1 hold S in 0.03-0.3 M values)
+QUICK_MIN_VALUES = 1 << 22
 
 
 def S_margins(S, w, bias) -> np.ndarray:
@@ -100,8 +114,11 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     (``max_iter`` >= ``max_iters``) first runs Newton's method on the smoothed hinge
     (:mod:`~ooc_learn.solvers.hinge_newton`, ``IBCDConfig.newton``), and dual CD polishes
     the dual point it leaves: on S's correlated rows near the margin dual CD alone spends
-    its 1000 passes short of eps (solves on the way keep to dual CD's ``quick_iters``: with
-    Newton there too, IBCD's runs took longer; bench-log 2026-11-27, session 36). With the
+    its 1000 passes short of eps. A solve on the way of an S of ``QUICK_MIN_VALUES`` stored
+    values or more takes ``IBCDConfig.quick_newton_steps`` Newton steps on a wider smoothing
+    (``QUICK_H``: an approximate solve, not to be polished) and ``QUICK_POLISH`` passes of
+    dual CD; a smaller S, ``quick_iters`` passes (Newton to convergence there took as long
+    as the passes it replaced, session 36; bench-log 2026-11-27, session 37). With the
     primal block solver (squared hinge) TRON instead; with the dual one too, once dual CD
     has not converged in ``dual_switch_iters`` passes of a solve a stop may rest on
     (LIBLINEAR's ``-s 1``), and from then on.
@@ -128,6 +145,10 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     if solver == "dual" and not S.spilled:
         if final:
             _newton(st, S)
+        elif (cfg.quick_newton_steps
+              and (S.nnz if S.sparse else S.m * S.d) >= QUICK_MIN_VALUES
+              and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps)):
+            max_iter = min(max_iter, QUICK_POLISH)
         switch = max_iter > cfg.dual_switch_iters and get_loss(cfg.loss).base().name == "sqhinge"
         res = dcd_subproblem(S.X, y, alpha, w, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
                              eps=cfg.eps,
@@ -173,27 +194,28 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
             return 0.0 if spread < cfg.eps else min(spread, last)
 
 
-def _newton(st, S) -> None:
+def _newton(st, S, **kw) -> bool:
     """Newton's method on the smoothed hinge before dual CD (``IBCDConfig.newton``), where the
     loss is the hinge, S has enough rows for it to pay and a Hessian small enough
     (:func:`hinge_newton.applies`), and the cap holds its working memory (else dual CD
-    alone)."""
+    alone); ``kw`` go to :func:`hinge_newton.newton_hinge`. Returns whether it ran."""
     cfg = st.cfg
     if not (cfg.newton_on_S and S.m and hinge_newton.applies(S.d, S.m)):
-        return
+        return False
     budget = st.store.budget
     need = hinge_newton.newton_hinge_bytes(S.m, S.d)
     if not budget.try_reserve(need, fit_rss=True):
-        return
+        return False
     try:
         X, y, _, alpha = S.view()
-        res = hinge_newton.newton_hinge(X, y, alpha, st.w, C=cfg.C, bias=cfg.bias)
+        res = hinge_newton.newton_hinge(X, y, alpha, st.w, C=cfg.C, bias=cfg.bias, **kw)
     finally:
         budget.release(need)
         # its arrays of n went to malloc's heap, which keeps them (the RSS the budget reads)
         release_free_heap()
     st.stats.newton_solves += 1
     st.stats.newton_steps += res.iterations
+    return True
 
 
 def _sweep_spilled(st, S, max_iter: int, upper: float, diag: float):
