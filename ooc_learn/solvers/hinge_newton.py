@@ -42,6 +42,7 @@ from scipy.linalg.blas import dsyrk as _syrk
 from ooc_learn.storage.arrays import kernel_args
 
 from . import _kernels as K
+from ._common import margins
 
 __all__ = ["MAX_FEATURES", "MIN_ROWS_PER_FEATURE", "NewtonStats", "applies", "load_kernels",
            "newton_hinge", "newton_hinge_bytes"]
@@ -130,9 +131,7 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
     q = np.zeros(d1)
     K.rows_tdot(Xd, ip, ix, dt, sparse, bias, rows, alpha * yz, q)
     u = np.array(w, dtype=np.float64)
-    m = np.empty(n)
-    K.rows_dot(Xd, ip, ix, dt, sparse, bias, rows, u, m)
-    m *= yz
+    m = margins(X, yz, u, bias)
     dm = np.empty(n)
     scale = C / (2.0 * h)
     H = _Hessian(Xd, ip, ix, dt, sparse, bias, d1, scale)
@@ -172,8 +171,7 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
         if t < 1e-9:
             break
     # the dual point at the last u (margins recomputed: the updates drift)
-    K.rows_dot(Xd, ip, ix, dt, sparse, bias, rows, u, m)
-    m *= yz
+    m = margins(X, yz, u, bias)
     new_alpha = C * _weights(m, h)
     delta = new_alpha - alpha
     moved = np.flatnonzero(delta)

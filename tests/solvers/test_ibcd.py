@@ -142,11 +142,11 @@ def test_solves_of_S_on_the_way_by_newton_steps_reach_the_same_certified_solutio
         tmp_path, monkeypatch):
     # quick_newton_steps (the default): a solve of S on the way takes a few Newton steps on
     # a wider smoothing and a few dual CD passes instead of quick_iters passes (here on any
-    # S, not only on S of QUICK_MIN_VALUES stored values); the exact stop still certifies
+    # S, not only where a pass over S reads QUICK_MIN_BYTES); the exact stop still certifies
     # every row of the store, at the objective dual CD's way reaches
     from ooc_learn.solvers.ibcd import solve as ibcd_solve
 
-    monkeypatch.setattr(ibcd_solve, "QUICK_MIN_VALUES", 0)
+    monkeypatch.setattr(ibcd_solve, "QUICK_MIN_BYTES", 0)
     X, y = problem(np.random.default_rng(1), n=3000)
     C, eps = 1.0, 0.01
     kw = dict(C=C, n=200, eps=eps, init_sample=500, seed=1)

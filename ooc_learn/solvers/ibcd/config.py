@@ -234,9 +234,9 @@ class IBCDConfig:
 
     @property
     def newton_on_S(self) -> bool:
-        """Whether a solve of S that a stop rests on begins with Newton's method on the
-        smoothed hinge (``newton``, for the hinge; where S is resident and large enough:
-        ``solve._newton``)."""
+        """Whether solves of S begin with Newton's method on the smoothed hinge (``newton``,
+        for the hinge: to convergence in a solve a stop rests on, ``quick_newton_steps`` on
+        the way; where S is resident and large enough: ``solve.solve_S``)."""
         return self.newton and self.loss == "hinge"
 
     @property

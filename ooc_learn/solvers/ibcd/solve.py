@@ -19,7 +19,7 @@ from .._common import margins
 from ..dcd import dcd_subproblem
 from ..tron import L2LossPrimal, tron
 
-__all__ = ["QUICK_H", "QUICK_MIN_VALUES", "QUICK_POLISH", "S_margins", "drop_outliers",
+__all__ = ["QUICK_H", "QUICK_MIN_BYTES", "QUICK_POLISH", "S_margins", "drop_outliers",
            "objective_on_S", "primal_eps", "prune_inactive", "solve_S", "solve_block"]
 
 # A solve of S on the way (IBCDConfig.quick_newton_steps): Newton's steps on the hinge
@@ -30,11 +30,11 @@ __all__ = ["QUICK_H", "QUICK_MIN_VALUES", "QUICK_POLISH", "S_margins", "drop_out
 # ended at 93.83 % test accuracy against 94.1-94.4 %.
 QUICK_H = 0.1
 QUICK_POLISH = 10
-# ... where S holds this many stored values at least (a pass streams 16 MiB of float32): below,
-# dual CD's passes are cheap, and the few passes after Newton's steps left a spread that
-# kept the checks from asking for full solves (w8a at C = 10: 397 checks, 46.6 s against
-# 0.35 s; LIBSVM's a9a, w8a and ijcnn1 hold S in 0.03-0.3 M values)
-QUICK_MIN_VALUES = 1 << 22
+# ... where a pass over S reads this many bytes at least (ActiveSet.row_bytes): below, dual
+# CD's passes are cheap, and the few passes after Newton's steps left a spread that kept
+# the checks from asking for full solves (w8a at C = 10: 397 checks, 46.6 s against
+# 0.35 s; LIBSVM's a9a, w8a and ijcnn1 hold S in 0.03-0.3M values)
+QUICK_MIN_BYTES = 16 << 20
 
 
 def S_margins(S, w, bias) -> np.ndarray:
@@ -114,12 +114,12 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     (``max_iter`` >= ``max_iters``) first runs Newton's method on the smoothed hinge
     (:mod:`~ooc_learn.solvers.hinge_newton`, ``IBCDConfig.newton``), and dual CD polishes
     the dual point it leaves: on S's correlated rows near the margin dual CD alone spends
-    its 1000 passes short of eps. A solve on the way of an S of ``QUICK_MIN_VALUES`` stored
-    values or more takes ``IBCDConfig.quick_newton_steps`` Newton steps on a wider smoothing
-    (``QUICK_H``) and ``QUICK_POLISH`` passes of dual CD, an approximate solve (Newton to
-    convergence there took as long as the passes it replaced, session 36); a smaller S,
-    ``quick_iters`` passes (bench-log 2026-11-27, session 37). With the
-    primal block solver (squared hinge) TRON instead; with the dual one too, once dual CD
+    its 1000 passes short of eps. A solve on the way of an S whose pass reads
+    ``QUICK_MIN_BYTES`` or more takes ``IBCDConfig.quick_newton_steps`` Newton steps on a
+    wider smoothing (``QUICK_H``) and ``QUICK_POLISH`` passes of dual CD, an approximate
+    solve (Newton to convergence there took as long as the passes it replaced, session 36);
+    a smaller S, ``quick_iters`` passes (bench-log 2026-11-27, session 37). With the primal
+    block solver (squared hinge) TRON instead; with the dual one too, once dual CD
     has not converged in ``dual_switch_iters`` passes of a solve a stop may rest on
     (LIBLINEAR's ``-s 1``), and from then on.
 
@@ -145,8 +145,7 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     if solver == "dual" and not S.spilled:
         if final:
             _newton(st, S)
-        elif (cfg.quick_newton_steps
-              and (S.nnz if S.sparse else S.m * S.d) >= QUICK_MIN_VALUES
+        elif (cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
               and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps)):
             max_iter = min(max_iter, QUICK_POLISH)
         switch = max_iter > cfg.dual_switch_iters and get_loss(cfg.loss).base().name == "sqhinge"
