@@ -20,12 +20,12 @@ from ooc_learn.storage.writer import rewrite_block_order
 
 from .lmdb_io import ForestWriter
 from .orderer import block_seed
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, check_params, build_block_tree
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params, default_leaf_size
 
 __all__ = ["build_index"]
 
 
-def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFAULT_LEAF_SIZE,
+def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int | None = None,
                 seed: int = 0, memory=None, overwrite: bool = False) -> dict:
     """Build the forest of ``store_path`` and rewrite its blocks in leaf order.
 
@@ -35,7 +35,8 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
         A finished store.
     width, leaf_size, seed : int
         As for :func:`~ooc_learn.index.tree.build_block_tree` (per-block seeds derive from
-        ``seed``).
+        ``seed``); ``leaf_size`` None: by the rows
+        (:func:`~ooc_learn.index.tree.default_leaf_size` of the first block).
     memory : None, size or MemoryBudget
         The cap: one block is in memory at a time.
     overwrite : bool
@@ -46,7 +47,7 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
     dict
         ``seconds`` (all of it), ``build_seconds`` (tree building alone), ``n_blocks``.
     """
-    check_params(width, leaf_size, seed)
+    check_params(width, DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size, seed)
     store_path = Path(store_path)
     budget = MemoryBudget.coerce(memory)
     t0 = time.perf_counter()
@@ -56,7 +57,11 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int = DEFA
                                   f"Rebuild it with `ooc-index {store_path} --overwrite`.")
         shape = dict(n_blocks=st.n_blocks, n_samples=st.n_samples, n_features=st.n_features)
         offsets = st.block_offsets.copy()
-    stats = {"build_seconds": 0.0}
+        if leaf_size is None:  # by the first block's rows (a sample of them suffices)
+            X, _, _ = st.read_range(offsets[0], min(offsets[1], offsets[0] + 1024))
+            leaf_size = default_leaf_size(X, width)
+            del X
+    stats = {"build_seconds": 0.0, "leaf_size": leaf_size}
 
     def perms(new_dir):
         # each block's tree goes to the new store's index as soon as it is built: the forest

@@ -60,8 +60,8 @@ from .tree import FlatTree
 
 MANIFEST = "manifest.json"
 
-__all__ = ["ForestWriter", "open_reader", "open_env", "SharedReader", "index_nbytes", "verify_files",
-           "CorruptIndex", "IndexVersionMismatch", "MANIFEST"]
+__all__ = ["ForestWriter", "open_reader", "open_env", "SharedReader", "index_meta", "index_nbytes",
+           "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST"]
 
 def _record_pages(records, psize: int) -> int:
     """Pages LMDB needs to hold ``records`` (a fresh B-tree bound, not a guess).
@@ -300,6 +300,24 @@ def open_env(path) -> lmdb.Environment:
     except (lmdb.ReadonlyError, PermissionError, lmdb.ReadersFullError):
         return lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=0,
                          readahead=False)
+
+
+def index_meta(path) -> dict:
+    """The meta record of a finished index (its build parameters and the store's shape),
+    read without a lock file (the directory is left as the build wrote it)."""
+    path = Path(path)
+    if not (path / "data.mdb").is_file():
+        raise FileNotFoundError(str(path))
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=0,
+                    readahead=False)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(META_KEY)
+    finally:
+        env.close()
+    if raw is None:
+        raise CorruptIndex("it has no meta record")
+    return json.loads(bytes(raw).decode())
 
 
 class SharedReader:

@@ -17,7 +17,7 @@ import numpy as np
 from ooc_learn.storage.format import INDEX_DIR
 
 from .lmdb_io import ForestWriter
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, check_params, build_block_tree
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params, default_leaf_size
 
 __all__ = ["ForestOrderer", "forest_orderer", "block_seed"]
 
@@ -28,20 +28,29 @@ def block_seed(seed: int, block: int) -> int:
 
 
 class ForestOrderer:
-    """Builds the forest of a store being written into ``directory`` (see module doc)."""
+    """Builds the forest of a store being written into ``directory`` (see module doc);
+    ``leaf_size`` None: :func:`~.tree.default_leaf_size` of the first block's rows, for
+    every block."""
 
     def __init__(self, directory, *, n_blocks: int, n_samples: int, n_features: int,
-                 seed: int = 0, width: int = DEFAULT_WIDTH,
-                 leaf_size: int = DEFAULT_LEAF_SIZE):
+                 seed: int = 0, width: int = DEFAULT_WIDTH, leaf_size: int | None = None):
         self.width, self.leaf_size, self.seed = width, leaf_size, seed
-        self.writer = ForestWriter(Path(directory) / INDEX_DIR, n_blocks=n_blocks,
-                                   n_samples=n_samples, n_features=n_features, width=width,
-                                   leaf_size=leaf_size, seed=seed)
+        self._where = Path(directory) / INDEX_DIR
+        self._shape = dict(n_blocks=n_blocks, n_samples=n_samples, n_features=n_features)
+        self.writer = None if leaf_size is None else self._open(leaf_size)
         self.build_seconds = 0.0
         self.write_seconds = 0.0
 
+    def _open(self, leaf_size: int) -> ForestWriter:
+        self.leaf_size = leaf_size
+        self.writer = ForestWriter(self._where, width=self.width, leaf_size=leaf_size,
+                                   seed=self.seed, **self._shape)
+        return self.writer
+
     def order(self, b: int, row_offset: int, X, sqnorm) -> np.ndarray:
         """Build block b's tree, write it, and return the leaf-order permutation."""
+        if self.writer is None:
+            self._open(default_leaf_size(X, self.width))
         t0 = time.perf_counter()
         perm, tree = build_block_tree(X, sqnorm, width=self.width, leaf_size=self.leaf_size,
                                       seed=block_seed(self.seed, b))
@@ -52,18 +61,21 @@ class ForestOrderer:
         return perm
 
     def close(self) -> None:
+        if self.writer is None:  # no block came (a store of no rows)
+            self._open(DEFAULT_LEAF_SIZE)
         self.writer.close()
 
     def abort(self) -> None:
-        self.writer.abort()
+        if self.writer is not None:
+            self.writer.abort()
 
 
 def forest_orderer(*, width: int | None = None, leaf_size: int | None = None):
-    """A ``block_orderer`` for :func:`ooc_learn.storage.ingest.ingest` (parameters checked now).
+    """A ``block_orderer`` for :func:`ooc_learn.storage.ingest.ingest` (parameters checked now;
+    ``leaf_size`` None: by the rows, :func:`~.tree.default_leaf_size`).
 
     >>> orderer = forest_orderer(width=10, leaf_size=16)
     """
     width = DEFAULT_WIDTH if width is None else width
-    leaf_size = DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size
-    check_params(width, leaf_size, 0)
+    check_params(width, DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size, 0)
     return functools.partial(ForestOrderer, width=width, leaf_size=leaf_size)

@@ -13,17 +13,20 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from ooc_learn.storage.arrays import kernel_args, row_sqnorms
+from ooc_learn.storage.arrays import kernel_args, matrix_nbytes, row_sqnorms
 from ooc_learn.storage.errors import ParameterError
 from ooc_learn.storage.jit import await_kernel
 
 from ._build_kernels import build_tree_kernel
+from .search_config import SearchConfig
 
-__all__ = ["FlatTree", "build_block_tree", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]
+__all__ = ["FlatTree", "build_block_tree", "default_leaf_size", "DEFAULT_WIDTH",
+           "DEFAULT_LEAF_SIZE", "WIDE_LEAF_SIZE"]
 
 # The build's defaults (the measurements behind them are in the benchmark log):
 DEFAULT_WIDTH = 10      # K, pivots (children) per node
 DEFAULT_LEAF_SIZE = 16  # rows: a node of at most this many is a leaf
+WIDE_LEAF_SIZE = 32     # ... where rows are wide (default_leaf_size)
 
 _SCATTER_MAX = 1 << 23  # elements (d·K) of the CSR scatter workspace, float32: 32 MiB
 # the arrays of the layout a block does not use (a CSR block's dense X, a dense block's CSR
@@ -79,6 +82,24 @@ class FlatTree(NamedTuple):
     @property
     def nbytes(self) -> int:
         return int(sum(a.nbytes for a in self))
+
+
+def default_leaf_size(X, width: int = DEFAULT_WIDTH) -> int:
+    """The rows per leaf of a build given none, from a block's rows ``X``: DEFAULT_LEAF_SIZE,
+    or WIDE_LEAF_SIZE where a node of ``width`` such leaves outgrows what a search reads as
+    one span (``SearchConfig.span_bytes``).
+
+    A capped search reads a node's rows in one slice while they fit a span; above that it
+    reads the node's pivot rows one by one. A node splits into ``width`` children once it
+    holds more than a leaf, so leaves hold a few rows each (3.5 on average at 16 and width
+    10), and on wide rows most nodes sit above the span: each row examined then cost ~2
+    pivot reads. With wider leaves there are half as many nodes.
+    """
+    n = X.shape[0]
+    if not n:
+        return DEFAULT_LEAF_SIZE
+    node_bytes = DEFAULT_LEAF_SIZE * int(width) * matrix_nbytes(X) / n
+    return WIDE_LEAF_SIZE if node_bytes > SearchConfig.span_bytes else DEFAULT_LEAF_SIZE
 
 
 def check_params(width, leaf_size, seed):

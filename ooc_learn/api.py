@@ -26,7 +26,8 @@ def ingest(sources, out, *, build_index: bool = True, width: int | None = None,
     build_index : bool
         Build the metric forest (one tree per block, rows written in leaf order).
     width, leaf_size : int, optional
-        The forest's node width K (default 10) and rows per leaf (default 16).
+        The forest's node width K (default 10) and rows per leaf (default: 16, or 32 for
+        wide rows; :func:`~ooc_learn.index.tree.default_leaf_size`).
 
     Examples
     --------
@@ -36,11 +37,12 @@ def ingest(sources, out, *, build_index: bool = True, width: int | None = None,
     orderer = _orderer(build_index, width, leaf_size)
     store = _ingest.ingest(sources, out, block_orderer=orderer, **kwargs)
     if build_index and not kwargs.get("shards"):
-        from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
+        from ooc_learn.index.lmdb_io import index_meta
+        from ooc_learn.storage.format import INDEX_DIR
 
-        store.metadata.setdefault("index", {
-            "width": DEFAULT_WIDTH if width is None else width,
-            "leaf_size": DEFAULT_LEAF_SIZE if leaf_size is None else leaf_size})
+        meta = index_meta(store.path / INDEX_DIR)
+        store.metadata.setdefault("index", {"width": meta["width"],
+                                            "leaf_size": meta["leaf_size"]})
     return store
 
 

@@ -73,7 +73,8 @@ def _ingest_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None, metavar="K",
                    help="index: children per node (default 10)")
     p.add_argument("--leaf-size", type=int, default=None, metavar="L",
-                   help="index: rows per leaf (default 16)")
+                   help="index: rows per leaf (default 16, or 32 for wide rows: over ~800 "
+                        "bytes each, e.g. 205+ dense features)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle and the index")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
     add_common(p)
@@ -260,7 +261,8 @@ def _index_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None, metavar="K",
                    help="children per node (default 10)")
     p.add_argument("--leaf-size", type=int, default=None, metavar="L",
-                   help="rows per leaf (default 16)")
+                   help="rows per leaf (default 16, or 32 for wide rows: over ~800 bytes "
+                        "each, e.g. 205+ dense features)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
     add_common(p)
@@ -269,11 +271,11 @@ def _index_parser() -> argparse.ArgumentParser:
 
 def _index_body(args):
     from ooc_learn.index.build import build_index
-    from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
+    from ooc_learn.index.tree import DEFAULT_WIDTH
 
     out = build_index(args.store, width=DEFAULT_WIDTH if args.width is None else args.width,
-                      leaf_size=DEFAULT_LEAF_SIZE if args.leaf_size is None else args.leaf_size,
-                      seed=args.seed, memory=command_budget(args), overwrite=args.overwrite)
+                      leaf_size=args.leaf_size, seed=args.seed, memory=command_budget(args),
+                      overwrite=args.overwrite)
     out = dict(out, store=str(args.store))
     return {"json": out, "text": f"{args.store}: index built over {out.get('n_blocks')} blocks "
                                  f"in {out.get('seconds', 0):.2f} s"}

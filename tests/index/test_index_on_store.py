@@ -173,3 +173,31 @@ def test_the_search_starts_the_next_leaf_reads_while_it_waits_for_one(tmp_path):
             first_named.setdefault(s, at)
         early = [i for i, r in enumerate(reads[1:], 1) if first_named.get(r, i) < i]
         assert len(early) >= 0.5 * (len(reads) - 1), (len(early), len(reads))
+
+
+def test_leaves_default_by_the_rows_width(tmp_path):
+    """Without a leaf size, ingest and build_index take 16 rows a leaf for narrow rows and 32
+    where a node of 16-row leaves outgrows a search's span (wide rows); a size given is kept."""
+    from ooc_learn.index.lmdb_io import index_meta
+    from ooc_learn.index.tree import DEFAULT_LEAF_SIZE, WIDE_LEAF_SIZE, default_leaf_size
+
+    rng = np.random.default_rng(11)
+    narrow, _ = _data(rng, n=500, d=22)
+    wide, _ = _data(rng, n=500, d=784)
+    sparse_wide, _ = _data(rng, n=500, d=784, csr=True)
+    # a row's bytes times 16 x 10 against 128 KiB: 88, 3136 and ~2.5k bytes (60 % zeros)
+    assert default_leaf_size(narrow) == DEFAULT_LEAF_SIZE
+    assert default_leaf_size(wide) == WIDE_LEAF_SIZE
+    assert default_leaf_size(sparse_wide) == WIDE_LEAF_SIZE
+    assert default_leaf_size(sp.csr_matrix(wide * (rng.random(wide.shape) < 0.05))) \
+        == DEFAULT_LEAF_SIZE
+    assert default_leaf_size(wide, width=2) == DEFAULT_LEAF_SIZE  # a node of 2 leaves fits
+    for d, want in ((22, DEFAULT_LEAF_SIZE), (784, WIDE_LEAF_SIZE)):
+        X, y = _data(rng, n=2000, d=d)
+        path = tmp_path / f"s{d}"
+        ingest_arrays(X, y, path, build_index=True, n_blocks=2).close()
+        assert index_meta(path / "index.lmdb")["leaf_size"] == want
+        assert build_index(path, overwrite=True)["leaf_size"] == want
+        assert index_meta(path / "index.lmdb")["leaf_size"] == want
+        build_index(path, overwrite=True, leaf_size=8)
+        assert index_meta(path / "index.lmdb")["leaf_size"] == 8
