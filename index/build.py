@@ -20,7 +20,8 @@ from ooc_learn.storage.writer import rewrite_block_order
 
 from .lmdb_io import ForestWriter
 from .orderer import block_seed
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params, default_leaf_size
+from .tree import (DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params,
+                   default_leaf_size)
 
 __all__ = ["build_index"]
 

@@ -17,7 +17,8 @@ import numpy as np
 from ooc_learn.storage.format import INDEX_DIR
 
 from .lmdb_io import ForestWriter
-from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params, default_leaf_size
+from .tree import (DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params,
+                   default_leaf_size)
 
 __all__ = ["ForestOrderer", "forest_orderer", "block_seed"]
 

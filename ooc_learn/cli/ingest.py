@@ -26,7 +26,8 @@ def _ingest_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="input files (.gz/.bz2/.xz read transparently; - reads standard "
                         "input); several are concatenated")
-    p.add_argument("-o", "--output", required=True, metavar="STORE", help="store directory to create")
+    p.add_argument("-o", "--output", required=True, metavar="STORE",
+                   help="store directory to create")
     p.add_argument("--format", default="auto",
                    choices=["auto", "libsvm", "csv", "npy", "npz", "idx"],
                    help="source format (auto: detected; idx: MNIST images, labels found "

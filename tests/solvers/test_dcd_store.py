@@ -27,8 +27,8 @@ def test_streamed_store_equals_in_memory_blocks(store, loss):
     def read(b):
         return X[off[b]:off[b + 1]], y[off[b]:off[b + 1]]
 
-    mem = solve_dcd_streamed(read, off, store.n_features, loss=loss, C=1.0, eps=0.01, max_iter=5000, seed=9,
-                             sqnorms=store.sqnorms())
+    mem = solve_dcd_streamed(read, off, store.n_features, loss=loss, C=1.0, eps=0.01,
+                             max_iter=5000, seed=9, sqnorms=store.sqnorms())
     # same rows, same blocks, same permutation scheme: identical iterates
     np.testing.assert_array_equal(res.alpha, mem.alpha)
     np.testing.assert_array_equal(res.w, mem.w)

@@ -1,5 +1,5 @@
-"""IBCD's check (ooc_learn.solvers.ibcd.check): the scan, and the pool of rows near a boundary that a scan read
-but did not admit."""
+"""IBCD's check (ooc_learn.solvers.ibcd.check): the scan, and the pool of rows near a
+boundary that a scan read but did not admit."""
 
 import numpy as np
 import pytest
