@@ -75,11 +75,15 @@ class Forest(ForestView):
         self.unshrink()
 
     def _span_rows(self, max_read: float) -> float:
-        """The most rows a node may have to be read whole (``SearchConfig.span_bytes``): also
-        at most 1/``span_read_share`` of what the query may read, so one read cannot end a
-        query."""
+        """The most rows a node may have to be read whole (``SearchConfig.span_bytes``; 0:
+        none): at least two leaves' worth (a node just above a leaf splits into up to
+        ``width`` small leaves, whose pivots would otherwise be read one by one), and at most
+        1/``span_read_share`` of what the query may read, so one read cannot end a query."""
         cfg = self.search
-        return min(cfg.span_bytes / self._row_bytes, max_read / cfg.span_read_share)
+        if not cfg.span_bytes:
+            return 0.0
+        return min(max(cfg.span_bytes / self._row_bytes, 2 * self.meta["leaf_size"]),
+                   max_read / cfg.span_read_share)
 
     # ---------------------------------------------------------------- shrinking (§4.3)
     def shrink(self, threshold: float = 1.0, rows=None) -> int:

@@ -201,3 +201,29 @@ def test_leaves_default_by_the_rows_width(tmp_path):
         assert index_meta(path / "index.lmdb")["leaf_size"] == want
         build_index(path, overwrite=True, leaf_size=8)
         assert index_meta(path / "index.lmdb")["leaf_size"] == 8
+
+
+def test_a_span_holds_at_least_two_leaves(tmp_path):
+    """A node of up to two leaves' rows is read whole, whatever its bytes (wide rows), a
+    larger one where ``span_bytes`` holds it (narrow rows); ``span_bytes=0``: none."""
+    from ooc_learn.index.search_config import SearchConfig
+
+    rng = np.random.default_rng(12)
+    for d, leaf in ((784, 32), (12, 16)):
+        X, y = _data(rng, n=600, d=d)
+        ingest_arrays(X, y, tmp_path / f"s{d}", build_index=True, n_blocks=1,
+                      leaf_size=leaf).close()
+        with open_store(tmp_path / f"s{d}") as store:
+            for span in (128 << 10, 0):
+                with open_forest(store, search=SearchConfig(span_bytes=span)) as forest:
+                    forest.query(rng.normal(size=d), n=50)  # the rows' size, learned
+                    got = forest._span_rows(float("inf"))
+                    want = max(2 * leaf, span / forest._row_bytes) if span else 0.0
+                    assert got == pytest.approx(want), (d, span, got, want)
+                    assert forest._span_rows(40.0) == min(got, 10.0)
+                    if d == 12 and span:  # narrow rows: the bytes decide, hundreds of rows
+                        assert got > 1000
+            if d == 784:  # 3 KiB rows: 128 KiB holds 41, two leaves 64
+                with open_forest(store) as forest:
+                    forest.query(rng.normal(size=d), n=50)
+                    assert forest._span_rows(float("inf")) == 64
