@@ -18,10 +18,8 @@ from ooc_learn.storage.format import INDEX_DIR
 from ooc_learn.storage.store import open_store
 from ooc_learn.storage.writer import rewrite_block_order
 
-from .lmdb_io import ForestWriter
-from .orderer import block_seed
-from .tree import (DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params,
-                   default_leaf_size)
+from .orderer import ForestOrderer
+from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, check_params
 
 __all__ = ["build_index"]
 
@@ -37,7 +35,7 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int | None
     width, leaf_size, seed : int
         As for :func:`~ooc_learn.index.tree.build_block_tree` (per-block seeds derive from
         ``seed``); ``leaf_size`` None: by the rows
-        (:func:`~ooc_learn.index.tree.default_leaf_size` of the first block).
+        (:func:`~ooc_learn.index.tree.default_leaf_size` of the first block), as ingest.
     memory : None, size or MemoryBudget
         The cap: one block is in memory at a time.
     overwrite : bool
@@ -58,18 +56,14 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int | None
                                   f"Rebuild it with `ooc-index {store_path} --overwrite`.")
         shape = dict(n_blocks=st.n_blocks, n_samples=st.n_samples, n_features=st.n_features)
         offsets = st.block_offsets.copy()
-        if leaf_size is None:  # by the first block's rows (a sample of them suffices)
-            X, _, _ = st.read_range(offsets[0], min(offsets[1], offsets[0] + 1024))
-            leaf_size = default_leaf_size(X, width)
-            del X
-    stats = {"build_seconds": 0.0, "leaf_size": leaf_size}
+    stats = {}
 
     def perms(new_dir):
         # each block's tree goes to the new store's index as soon as it is built: the forest
         # of a large store does not fit where one block has to
         with open_store(store_path, memory=budget) as st, \
-                ForestWriter(Path(new_dir) / INDEX_DIR, width=width, leaf_size=leaf_size,
-                             seed=seed, **shape) as writer:
+                ForestOrderer(new_dir, width=width, leaf_size=leaf_size, seed=seed,
+                              **shape) as forest:
             for b in range(st.n_blocks):
                 rows = int(offsets[b + 1] - offsets[b])
                 # the block, the tree build's temporaries and the block read again and
@@ -82,17 +76,13 @@ def build_index(store_path, *, width: int = DEFAULT_WIDTH, leaf_size: int | None
                                hint=f"or re-ingest with --block-rows {st.block_rows_that_fit()}")
                 try:
                     X, _, _ = st.read_range(offsets[b], offsets[b + 1])
-                    sq = st.sqnorms(offsets[b], offsets[b + 1])
-                    t = time.perf_counter()
-                    perm, tree = build_block_tree(X, sq, width=width, leaf_size=leaf_size,
-                                                  seed=block_seed(seed, b))
-                    stats["build_seconds"] += time.perf_counter() - t
+                    perm = forest.order(b, int(offsets[b]), X,
+                                        st.sqnorms(offsets[b], offsets[b + 1]))
                     del X
-                    writer.add_tree(b, int(offsets[b]), tree)
-                    del tree
                     yield perm
                 finally:
                     budget.release(need)
+            stats.update(build_seconds=forest.build_seconds, leaf_size=forest.leaf_size)
 
     rewrite_block_order(store_path, perms, memory=budget)
     stats.update(seconds=time.perf_counter() - t0, n_blocks=shape["n_blocks"])

@@ -38,15 +38,16 @@ class ForestOrderer:
         self.width, self.leaf_size, self.seed = width, leaf_size, seed
         self._where = Path(directory) / INDEX_DIR
         self._shape = dict(n_blocks=n_blocks, n_samples=n_samples, n_features=n_features)
-        self.writer = None if leaf_size is None else self._open(leaf_size)
+        self.writer = None  # opened with the leaf size: now, or at the first block
+        if leaf_size is not None:
+            self._open(leaf_size)
         self.build_seconds = 0.0
         self.write_seconds = 0.0
 
-    def _open(self, leaf_size: int) -> ForestWriter:
+    def _open(self, leaf_size: int) -> None:
         self.leaf_size = leaf_size
         self.writer = ForestWriter(self._where, width=self.width, leaf_size=leaf_size,
                                    seed=self.seed, **self._shape)
-        return self.writer
 
     def order(self, b: int, row_offset: int, X, sqnorm) -> np.ndarray:
         """Build block b's tree, write it, and return the leaf-order permutation."""
@@ -69,6 +70,16 @@ class ForestOrderer:
     def abort(self) -> None:
         if self.writer is not None:
             self.writer.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
 
 
 def forest_orderer(*, width: int | None = None, leaf_size: int | None = None):

@@ -91,13 +91,14 @@ def test_bad_index_parameters_are_refused_before_any_work(tmp_path):
 _KILL_MID_BUILD = textwrap.dedent("""
     import os, signal, sys
     import ooc_learn.index.build as b
-    real, calls = b.build_block_tree, []
+    import ooc_learn.index.orderer as o
+    real, calls = o.build_block_tree, []
     def dying(*a, **k):
         calls.append(1)
         if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*a, **k)
-    b.build_block_tree = dying
+    o.build_block_tree = dying  # the trees are built by ForestOrderer.order
     b.build_index(sys.argv[1], width=4, leaf_size=30)
 """)
 
