@@ -60,8 +60,9 @@ from .tree import FlatTree
 
 MANIFEST = "manifest.json"
 
-__all__ = ["ForestWriter", "open_reader", "open_env", "SharedReader", "index_meta", "index_nbytes",
-           "verify_files", "CorruptIndex", "IndexVersionMismatch", "MANIFEST"]
+__all__ = ["CloseOrAbort", "ForestWriter", "open_reader", "open_env", "SharedReader",
+           "index_meta", "index_nbytes", "verify_files", "CorruptIndex", "IndexVersionMismatch",
+           "MANIFEST"]
 
 def _record_pages(records, psize: int) -> int:
     """Pages LMDB needs to hold ``records`` (a fresh B-tree bound, not a guess).
@@ -84,7 +85,22 @@ def _record_pages(records, psize: int) -> int:
     return overflow + leaf_pages + leaf_pages // 2 + 32
 
 
-class ForestWriter:
+class CloseOrAbort:
+    """A writer's ``with`` block: :meth:`close` (finish) when it ends, :meth:`abort` (leave
+    nothing) when it raises."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+class ForestWriter(CloseOrAbort):
     """Write one tree per block into ``path`` (normally ``STORE/index.lmdb``).
 
     Parameters
@@ -221,15 +237,6 @@ class ForestWriter:
             self._env = None
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-        return False
 
 
 def _file_crc(path: Path) -> tuple[int, int]:

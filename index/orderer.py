@@ -16,7 +16,7 @@ import numpy as np
 
 from ooc_learn.storage.format import INDEX_DIR
 
-from .lmdb_io import ForestWriter
+from .lmdb_io import CloseOrAbort, ForestWriter
 from .tree import (DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, build_block_tree, check_params,
                    default_leaf_size)
 
@@ -28,7 +28,7 @@ def block_seed(seed: int, block: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(block)]).generate_state(1)[0])
 
 
-class ForestOrderer:
+class ForestOrderer(CloseOrAbort):
     """Builds the forest of a store being written into ``directory`` (see module doc);
     ``leaf_size`` None: :func:`~.tree.default_leaf_size` of the first block's rows, for
     every block."""
@@ -70,16 +70,6 @@ class ForestOrderer:
     def abort(self) -> None:
         if self.writer is not None:
             self.writer.abort()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-        return False
 
 
 def forest_orderer(*, width: int | None = None, leaf_size: int | None = None):
