@@ -45,15 +45,16 @@ from . import _kernels as K
 from ._common import margins
 
 __all__ = ["MAX_FEATURES", "MIN_ROWS_PER_FEATURE", "NewtonStats", "applies", "load_kernels",
-           "newton_hinge", "newton_hinge_bytes"]
+           "newton_hinge", "newton_hinge_bytes", "newton_hinge_windows"]
 
 # the smoothing width, in units of the margin 1 (warm from IBCD's w, 17-67 steps on the
 # issue-23 store's S; 0.03-0.3 took fewer but left dual CD a point it did not finish in
 # 1,000 passes, and continuation from wider widths took longer; bench-log 2026-11-27,
 # session 36)
 DEFAULT_H = 0.01
-# band rows gathered at a time into float64 for the Hessian
+# band rows gathered at a time into float64 for the Hessian (and, spilled, read back)
 _CHUNK = 256
+READ_CHUNK = _CHUNK
 # what the BLAS's packing buffers touch on its first call (dsyrk, Cholesky: 6-7 MiB at
 # d = 784), with room to spare: a run at the cap went 1 MiB over it without
 _BLAS_BUFFERS = 16 << 20
@@ -184,6 +185,125 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
     alpha[:] = new_alpha
     band_now = int(((new_alpha > 0.0) & (new_alpha < C)).sum())
     return NewtonStats(it, band_now, converged, int(moved.size))
+
+
+def newton_hinge_windows(windows, take, y, alpha, w, *, C: float, bias: float,
+                         h: float = DEFAULT_H, max_newton: int = 100,
+                         tol: float = 1e-8) -> NewtonStats:
+    """:func:`newton_hinge` on rows that are read, not held (IBCD's S spilled to disk):
+    ``windows()`` yields ``(a, b, X)`` covering the rows in order, ``take(pos)`` returns the
+    rows at positions ``pos`` (float32 or CSR). Each Newton step is one traversal (the
+    step's margins) and a read of the rows whose weight changed (H and Z^T c follow them);
+    H is refactored at every step and rebuilt by a traversal every _REBUILD steps or where
+    more rows changed than a traversal's worth. The same method and stopping rules as
+    :func:`newton_hinge`, whose docstring gives them; ``alpha`` and ``w`` are written in
+    place likewise."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _newton_windows(windows, take, y, alpha, w, C=C, bias=float(bias), h=h,
+                               max_newton=max_newton, tol=tol)
+
+
+def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
+    n, d1 = y.shape[0], w.shape[0]
+    yz = np.ascontiguousarray(y, dtype=np.float64)
+    scale = C / (2.0 * h)
+    u = np.array(w, dtype=np.float64)
+    m, c, dm = np.empty(n), np.empty(n), np.empty(n)
+    q = np.zeros(d1)  # Z^T alpha: u - v (v, the fixed rows' part, never moves)
+    for a, b, X in windows():
+        K.rows_tdot(*kernel_args(X), bias, _all(b - a), alpha[a:b] * yz[a:b], q)
+        m[a:b] = margins(X, yz[a:b], u, bias)
+    K.huber_weights(m, h, c)
+    H, zc = _band_pass(windows, yz, c, bias, d1, scale)
+    it, converged, since_build = 0, False, 0
+    while it < max_newton:
+        g = q - C * zc
+        s = sla.cho_solve(sla.cho_factor(H, lower=False, check_finite=False), g,
+                          check_finite=False)
+        dec = float(g @ s)
+        it += 1
+        if not math.isfinite(dec) or dec <= tol * C * max(n, 1):
+            converged = math.isfinite(dec)
+            break
+        for a, b, X in windows():
+            K.rows_dot(*kernel_args(X), bias, _all(b - a), s, dm[a:b])
+        dm *= yz
+        t = K.huber_line_search(m, dm, h, C, float(s @ s), float(q @ s), 1e-10)
+        u -= t * s
+        q -= t * s
+        m -= t * dm
+        c_new = _weights(m, h)
+        same_pieces = np.array_equal(_pattern(c_new), _pattern(c))
+        moved = np.flatnonzero(c_new != c)
+        since_build += 1
+        if since_build >= _REBUILD or moved.size > _UPDATE_SHARE * n:
+            H, zc = _band_pass(windows, yz, c_new, bias, d1, scale)
+            since_build = 0
+        else:
+            _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc)
+        c = c_new
+        if t == 1.0 and same_pieces:
+            converged = True
+            break
+        if t < 1e-9:
+            break
+    # the dual point at the last u, margins recomputed (the updates drift): one traversal
+    new_alpha = np.empty(n)
+    dw = np.zeros(d1)
+    for a, b, X in windows():
+        new_alpha[a:b] = C * _weights(margins(X, yz[a:b], u, bias), h)
+        K.rows_tdot(*kernel_args(X), bias, _all(b - a),
+                    (new_alpha[a:b] - alpha[a:b]) * yz[a:b], dw)
+    if not (np.isfinite(new_alpha).all() and np.isfinite(dw).all()):
+        return NewtonStats(it, 0, False, 0)
+    changed = int(np.count_nonzero(new_alpha != alpha))
+    w += dw
+    alpha[:] = new_alpha
+    band_now = int(((new_alpha > 0.0) & (new_alpha < C)).sum())
+    return NewtonStats(it, band_now, converged, changed)
+
+
+def _all(k: int) -> np.ndarray:
+    return np.arange(k, dtype=np.int64)
+
+
+def _band_pass(windows, yz, c, bias, d1, scale):
+    """One traversal: H = I + scale * sum over the band of z z^T (upper triangle) and
+    Z^T c."""
+    H = np.eye(d1)
+    zc = np.zeros(d1)
+    for a, b, X in windows():
+        args = kernel_args(X)
+        K.rows_tdot(*args, bias, _all(b - a), c[a:b] * yz[a:b], zc)
+        cw = c[a:b]
+        H = _syrk_rows(H, args, bias, np.flatnonzero((cw > 0.0) & (cw < 1.0)), scale, d1)
+    return H, zc
+
+
+def _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc) -> None:
+    """Z^T c and H (in place) follow the rows whose weight changed, read back _CHUNK at a
+    time."""
+    for a in range(0, moved.size, _CHUNK):
+        part = moved[a:a + _CHUNK]
+        args = kernel_args(take(part))
+        loc = _all(part.size)
+        K.rows_tdot(*args, bias, loc, (c_new[part] - c[part]) * yz[part], zc)
+        was = (c[part] > 0.0) & (c[part] < 1.0)
+        now = (c_new[part] > 0.0) & (c_new[part] < 1.0)
+        H[:] = _syrk_rows(H, args, bias, loc[now & ~was], scale, H.shape[0])
+        H[:] = _syrk_rows(H, args, bias, loc[was & ~now], -scale, H.shape[0])
+
+
+def _syrk_rows(H, args, bias, rows, weight, d1):
+    """H + weight * sum over ``rows`` of [x, bias][x, bias]^T (upper triangle), _CHUNK rows
+    at a time."""
+    Xd, ip, ix, dt, sparse = args
+    for a in range(0, rows.size, _CHUNK):
+        part = rows[a:a + _CHUNK]
+        G = np.empty((part.size, d1))
+        K.rows_dense(Xd, ip, ix, dt, sparse, bias, part, G)
+        H = _syrk(weight, G.T, beta=1.0, c=H, trans=0, lower=0, overwrite_c=1)
+    return H
 
 
 def _weights(m, h):

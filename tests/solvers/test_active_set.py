@@ -203,6 +203,42 @@ def test_ibcd_with_a_spilled_active_set_is_optimal_on_all_rows(tmp_path, rng, sp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ooc-ibcd-spill-")]
 
 
+def test_a_spilled_S_is_solved_by_newton_steps_over_its_file(tmp_path, rng, monkeypatch):
+    # a spilled S of the hinge is solved by Newton's method read window by window (final
+    # solves to convergence, solves on the way by a few steps on the wider smoothing: here
+    # on any S, not only past QUICK_MIN_BYTES), its rounds polishing the dual point: the
+    # answer satisfies the KKT conditions on every row, at the objective of the spilled
+    # run without Newton's method. (Its solves on the way end on a working-set round, which
+    # once returned 0, converged, while S was not: a stop rested on one, and the answer
+    # came with the warning that it is approximate.)
+    from ooc_learn.solvers import hinge_newton
+    from ooc_learn.solvers.ibcd import solve as ibcd_solve
+
+    monkeypatch.setattr(ibcd_solve, "QUICK_MIN_BYTES", 0)
+    widths = []
+    windows = hinge_newton.newton_hinge_windows
+
+    def counted(*a, **kw):
+        widths.append(kw.get("h", hinge_newton.DEFAULT_H))
+        return windows(*a, **kw)
+
+    monkeypatch.setattr(hinge_newton, "newton_hinge_windows", counted)
+    X, y = problem(rng, n=4000, flip=0.25)
+    kw = dict(C=0.1, n=200, eps=0.01, init_sample=500, seed=1, spill_dir=tmp_path,
+              resident_share=1e-6, freeze_margin=np.inf)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True,
+                       leaf_size=50) as store:
+        res = solve_ibcd(store, **kw)
+        assert res.stats["spills"] >= 1
+        assert hinge_newton.DEFAULT_H in widths and ibcd_solve.QUICK_H in widths
+        viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=0.1)
+        assert res.stats["S_converged"] and viol < 0.02, viol
+        n_calls = len(widths)
+        rounds = solve_ibcd(store, **kw, newton=False)
+        assert len(widths) == n_calls and rounds.stats["spills"] >= 1
+    assert res.stats["objective"] == pytest.approx(rounds.stats["objective"], rel=1e-3)
+
+
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_rows_frozen_at_C_leave_S_and_the_answer_is_optimal_on_all_rows(tmp_path, rng,
                                                                          sparse):
