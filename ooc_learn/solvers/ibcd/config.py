@@ -66,15 +66,17 @@ class IBCDConfig:
     max_iters : int
         Passes for a solve of S that a stop rests on (LIBLINEAR's limit before 2.42).
     newton : bool
-        A resident S of the hinge is solved first by Newton's method on the smoothed hinge
+        S of the hinge is solved first by Newton's method on the smoothed hinge
         (:mod:`ooc_learn.solvers.hinge_newton`: d + 1 unknowns, where dual CD needs
-        thousands of passes over S's correlated rows near the margin), then by dual CD from
-        the dual point it leaves; off: dual CD alone.
+        thousands of passes over S's correlated rows near the margin; a spilled S is read
+        window by window, a pass a step), then by dual CD from the dual point it leaves (a
+        spilled S: its working-set rounds); off: dual CD alone.
     quick_newton_steps : int
         Where ``newton`` holds, a solve of S on the way takes at most this many Newton steps
         on a wider smoothing (``solve.QUICK_H``) and then ``solve.QUICK_POLISH`` passes of
-        dual CD, instead of ``quick_iters`` passes (which leave S's correlated rows far from
-        solved); 0: ``quick_iters`` passes of dual CD alone.
+        dual CD (a spilled S: ``solve.SPILLED_QUICK_POLISH`` rounds), instead of
+        ``quick_iters`` passes (which leave S's correlated rows far from solved); 0:
+        ``quick_iters`` passes of dual CD alone.
     dual_switch_iters : int
         A resident squared-hinge solve of S that dual CD has not finished in this many
         passes goes on by TRON from the w reached (LIBLINEAR's ``-s 1``).
@@ -236,7 +238,7 @@ class IBCDConfig:
     def newton_on_S(self) -> bool:
         """Whether solves of S begin with Newton's method on the smoothed hinge (``newton``,
         for the hinge: to convergence in a solve a stop rests on, ``quick_newton_steps`` on
-        the way; where S is resident and large enough: ``solve.solve_S``)."""
+        the way; where S is large enough: ``solve.solve_S``)."""
         return self.newton and self.loss == "hinge"
 
     @property
