@@ -152,13 +152,7 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
             break
         K.rows_dot(Xd, ip, ix, dt, sparse, bias, rows, s, dm)
         dm *= yz
-        # phi'(t) = t |s|^2 - (u - v)^T s + C sum c(m - t dm) dm, with u - v = q
-        t = K.huber_line_search(m, dm, h, C, float(s @ s), float(q @ s), 1e-10)
-        u -= t * s
-        q -= t * s
-        m -= t * dm
-        c_new = _weights(m, h)
-        same_pieces = np.array_equal(_pattern(c_new), _pattern(c))
+        t, c_new, same_pieces = _step(m, dm, s, u, q, c, h, C)
         if H.rebuilt:  # the sum is refreshed with H: the updates' rounding accumulates
             zc[:] = 0.0
             K.rows_tdot(Xd, ip, ix, dt, sparse, bias, rows, c_new * yz, zc)
@@ -228,12 +222,7 @@ def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
         for a, b, X in windows():
             K.rows_dot(*kernel_args(X), bias, _all(b - a), s, dm[a:b])
         dm *= yz
-        t = K.huber_line_search(m, dm, h, C, float(s @ s), float(q @ s), 1e-10)
-        u -= t * s
-        q -= t * s
-        m -= t * dm
-        c_new = _weights(m, h)
-        same_pieces = np.array_equal(_pattern(c_new), _pattern(c))
+        t, c_new, same_pieces = _step(m, dm, s, u, q, c, h, C)
         moved = np.flatnonzero(c_new != c)
         since_build += 1
         if since_build >= _REBUILD or moved.size > _UPDATE_SHARE * n:
@@ -304,6 +293,19 @@ def _syrk_rows(H, args, bias, rows, weight, d1):
         K.rows_dense(Xd, ip, ix, dt, sparse, bias, part, G)
         H = _syrk(weight, G.T, beta=1.0, c=H, trans=0, lower=0, overwrite_c=1)
     return H
+
+
+def _step(m, dm, s, u, q, c, h, C):
+    """The step along -s to the exact minimiser t of phi (piecewise quadratic): u, q = u - v
+    and the margins m move by it in place. Returns t, the new weights and whether every
+    row stayed on its piece of the loss."""
+    # phi'(t) = t |s|^2 - (u - v)^T s + C sum c(m - t dm) dm
+    t = K.huber_line_search(m, dm, h, C, float(s @ s), float(q @ s), 1e-10)
+    u -= t * s
+    q -= t * s
+    m -= t * dm
+    c_new = _weights(m, h)
+    return t, c_new, np.array_equal(_pattern(c_new), _pattern(c))
 
 
 def _weights(m, h):
