@@ -189,7 +189,7 @@ def newton_hinge_windows(windows, take, y, alpha, w, *, C: float, bias: float,
     rows at positions ``pos`` (float32 or CSR). Each Newton step is one traversal (the
     step's margins) and a read of the rows whose weight changed (H and Z^T c follow them);
     H is refactored at every step and rebuilt by a traversal every _REBUILD steps or where
-    more rows changed than a traversal's worth. The same method and stopping rules as
+    more than _UPDATE_SHARE of the rows changed weight. The same method and stopping rules as
     :func:`newton_hinge`, whose docstring gives them; ``alpha`` and ``w`` are written in
     place likewise."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -262,9 +262,8 @@ def _band_pass(windows, yz, c, bias, d1, scale):
     H = np.eye(d1)
     zc = np.zeros(d1)
     for a, b, X in windows():
-        args = kernel_args(X)
-        K.rows_tdot(*args, bias, _all(b - a), c[a:b] * yz[a:b], zc)
-        cw = c[a:b]
+        args, cw = kernel_args(X), c[a:b]
+        K.rows_tdot(*args, bias, _all(b - a), cw * yz[a:b], zc)
         H = _syrk_rows(H, args, bias, np.flatnonzero((cw > 0.0) & (cw < 1.0)), scale, d1)
     return H, zc
 
@@ -291,6 +290,7 @@ def _syrk_rows(H, args, bias, rows, weight, d1):
         part = rows[a:a + _CHUNK]
         G = np.empty((part.size, d1))
         K.rows_dense(Xd, ip, ix, dt, sparse, bias, part, G)
+        # dsyrk on G^T (Fortran order d1 x k): H = weight G^T G + H, upper triangle
         H = _syrk(weight, G.T, beta=1.0, c=H, trans=0, lower=0, overwrite_c=1)
     return H
 
@@ -397,13 +397,8 @@ class _Hessian:
 
     def _add(self, rows, weight) -> None:
         """H += weight * sum over ``rows`` of [x, bias][x, bias]^T, upper triangle, by chunks."""
-        Xd, ip, ix, dt, sparse, bias = self.args
-        for a in range(0, rows.size, _CHUNK):
-            part = rows[a:a + _CHUNK]
-            G = np.empty((part.size, self.d1))
-            K.rows_dense(Xd, ip, ix, dt, sparse, bias, part, G)
-            # dsyrk on G^T (Fortran order d1 x k): H = weight G^T G + H, upper triangle
-            self.H = _syrk(weight, G.T, beta=1.0, c=self.H, trans=0, lower=0, overwrite_c=1)
+        *args, bias = self.args
+        self.H = _syrk_rows(self.H, args, bias, rows, weight, self.d1)
 
 
 def applies(d: int, n: int | None = None) -> bool:
