@@ -238,7 +238,6 @@ class ForestWriter(CloseOrAbort):
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-
 def _file_crc(path: Path) -> tuple[int, int]:
     # one reused 1 MiB buffer: opening an index must not cost memory outside the cap
     crc = 0

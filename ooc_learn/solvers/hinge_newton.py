@@ -54,7 +54,6 @@ __all__ = ["MAX_FEATURES", "MIN_ROWS_PER_FEATURE", "NewtonStats", "applies", "lo
 DEFAULT_H = 0.01
 # band rows gathered at a time into float64 for the Hessian (and, spilled, read back)
 _CHUNK = 256
-READ_CHUNK = _CHUNK
 # what the BLAS's packing buffers touch on its first call (dsyrk, Cholesky: 6-7 MiB at
 # d = 784), with room to spare: a run at the cap went 1 MiB over it without
 _BLAS_BUFFERS = 16 << 20
@@ -79,14 +78,16 @@ class NewtonStats(NamedTuple):
     changed: int           #: alphas that changed from the ones passed in
 
 
-def newton_hinge_bytes(n: int, d: int) -> int:
+def newton_hinge_bytes(n: int, d: int, read_row_bytes: int = 0) -> int:
     """The working memory of :func:`newton_hinge` for ``n`` rows of ``d`` features: H, its
     factor and a rebuild's fresh H, a chunk of band rows (twice: BLAS packs it), sixteen
     float64 arrays of n (margins, their step, the weights before and after, index lists and
     temporaries), and the BLAS's buffers on its first call. Measured from outside the
-    solve (a poller of VmRSS): 26 MiB at 61,815 rows of 784 features, against 40 MiB here."""
+    solve (a poller of VmRSS): 26 MiB at 61,815 rows of 784 features, against 40 MiB here.
+    :func:`newton_hinge_windows` also holds a chunk of rows read back, of
+    ``read_row_bytes`` each (its windows are the caller's to pay for)."""
     return (3 * 8 * (d + 1) ** 2 + 2 * 8 * _CHUNK * (d + 1) + 16 * 8 * n
-            + _BLAS_BUFFERS)
+            + _CHUNK * read_row_bytes + _BLAS_BUFFERS)
 
 
 def newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float = DEFAULT_H,
@@ -204,11 +205,13 @@ def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
     u = np.array(w, dtype=np.float64)
     m, c, dm = np.empty(n), np.empty(n), np.empty(n)
     q = np.zeros(d1)  # Z^T alpha: u - v (v, the fixed rows' part, never moves)
-    for a, b, X in windows():
+
+    def start(a, b, X):  # in the same traversal: q, the margins and the weights
         K.rows_tdot(*kernel_args(X), bias, _all(b - a), alpha[a:b] * yz[a:b], q)
         m[a:b] = margins(X, yz[a:b], u, bias)
-    K.huber_weights(m, h, c)
-    H, zc = _band_pass(windows, yz, c, bias, d1, scale)
+        K.huber_weights(m[a:b], h, c[a:b])
+
+    H, zc = _band_pass(windows, yz, c, bias, d1, scale, start)
     it, converged, since_build = 0, False, 0
     while it < max_newton:
         g = q - C * zc
@@ -229,7 +232,7 @@ def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
             H, zc = _band_pass(windows, yz, c_new, bias, d1, scale)
             since_build = 0
         else:
-            _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc)
+            H = _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc)
         c = c_new
         if t == 1.0 and same_pieces:
             converged = True
@@ -256,21 +259,23 @@ def _all(k: int) -> np.ndarray:
     return np.arange(k, dtype=np.int64)
 
 
-def _band_pass(windows, yz, c, bias, d1, scale):
+def _band_pass(windows, yz, c, bias, d1, scale, first=None):
     """One traversal: H = I + scale * sum over the band of z z^T (upper triangle) and
-    Z^T c."""
+    Z^T c; ``first(a, b, X)``, if given, runs on each window before (it may set c there)."""
     H = np.eye(d1)
     zc = np.zeros(d1)
     for a, b, X in windows():
+        if first is not None:
+            first(a, b, X)
         args, cw = kernel_args(X), c[a:b]
         K.rows_tdot(*args, bias, _all(b - a), cw * yz[a:b], zc)
         H = _syrk_rows(H, args, bias, np.flatnonzero((cw > 0.0) & (cw < 1.0)), scale, d1)
     return H, zc
 
 
-def _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc) -> None:
-    """Z^T c and H (in place) follow the rows whose weight changed, read back _CHUNK at a
-    time."""
+def _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc):
+    """Z^T c (in place) and H follow the rows whose weight changed, read back _CHUNK at a
+    time; returns H."""
     for a in range(0, moved.size, _CHUNK):
         part = moved[a:a + _CHUNK]
         args = kernel_args(take(part))
@@ -278,8 +283,9 @@ def _follow_moved(take, moved, yz, c, c_new, bias, scale, H, zc) -> None:
         K.rows_tdot(*args, bias, loc, (c_new[part] - c[part]) * yz[part], zc)
         was = (c[part] > 0.0) & (c[part] < 1.0)
         now = (c_new[part] > 0.0) & (c_new[part] < 1.0)
-        H[:] = _syrk_rows(H, args, bias, loc[now & ~was], scale, H.shape[0])
-        H[:] = _syrk_rows(H, args, bias, loc[was & ~now], -scale, H.shape[0])
+        H = _syrk_rows(H, args, bias, loc[now & ~was], scale, H.shape[0])
+        H = _syrk_rows(H, args, bias, loc[was & ~now], -scale, H.shape[0])
+    return H
 
 
 def _syrk_rows(H, args, bias, rows, weight, d1):

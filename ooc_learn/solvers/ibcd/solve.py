@@ -219,9 +219,8 @@ def _newton(st, S, **kw) -> bool:
     if not (cfg.newton_on_S and S.m and hinge_newton.applies(S.d, S.m)):
         return False
     budget = st.store.budget
-    need = hinge_newton.newton_hinge_bytes(S.m, S.d)
-    if S.spilled:  # and a chunk of rows read back
-        need += S.bytes_of(np.arange(min(S.m, hinge_newton.READ_CHUNK)))
+    need = hinge_newton.newton_hinge_bytes(
+        S.m, S.d, read_row_bytes=-(-S.row_bytes() // S.m) if S.spilled else 0)
     if not budget.try_reserve(need, fit_rss=True):
         return False
     try:
