@@ -73,8 +73,9 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-solver", default="dual", choices=["dual", "primal"],
                    help="IBCD block sub-problem: dual CD or TRON on the primal (sqhinge)")
     p.add_argument("--sample-eps", type=float, default=0.0, metavar="EPS",
-                   help="IBCD: stop when fresh rows / rows examined < EPS (reads less; "
-                        "approximate; default 0: exact stop)")
+                   help="IBCD: stop when fresh rows / rows examined < EPS, and with "
+                        "--truncate the outer loop when rows changing side / support vectors "
+                        "< EPS (reads less; approximate; default 0: exact stop)")
     p.add_argument("--spill-dir", default=None, metavar="DIR",
                    help="IBCD: where the active set spills when it outgrows its share of "
                         "--memory (default: the folder holding the store)")

@@ -43,6 +43,8 @@ class IBCDConfig:
     sample_eps : float
         The sampled stopping rule |N| / n_e < sample_eps (fresh rows per row the search
         traversed); 0 stops only when a check of every row finds none (the exact stop).
+        With the truncated loss it also ends the outer loop once fewer rows changed side
+        than sample_eps of the support vectors (the exact stop: none).
     max_outer : int
         Outer iterations of the truncated-loss relaxation at most.
     init_sample : int

@@ -186,7 +186,16 @@ class _Relaxation:
         # OUT(w_t) == OUT(w_{t-1}) when no S row became an outlier and no outlier at w_{t-1}
         # joined S (rows that were not outliers may join S meanwhile: with the sampled rule,
         # every problem finds some near its margin)
-        return None if t == 1 else removed + came_back
+        if t == 1:
+            return None
+        changed = removed + came_back
+        if cfg.sample_eps > 0 and changed < cfg.sample_eps * entry["n_sv"]:
+            # the sampled rule's outer stop: each problem was left with fresh violators below
+            # sample_eps of the rows a query examined, so the outlier set is known to that
+            # share; fewer rows changing side than sample_eps of the support vectors is the
+            # fixed point within it
+            return 0
+        return changed
 
 
 def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
@@ -202,9 +211,10 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     if not converged:
         why = f"max_outer ({n_outer} outer iterations) before the outlier set settled"
     elif cfg.truncated:
-        why = "the outlier set settled (truncated-loss relaxation)" + (
-            "; each inner loop stopped by the sampled rule, no final check"
-            if cfg.sample_eps > 0 else "")
+        why = ("the outlier set settled to the sampled rule (rows changing side / support "
+               "vectors < sample_eps; each inner loop stopped by the sampled rule, no final "
+               "check)" if cfg.sample_eps > 0 else
+               "the outlier set settled (truncated-loss relaxation)")
     else:
         why = ("the sampled rule (fresh rows / rows examined < sample_eps; no final check)"
                if cfg.sample_eps > 0 else
