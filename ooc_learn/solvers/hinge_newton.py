@@ -173,13 +173,20 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
     moved = np.flatnonzero(delta)
     dw = np.zeros(d1)
     K.rows_tdot(Xd, ip, ix, dt, sparse, bias, moved, delta[moved] * yz[moved], dw)
+    return _write_dual(new_alpha, dw, alpha, w, C, it, converged)
+
+
+def _write_dual(new_alpha, dw, alpha, w, C, it, converged) -> NewtonStats:
+    """alpha becomes the smoothed solve's dual point and w moves by ``dw`` = Z^T (its
+    change); where they overflowed, both stay as they came (dual CD takes over, and says
+    so)."""
     if not (np.isfinite(new_alpha).all() and np.isfinite(dw).all()):
-        # overflowing values: alpha and w stay as they came (dual CD takes over, and says so)
         return NewtonStats(it, 0, False, 0)
+    changed = int(np.count_nonzero(new_alpha != alpha))
     w += dw
     alpha[:] = new_alpha
     band_now = int(((new_alpha > 0.0) & (new_alpha < C)).sum())
-    return NewtonStats(it, band_now, converged, int(moved.size))
+    return NewtonStats(it, band_now, converged, changed)
 
 
 def newton_hinge_windows(windows, take, y, alpha, w, *, C: float, bias: float,
@@ -246,13 +253,7 @@ def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
         new_alpha[a:b] = C * _weights(margins(X, yz[a:b], u, bias), h)
         K.rows_tdot(*kernel_args(X), bias, _all(b - a),
                     (new_alpha[a:b] - alpha[a:b]) * yz[a:b], dw)
-    if not (np.isfinite(new_alpha).all() and np.isfinite(dw).all()):
-        return NewtonStats(it, 0, False, 0)
-    changed = int(np.count_nonzero(new_alpha != alpha))
-    w += dw
-    alpha[:] = new_alpha
-    band_now = int(((new_alpha > 0.0) & (new_alpha < C)).sum())
-    return NewtonStats(it, band_now, converged, changed)
+    return _write_dual(new_alpha, dw, alpha, w, C, it, converged)
 
 
 def _all(k: int) -> np.ndarray:

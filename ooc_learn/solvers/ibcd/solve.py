@@ -149,11 +149,11 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     if solver == "dual" and stats.switched_to_primal:
         # dual CD stalled on S once: it stalls again on the S that follows
         solver = "primal"
+    # Newton's method first (a spilled S: a traversal of its file a step); dual CD, or a
+    # spilled S's rounds, polish its dual point
+    quick = solver == "dual" and _newton_first(st, S, final)
     if solver == "dual" and not S.spilled:
-        if final:
-            _newton(st, S)
-        elif (cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
-              and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps)):
+        if quick:
             max_iter = min(max_iter, QUICK_POLISH)
         switch = max_iter > cfg.dual_switch_iters and get_loss(cfg.loss).base().name == "sqhinge"
         res = dcd_subproblem(S.X, y, alpha, w, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
@@ -174,14 +174,8 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
         alpha[:] = prob.dual(res.w)
         stats.S_converged = bool(res.stats.converged)
         return 0.0
-    if solver == "dual" and S.spilled:
-        # Newton's method first here too, a traversal of S's file a step; the rounds
-        # below polish its dual point
-        if final:
-            _newton(st, S)
-        elif (cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
-              and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps)):
-            max_rounds = min(max_rounds, SPILLED_QUICK_POLISH)
+    if quick:
+        max_rounds = min(max_rounds, SPILLED_QUICK_POLISH)
     base = get_loss(cfg.loss).base()
     upper, diag = base.dual_upper(cfg.C), base.dual_diag(cfg.C)
     rounds, last, spread, best, since_best = 0, np.inf, np.inf, np.inf, 0
@@ -208,6 +202,18 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
             # never 0 (converged) unless a sweep measured S's spread below eps (a working
             # set's rows, or a sweep's windows, can each be solved while S is not)
             return 0.0 if spread < cfg.eps else max(min(spread, last), cfg.eps)
+
+
+def _newton_first(st, S, final: bool) -> bool:
+    """Newton's method on S before dual CD: to convergence for a solve a stop rests on,
+    ``quick_newton_steps`` on a wider smoothing on the way (where S's rows are large enough
+    for it to pay). Returns whether the quick steps ran (the polish that follows is short)."""
+    cfg = st.cfg
+    if final:
+        _newton(st, S)
+        return False
+    return bool(cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
+                and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps))
 
 
 def _newton(st, S, **kw) -> bool:
