@@ -57,12 +57,12 @@ _CHUNK = 256
 # what the BLAS's packing buffers touch on its first call (dsyrk, Cholesky: 6-7 MiB at
 # d = 784), with room to spare: a run at the cap went 1 MiB over it without
 _BLAS_BUFFERS = 16 << 20
-# H is rebuilt from the band instead of updated when more rows change than this share of it
-# (and every _REBUILD steps: the updates' rounding accumulates)
-_UPDATE_SHARE = 0.5
+# H is rebuilt from the band instead of updated when more rows change than this share of it,
+# where the updates would pass over more rows than the rebuild (and every _REBUILD steps: the
+# updates' rounding accumulates). At 0.5, 257 of an exact-stop run's 424 steps rebuilt H
+# (bench-log 2026-11-28, session 41)
+_UPDATE_SHARE = 1.0
 _REBUILD = 16
-# conjugate-gradient steps on a changed H before it is factored again
-_PCG_ITERS = 10
 # the widest data the Newton phase takes (its H is (d + 1)^2 float64)
 MAX_FEATURES = 4096
 # the fewest rows per unknown for which the Newton phase runs (see applies)
@@ -330,9 +330,11 @@ def _pattern(c):
 class _Hessian:
     """H = I + scale * sum over the band of [x, bias][x, bias]^T (upper triangle), followed by
     rank-one updates as rows enter and leave the band and rebuilt every _REBUILD steps or
-    where more than _UPDATE_SHARE of the band changed. Solves by the Cholesky factor of H
-    as it last was factored, with conjugate gradients on the current H where it has changed
-    since (few steps: the band changes by few rows once the iterates settle)."""
+    where more than _UPDATE_SHARE of the band changed. Solves by the Cholesky factor of H,
+    factored again whenever H changed (a factorisation at d = 784 takes ~5 ms, as long as one
+    product H v over a band of ~3,000 rows: conjugate gradients preconditioned by the last
+    factor, 10 steps at most, failed in 160 of 167 tries in an exact-stop run, 6.5 s of its
+    78 s; bench-log 2026-11-28, session 41)."""
 
     def __init__(self, Xd, ip, ix, dt, sparse, bias, d1, scale):
         self.args = (Xd, ip, ix, dt, sparse, bias)
@@ -362,45 +364,10 @@ class _Hessian:
         self.band = band
 
     def solve(self, g):
-        if self.factor is None or self.rebuilt:
-            return self._factor_solve(g)
-        if not self.changed:
-            return sla.cho_solve(self.factor, g, check_finite=False)
-        s, ok = self._pcg(g)
-        return s if ok else self._factor_solve(g)
-
-    def _factor_solve(self, g):
-        self.factor = sla.cho_factor(self.H, lower=False, check_finite=False)
-        self.changed = False
+        if self.factor is None or self.changed:
+            self.factor = sla.cho_factor(self.H, lower=False, check_finite=False)
+            self.changed = False
         return sla.cho_solve(self.factor, g, check_finite=False)
-
-    def _Hv(self, v):
-        Xd, ip, ix, dt, sparse, bias = self.args
-        z = np.empty(self.band.size)
-        K.rows_dot(Xd, ip, ix, dt, sparse, bias, self.band, v, z)
-        out = v.copy()
-        K.rows_tdot(Xd, ip, ix, dt, sparse, bias, self.band, self.scale * z, out)
-        return out
-
-    def _pcg(self, g, rtol: float = 1e-6, max_iter: int = _PCG_ITERS):
-        """Conjugate gradients on H s = g preconditioned by the last factor."""
-        s = np.zeros_like(g)
-        r = g.copy()
-        z = sla.cho_solve(self.factor, r, check_finite=False)
-        p = z.copy()
-        rz = float(r @ z)
-        stop = rtol * rtol * float(g @ g)
-        for _ in range(max_iter):
-            Hp = self._Hv(p)
-            a = rz / float(p @ Hp)
-            s += a * p
-            r -= a * Hp
-            if float(r @ r) <= stop:
-                return s, True
-            z = sla.cho_solve(self.factor, r, check_finite=False)
-            rz, rz_old = float(r @ z), rz
-            p = z + (rz / rz_old) * p
-        return s, False
 
     def _add(self, rows, weight) -> None:
         """H += weight * sum over ``rows`` of [x, bias][x, bias]^T, upper triangle, by chunks."""

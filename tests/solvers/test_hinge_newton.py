@@ -155,3 +155,29 @@ def test_non_finite_margins_leave_alpha_and_w_as_they_came():
     assert not st.converged and st.changed == 0
     np.testing.assert_array_equal(alpha, a0)
     np.testing.assert_array_equal(w, w0)
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+def test_the_hessian_followed_by_rank_updates_solves_as_the_band_built_afresh(layout):
+    # H follows the band by rank updates while fewer rows change than the band holds (else it
+    # is rebuilt), and every solve is by H as it is then: its factor is refreshed after each
+    # change, so each Newton direction is exact
+    from ooc_learn.solvers import hinge_newton as hn
+    from ooc_learn.storage.arrays import kernel_args
+
+    rng = np.random.default_rng(3)
+    X = as_layout(rng.normal(size=(300, 6)).astype(np.float32), layout)
+    Z = augmented(X)
+    H = hn._Hessian(*kernel_args(X), 1.0, 7, 2.5)
+    g = rng.normal(size=7)
+    # 0.2, 0.75 and 5 of the band changing: updated, updated, rebuilt
+    bands = [np.arange(0, 100), np.arange(10, 110), np.arange(40, 140), np.arange(200, 230)]
+    rebuilt = []
+    for band in bands:
+        H.follow(band)
+        rebuilt.append(H.rebuilt)
+        ref = np.eye(7) + 2.5 * Z[band].T @ Z[band]
+        np.testing.assert_allclose(H.solve(g), np.linalg.solve(ref, g), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(H.solve(2 * g), 2 * np.linalg.solve(ref, g), rtol=1e-10,
+                                   atol=1e-12)
+    assert rebuilt == [True, False, False, True]
