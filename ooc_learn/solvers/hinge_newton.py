@@ -62,6 +62,10 @@ _BLAS_BUFFERS = 16 << 20
 # updates' rounding accumulates). At 0.5, 257 of an exact-stop run's 424 steps rebuilt H
 # (bench-log 2026-11-28, session 41)
 _UPDATE_SHARE = 1.0
+# ... and, for rows read back from a spilled S, rebuilt by a traversal of S's file where more
+# than this share of S's rows changed weight (one sequential pass then reads less than taking
+# those rows back one window read at a time)
+_TRAVERSE_SHARE = 0.5
 _REBUILD = 16
 # the widest data the Newton phase takes (its H is (d + 1)^2 float64)
 MAX_FEATURES = 4096
@@ -197,7 +201,7 @@ def newton_hinge_windows(windows, take, y, alpha, w, *, C: float, bias: float,
     rows at positions ``pos`` (float32 or CSR). Each Newton step is one traversal (the
     step's margins) and a read of the rows whose weight changed (H and Z^T c follow them);
     H is refactored at every step and rebuilt by a traversal every _REBUILD steps or where
-    more than _UPDATE_SHARE of the rows changed weight. The same method and stopping rules as
+    more than _TRAVERSE_SHARE of the rows changed weight. The same method and stopping rules as
     :func:`newton_hinge`, whose docstring gives them; ``alpha`` and ``w`` are written in
     place likewise."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -235,7 +239,7 @@ def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
         t, c_new, same_pieces = _step(m, dm, s, u, q, c, h, C)
         moved = np.flatnonzero(c_new != c)
         since_build += 1
-        if since_build >= _REBUILD or moved.size > _UPDATE_SHARE * n:
+        if since_build >= _REBUILD or moved.size > _TRAVERSE_SHARE * n:
             H, zc = _band_pass(windows, yz, c_new, bias, d1, scale)
             since_build = 0
         else:
