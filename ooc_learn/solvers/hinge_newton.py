@@ -346,8 +346,7 @@ class _Hessian:
         self.H = None
         self.band = np.empty(0, np.int64)
         self.since_build = 0
-        self.factor = None
-        self.changed = True   # H moved since it was factored
+        self.factor = None  # H's Cholesky factor; None once H moved since it was factored
         self.rebuilt = False  # the last follow() rebuilt H
 
     def follow(self, band) -> None:
@@ -359,18 +358,17 @@ class _Hessian:
             self.H = np.eye(self.d1)
             self._add(band, self.scale)
             self.since_build = 0
-            self.changed = True
+            self.factor = None
         elif enter.size or leave.size:
             self._add(enter, self.scale)
             self._add(leave, -self.scale)
             self.since_build += 1
-            self.changed = True
+            self.factor = None
         self.band = band
 
     def solve(self, g):
-        if self.factor is None or self.changed:
+        if self.factor is None:
             self.factor = sla.cho_factor(self.H, lower=False, check_finite=False)
-            self.changed = False
         return sla.cho_solve(self.factor, g, check_finite=False)
 
     def _add(self, rows, weight) -> None:
