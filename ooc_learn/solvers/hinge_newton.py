@@ -382,7 +382,8 @@ def applies(d: int, n: int | None = None) -> bool:
     Hessian small enough (d + 1 at most 4,096: H of 128 MiB; wider data are sparse text,
     where dual CD needs few passes), and at least MIN_ROWS_PER_FEATURE (d + 1) rows (below
     that, dual CD's passes are cheap against the factorisations of H: Fashion-MNIST class 1,
-    S of ~440 rows, took 2.23 s with Newton in every final solve against 0.55 s without)."""
+    S of ~440 rows, took 2.23 s with Newton in every final solve against 0.55 s without;
+    IBCD then turns to Newton only where dual CD stalls, whatever the rows)."""
     return d + 1 <= MAX_FEATURES and (n is None or n >= MIN_ROWS_PER_FEATURE * (d + 1))
 
 

@@ -138,6 +138,26 @@ def test_newton_on_S_converges_where_dual_cd_alone_stops_at_its_pass_limit(tmp_p
         assert res.stats["objective"] <= dual_only.stats["objective"]
 
 
+def test_a_final_solve_whose_dual_cd_stalls_is_taken_again_by_newton(tmp_path, monkeypatch):
+    # the problem above, with S below Newton's rows-per-feature rule: dual CD runs first in
+    # the final solve, stalls at its 1000 passes, and Newton's method takes over from there
+    # (then in every final solve of the run); the certified solution is eps-optimal on
+    # every row of the store, where dual CD alone ends approximate
+    from ooc_learn.solvers import hinge_newton
+
+    monkeypatch.setattr(hinge_newton, "MIN_ROWS_PER_FEATURE", 10**6)
+    X, y = problem(np.random.default_rng(1), n=3000)
+    C, eps = 1.0, 0.01
+    kw = dict(C=C, n=200, eps=eps, init_sample=500, seed=1)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True) as store:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            res = solve_ibcd(store, **kw)
+        assert res.stats["S_converged"] and res.stats["newton_after_stall"] == 1
+        assert res.stats["newton_solves"] >= 1
+        assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < eps
+
+
 def test_solves_of_S_on_the_way_by_newton_steps_reach_the_same_certified_solution(
         tmp_path, monkeypatch):
     # quick_newton_steps (the default): a solve of S on the way takes a few Newton steps on

@@ -116,8 +116,12 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     (``max_iter`` >= ``max_iters``) first runs Newton's method on the smoothed hinge
     (:mod:`~ooc_learn.solvers.hinge_newton`, ``IBCDConfig.newton``), and dual CD polishes
     the dual point it leaves: on S's correlated rows near the margin dual CD alone spends
-    its 1000 passes short of eps. A solve on the way of an S whose pass reads
-    ``QUICK_MIN_BYTES`` or more takes ``IBCDConfig.quick_newton_steps`` Newton steps on a
+    its 1000 passes short of eps. A final solve of an S with fewer rows than Newton's rule
+    asks runs dual CD first; where its passes run out short of eps, Newton's method goes on
+    from there and dual CD polishes again, and every later final solve of the run begins
+    with Newton (``IBCDStats.newton_after_stall``; Fashion-MNIST class 1 at C = 10 ended
+    9 % above the optimum without, bench-log 2026-11-28). A solve on the way of an S whose
+    pass reads ``QUICK_MIN_BYTES`` or more takes ``IBCDConfig.quick_newton_steps`` Newton steps on a
     wider smoothing (``QUICK_H``) and ``QUICK_POLISH`` passes of dual CD, an approximate
     solve (Newton to convergence there took as long as the passes it replaced, session 36);
     a smaller S, ``quick_iters`` passes (bench-log 2026-11-27, session 37). With the primal
@@ -151,15 +155,24 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
         solver = "primal"
     # Newton's method first (a spilled S: a traversal of its file a step); dual CD, or a
     # spilled S's rounds, polish its dual point
-    quick = solver == "dual" and _newton_first(st, S, final)
+    quick, newton = _newton_first(st, S, final) if solver == "dual" else (False, False)
     if solver == "dual" and not S.spilled:
         if quick:
             max_iter = min(max_iter, QUICK_POLISH)
         switch = max_iter > cfg.dual_switch_iters and get_loss(cfg.loss).base().name == "sqhinge"
-        res = dcd_subproblem(S.X, y, alpha, w, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
-                             eps=cfg.eps,
-                             max_iter=cfg.dual_switch_iters if switch else max_iter,
-                             shrinking=True, rng=st.draw_seed(), sqnorms=sqn)
+
+        def dual_cd():
+            return dcd_subproblem(S.X, y, alpha, w, loss=cfg.loss, C=cfg.C, bias=cfg.bias,
+                                  eps=cfg.eps,
+                                  max_iter=cfg.dual_switch_iters if switch else max_iter,
+                                  shrinking=True, rng=st.draw_seed(), sqnorms=sqn)
+
+        res = dual_cd()
+        if not res.converged and final and not newton and _newton(st, S, any_rows=True):
+            # dual CD stalled on an S too small for Newton's rule: Newton's method from
+            # where it stopped, and dual CD polishes; the run's later final solves begin so
+            stats.newton_after_stall += 1
+            res = dual_cd()
         if res.converged or not switch:
             stats.S_converged = bool(res.converged)
             return 0.0 if res.converged else float(res.pg_max - res.pg_min)
@@ -204,25 +217,28 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
             return 0.0 if spread < cfg.eps else max(min(spread, last), cfg.eps)
 
 
-def _newton_first(st, S, final: bool) -> bool:
-    """Newton's method on S before dual CD: to convergence for a solve a stop rests on,
-    ``quick_newton_steps`` on a wider smoothing on the way (where S's rows are large enough
-    for it to pay). Returns whether the quick steps ran (the polish that follows is short)."""
+def _newton_first(st, S, final: bool) -> tuple[bool, bool]:
+    """Newton's method on S before dual CD: to convergence for a solve a stop rests on
+    (where S has rows enough for it to pay, or dual CD stalled in a final solve of this run
+    before), ``quick_newton_steps`` on a wider smoothing on the way (where S's rows are
+    large enough). Returns whether the quick steps ran (the polish that follows is short)
+    and whether Newton's method ran at all."""
     cfg = st.cfg
     if final:
-        _newton(st, S)
-        return False
-    return bool(cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
-                and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps))
+        return False, _newton(st, S, any_rows=st.stats.newton_after_stall > 0)
+    quick = bool(cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
+                 and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps))
+    return quick, quick
 
 
-def _newton(st, S, **kw) -> bool:
+def _newton(st, S, any_rows: bool = False, **kw) -> bool:
     """Newton's method on the smoothed hinge before dual CD (``IBCDConfig.newton``), where the
-    loss is the hinge, S has enough rows for it to pay and a Hessian small enough
-    (:func:`hinge_newton.applies`), and the cap holds its working memory (else dual CD
-    alone); ``kw`` go to :func:`hinge_newton.newton_hinge`. Returns whether it ran."""
+    loss is the hinge, S has enough rows for it to pay (any number with ``any_rows``) and a
+    Hessian small enough (:func:`hinge_newton.applies`), and the cap holds its working
+    memory (else dual CD alone); ``kw`` go to :func:`hinge_newton.newton_hinge`. Returns
+    whether it ran."""
     cfg = st.cfg
-    if not (cfg.newton_on_S and S.m and hinge_newton.applies(S.d, S.m)):
+    if not (cfg.newton_on_S and S.m and hinge_newton.applies(S.d, None if any_rows else S.m)):
         return False
     budget = st.store.budget
     need = hinge_newton.newton_hinge_bytes(

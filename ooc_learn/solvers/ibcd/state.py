@@ -39,6 +39,7 @@ class IBCDStats:
     switched_to_primal: int = 0    #: dual CD on S handed over to TRON
     newton_solves: int = 0         #: solves of S begun by Newton's method (hinge)
     newton_steps: int = 0          #: ... its Newton steps
+    newton_after_stall: int = 0    #: final solves of S whose dual CD stalled, then Newton's
     stopped_by_sample_rule: int = 0
     sample_rule_rechecks: int = 0  #: queries repeated at a solution of S for the sampled rule
     fetches_cut: int = 0           #: query answers cut to what the cap held
