@@ -16,7 +16,7 @@ BAD = {
     "block_solver": "newton", "shrink_threshold": -1.0, "seed": -1, "init_iters": 0,
     "quick_iters": 0, "max_iters": 0, "newton": "yes", "quick_newton_steps": -1,
     "dual_switch_iters": 0, "primal_eps": 0.0,
-    "resolve_growth": 1.0, "check_growth": 0.0, "check_sample": -1.0, "freeze_margin": -0.5,
+    "resolve_growth": 1.0, "check_growth": 0.0, "check_sample": -1.0, "freeze_margin": -0.5, "thaw_stalls": 0,
     "prune_bytes": -1, "query_share": -0.1,
     "min_precision": 1.5,
     "dense_query": 2.0, "cost_model": "yes", "visit_cost": -1.0,

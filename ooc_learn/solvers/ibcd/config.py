@@ -102,6 +102,12 @@ class IBCDConfig:
         y w^T x < 1 - freeze_margin leaves S with its alpha (frozen at C, kept in w). Every
         scan of the check examines it again and brings it back where y w^T x > 1 (its alpha
         would fall); ``inf`` freezes none (margin units).
+    thaw_stalls : int
+        A frozen row comes back where y w^T x > 1 + eps; once this many final solves of S
+        in a row have stopped at their passes short of eps, where it exceeds 1 + the spread
+        they left, as any row outside S is held to then (with eps alone, rows thawed and
+        froze again without end on Fashion-MNIST class 1 at C = 100; the first stalled
+        solve is often followed by converged ones: count).
     prune_bytes : int or None
         A freezing run whose S holds more than this many bytes of rows also drops S's rows
         at alpha = 0 with y w^T x >= 1 after every solve (a pass of dual CD then streams S
@@ -190,6 +196,7 @@ class IBCDConfig:
     check_growth: float = 1.0
     check_sample: float = 2.0
     freeze_margin: float = 0.2
+    thaw_stalls: int = 3
     prune_bytes: int | None = None
     # queries, and query or scan
     query_share: float = 0.05
@@ -294,6 +301,7 @@ _RULES = [
     ("check_growth", _num(0, open_lo=True), "Try 1."),
     ("check_sample", _num(0), "Try 2; 0 reads every row at every check."),
     ("freeze_margin", _num(0, inf_ok=True), "Try 0.2; inf freezes no row."),
+    ("thaw_stalls", _int(1), "Try 3."),
     ("prune_bytes", lambda v: v is None or _int(0)(v),
      "None takes the CPU's last-level cache."),
     ("query_share", _num(0), "Try 0.05."),
@@ -324,7 +332,7 @@ _WANT = {
     "primal_eps": "> 0", "scan_margin": "> 0",
     **{k: "an int >= 1" for k in ("n", "max_outer", "init_sample", "block_iters", "init_iters",
                                  "quick_iters", "max_iters", "dual_switch_iters",
-                                 "pool_share", "spilled_rounds", "spilled_final_rounds",
+                                 "pool_share", "thaw_stalls", "spilled_rounds", "spilled_final_rounds",
                                  "spilled_stall", "spilled_window_iters",
                                  "spilled_resolve_rounds")},
     "seed": "an int >= 0", "quick_newton_steps": "an int >= 0", "bias": "a finite number",

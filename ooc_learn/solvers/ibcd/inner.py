@@ -68,6 +68,7 @@ class InnerLoop:
         self.at_solution = False
         self.queried_at_solution = False
         self.converges = False  # the last full solve of S converged
+        self.stalls = 0  # full solves of S in a row that stopped at their passes
         # the sampled rule is there to stop without scans: with it, the index keeps being
         # asked
         self.cost_model = self.cfg.cost_model and self.cfg.sample_eps == 0
@@ -256,10 +257,13 @@ class InnerLoop:
         full = resid == 0.0
         self.freeze()
         ans = self.check_rows(max(cfg.eps, resid))
-        # a frozen row is ours to certify: it comes back where it violates by more than eps,
-        # whatever dual CD left on S
+        # a frozen row is ours to certify: after a full solve it comes back where it
+        # violates by more than eps, whatever dual CD left on S, until thaw_stalls full
+        # solves in a row have stalled; then, and after a quick solve (a full one follows
+        # before any stop), it is held to the spread S was left with, as the others are
         while len(ans.rows) == 0 or (not ans.sampled and ans.worst < max(cfg.eps, resid)
-                                     and ans.thaw_worst <= cfg.eps and not (
+                                     and ans.thaw_worst <= self.thaw_limit(resid, full)
+                                     and not (
                 self.converges and not full and 2 * ans.n_viol >= S.m)):
             if full:
                 assert ans.scanned  # a stop rests on every row examined
@@ -272,6 +276,7 @@ class InnerLoop:
                     self.r = 0
             resid, full = self.solve_S(cfg.max_iters), True
             self.converges = resid == 0.0
+            self.stalls = 0 if self.converges else self.stalls + 1
             self.freeze()
             ans = self.check_rows(max(cfg.eps, resid))
         st.stats.full_solves_skipped += int(not full and ans.worst < max(cfg.eps, resid))
@@ -291,6 +296,13 @@ class InnerLoop:
             st.stats.scans_preferred += 1
         reshrink(st)  # shrinking starts afresh after a check (§4.3): only S stays marked
         return False
+
+    def thaw_limit(self, resid: float, full: bool) -> float:
+        """The violation above which a frozen row comes back after a solve of S that left
+        the spread ``resid`` (``full``: to eps or ``max_iters`` passes; see
+        ``IBCDConfig.thaw_stalls``)."""
+        eps = self.cfg.eps
+        return max(eps, resid) if not full or self.stalls >= self.cfg.thaw_stalls else eps
 
     def check_rows(self, thresh: float):
         """The check's answer (the pool or a scan; see ``check.Checker``): at most
