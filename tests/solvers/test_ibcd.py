@@ -158,6 +158,26 @@ def test_a_final_solve_whose_dual_cd_stalls_is_taken_again_by_newton(tmp_path, m
         assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < eps
 
 
+def test_a_final_solve_at_large_C_gets_the_newton_steps_it_needs(tmp_path):
+    # positive, correlated features at C = 1000: Newton's method on S needs more than the
+    # 100 steps of newton_hinge's default, and a phase cut there leaves dual CD a point it
+    # cannot polish (the run would end approximate). Final solves take up to
+    # FINAL_NEWTON_STEPS, and the stop certifies every row
+    from ooc_learn.solvers.ibcd import solve as ibcd_solve
+
+    assert ibcd_solve.FINAL_NEWTON_STEPS > 100
+    X, y = problem(np.random.default_rng(2), n=4000, d=200, flip=0.0)
+    X = np.abs(X)
+    C = 1000.0
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4, build_index=True) as store:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            res = solve_ibcd(store, C=C, n=100, init_sample=500, seed=1)
+        assert res.stats["S_converged"] and res.stats["newton_solves"] >= 1
+        viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C)
+        assert viol < 0.1, viol
+
+
 def test_solves_of_S_on_the_way_by_newton_steps_reach_the_same_certified_solution(
         tmp_path, monkeypatch):
     # quick_newton_steps (the default): a solve of S on the way takes a few Newton steps on

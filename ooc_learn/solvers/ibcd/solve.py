@@ -37,6 +37,12 @@ QUICK_POLISH = 10
 QUICK_MIN_BYTES = 16 << 20
 # rounds of a spilled S's solve on the way after its Newton steps (a sweep and a working set)
 SPILLED_QUICK_POLISH = 2
+# Newton steps at most in a final solve of a resident S: warm from IBCD's w, the issue-23
+# store's take 17-67; Fashion-MNIST class 1 at C = 100 needed 277, and at 100 the point left
+# to dual CD was so far off (objective 28,110 against 15,849 on that S) that no solve of the
+# run converged (bench-log 2026-11-28, session 42). A spilled S keeps newton_hinge's 100 (a
+# step is a pass over its file)
+FINAL_NEWTON_STEPS = 400
 
 
 def S_margins(S, w, bias) -> np.ndarray:
@@ -168,7 +174,8 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
                                   shrinking=True, rng=st.draw_seed(), sqnorms=sqn)
 
         res = dual_cd()
-        if not res.converged and final and not newton and _newton(st, S, any_rows=True):
+        if (not res.converged and final and not newton
+                and _newton(st, S, any_rows=True, final=True)):
             # dual CD stalled on an S too small for Newton's rule: Newton's method from
             # where it stopped, and dual CD polishes; the run's later final solves begin so
             stats.newton_after_stall += 1
@@ -225,21 +232,24 @@ def _newton_first(st, S, final: bool) -> tuple[bool, bool]:
     and whether Newton's method ran at all."""
     cfg = st.cfg
     if final:
-        return False, _newton(st, S, any_rows=st.stats.newton_after_stall > 0)
+        return False, _newton(st, S, any_rows=st.stats.newton_after_stall > 0, final=True)
     quick = bool(cfg.quick_newton_steps and S.row_bytes() >= QUICK_MIN_BYTES
                  and _newton(st, S, h=QUICK_H, max_newton=cfg.quick_newton_steps))
     return quick, quick
 
 
-def _newton(st, S, any_rows: bool = False, **kw) -> bool:
+def _newton(st, S, any_rows: bool = False, final: bool = False, **kw) -> bool:
     """Newton's method on the smoothed hinge before dual CD (``IBCDConfig.newton``), where the
     loss is the hinge, S has enough rows for it to pay (any number with ``any_rows``) and a
     Hessian small enough (:func:`hinge_newton.applies`), and the cap holds its working
-    memory (else dual CD alone); ``kw`` go to :func:`hinge_newton.newton_hinge`. Returns
+    memory (else dual CD alone); ``final``: a resident S's solve takes up to
+    ``FINAL_NEWTON_STEPS`` steps; ``kw`` go to :func:`hinge_newton.newton_hinge`. Returns
     whether it ran."""
     cfg = st.cfg
     if not (cfg.newton_on_S and S.m and hinge_newton.applies(S.d, None if any_rows else S.m)):
         return False
+    if final and not S.spilled:
+        kw["max_newton"] = FINAL_NEWTON_STEPS
     budget = st.store.budget
     need = hinge_newton.newton_hinge_bytes(
         S.m, S.d, read_row_bytes=-(-S.row_bytes() // S.m) if S.spilled else 0)
