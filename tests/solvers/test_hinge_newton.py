@@ -7,6 +7,7 @@ import scipy.optimize as so
 import scipy.sparse as sp
 
 from ooc_learn.solvers.dcd import dcd_subproblem, primal_objective
+from ooc_learn.solvers import hinge_newton
 from ooc_learn.solvers.hinge_newton import newton_hinge, newton_hinge_windows
 
 from solver_data import DATASETS, as_layout
@@ -181,3 +182,10 @@ def test_the_hessian_followed_by_rank_updates_solves_as_the_band_built_afresh(la
         np.testing.assert_allclose(H.solve(2 * g), 2 * np.linalg.solve(ref, g), rtol=1e-10,
                                    atol=1e-12)
     assert rebuilt == [True, False, False, True]
+
+
+def test_newton_takes_data_up_to_4096_features_a_common_embedding_width():
+    # MAX_FEATURES counts features: 4,096-wide dense embeddings take Newton's method (H of
+    # 4,097^2 float64, 128 MiB), wider data do not; the rows rule is 8 (d + 1)
+    assert hinge_newton.applies(4096) and not hinge_newton.applies(4097)
+    assert hinge_newton.applies(784, 8 * 785) and not hinge_newton.applies(784, 8 * 785 - 1)
