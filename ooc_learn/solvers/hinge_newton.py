@@ -68,9 +68,9 @@ _UPDATE_SHARE = 1.0
 _TRAVERSE_SHARE = 0.5
 _REBUILD = 16
 # the widest data the Newton phase takes, in features (its H is (d + 1)^2 float64: 128 MiB
-# at 4,096, a dense embedding's common width; there a final solve of Fashion-MNIST
-# features certified in 217 s, where dual CD alone stopped approximate in 147 s, bench-log
-# 2026-11-28)
+# at 4,096, a dense embedding's common width; there IBCD on 75k rows of Fashion-MNIST
+# features certified in 217-269 s, where dual CD alone stopped approximate in 147 s,
+# bench-log 2026-11-28)
 MAX_FEATURES = 4096
 # the fewest rows per unknown for which the Newton phase runs (see applies)
 MIN_ROWS_PER_FEATURE = 8
