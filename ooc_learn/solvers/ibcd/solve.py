@@ -40,8 +40,10 @@ SPILLED_QUICK_POLISH = 2
 # Newton steps at most in a final solve of a resident S: warm from IBCD's w, the issue-23
 # store's take 17-67; Fashion-MNIST class 1 at C = 100 needed 277, and at 100 the point left
 # to dual CD was so far off (objective 28,110 against 15,849 on that S) that no solve of the
-# run converged (bench-log 2026-11-28, session 42). A spilled S keeps newton_hinge's 100 (a
-# step is a pass over its file)
+# run converged (bench-log 2026-11-28, session 42). It costs a 2,048-feature run 47-52 s
+# against 37-40 s, where dual CD finished the point of 100 steps (retrying with 400 only
+# where the polish failed was slower at C = 100 and left a run approximate). A spilled S
+# keeps newton_hinge's 100 (a step is a pass over its file)
 FINAL_NEWTON_STEPS = 400
 
 
