@@ -106,8 +106,8 @@ class IBCDConfig:
         A frozen row comes back where y w^T x > 1 + eps; once this many final solves of S
         in a row have stopped at their passes short of eps, where it exceeds 1 + the spread
         they left, as any row outside S is held to then (with eps alone, rows thawed and
-        froze again without end on Fashion-MNIST class 1 at C = 100; the first stalled
-        solve is often followed by converged ones: count).
+        froze again without end on Fashion-MNIST class 1 at C = 100; not at once, because a
+        first stalled solve is often followed by converged ones).
     prune_bytes : int or None
         A freezing run whose S holds more than this many bytes of rows also drops S's rows
         at alpha = 0 with y w^T x >= 1 after every solve (a pass of dual CD then streams S

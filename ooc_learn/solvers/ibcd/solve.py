@@ -128,10 +128,12 @@ def solve_S(st, max_iter: int, max_rounds: int | None = None) -> float:
     asks runs dual CD first; where its passes run out short of eps, Newton's method goes on
     from there and dual CD polishes again, and every later final solve of the run begins
     with Newton (``IBCDStats.newton_after_stall``; Fashion-MNIST class 1 at C = 10 ended
-    9 % above the optimum without, bench-log 2026-11-28). A solve on the way of an S whose
-    pass reads ``QUICK_MIN_BYTES`` or more takes ``IBCDConfig.quick_newton_steps`` Newton steps on a
-    wider smoothing (``QUICK_H``) and ``QUICK_POLISH`` passes of dual CD, an approximate
-    solve (Newton to convergence there took as long as the passes it replaced, session 36);
+    9 % above the optimum without, bench-log 2026-11-28); a final solve's Newton phase of
+    a resident S takes up to ``FINAL_NEWTON_STEPS`` steps. A solve on the way of an S whose
+    pass reads ``QUICK_MIN_BYTES`` or more takes ``IBCDConfig.quick_newton_steps`` Newton
+    steps on a wider smoothing (``QUICK_H``) and ``QUICK_POLISH`` passes of dual CD, an
+    approximate solve (Newton to convergence there took as long as the passes it replaced,
+    session 36);
     a smaller S, ``quick_iters`` passes (bench-log 2026-11-27, session 37). With the primal
     block solver (squared hinge) TRON instead; with the dual one too, once dual CD
     has not converged in ``dual_switch_iters`` passes of a solve a stop may rest on
