@@ -103,9 +103,10 @@ class IBCDConfig:
         scan of the check examines it again and brings it back where y w^T x > 1 (its alpha
         would fall); ``inf`` freezes none (margin units).
     thaw_stalls : int
-        A frozen row comes back where y w^T x > 1 + eps; once this many final solves of S
-        in a row have stopped at their passes short of eps, where it exceeds 1 + the spread
-        they left, as any row outside S is held to then (with eps alone, rows thawed and
+        After a full solve of S a frozen row comes back where y w^T x > 1 + eps (after a
+        quick one, where it exceeds 1 + the spread that solve left); once this many full
+        solves in a row have stopped at their passes short of eps, where it exceeds 1 + the
+        spread they left, as any row outside S is held to then (with eps alone, rows thawed and
         froze again without end on Fashion-MNIST class 1 at C = 100; not at once, because a
         first stalled solve is often followed by converged ones).
     prune_bytes : int or None
