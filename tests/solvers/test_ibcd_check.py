@@ -209,3 +209,41 @@ def test_the_checks_rows_halve_where_only_the_account_has_room_for_them(monkeypa
     b._rss_at = -float("inf")
     k = ibcd_check.reserve_rows(b, k0, per_row, "test")
     assert k == ibcd_check.MIN_CHECK_ROWS and b.used == k * per_row
+
+
+def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the_cap(
+        tmp_path, rng):
+    # a selection of `want` rows would fill all of the cap but a few rows; the check halves
+    # it to leave the scan its chunk of 1/8 of the cap (a scan in chunks of a few rows cost
+    # 3.4x its reads: Fashion-MNIST's ramp loss at 17.9M, bench-log 2026-11-29); the answer
+    # is the check's, and a cap with no room for both still answers
+    from ooc_learn.solvers.ibcd.state import IBCDStats
+
+    X, y = problem(rng, n=20000, d=20, flip=0.1)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4) as st:
+        Xa, ya, _ = st.read_range(0, st.n_samples)
+    w = rng.normal(size=21) * 0.3
+    in_S = np.zeros(20000, bool)
+    want = 3000
+    for cap, whole in (("2M", True), ("330K", False)):
+        with open_store(tmp_path / "s", memory=cap) as st:
+            per_row = st.estimated_bytes(1) + 16
+            # the rest of the cap: the selection of `want` rows with 64 rows to spare
+            held = st.budget.limit - (3 * want + 64) * per_row if whole else 0
+            st.budget.reserve(held, "S")
+            reads = []
+            read_range = st.read_range
+            st.read_range = lambda a, b, **kw: (reads.append(b - a), read_range(a, b, **kw))[1]
+            checker = ibcd_check.Checker(RowSource(st), in_S, low=-np.inf,
+                                         cfg=IBCDConfig(check_sample=0), stats=IBCDStats())
+            ans = checker.check(w, w, want, np.inf, keep_pool=False)
+            assert ans.scanned and sum(reads) == 20000
+            chunk = ibcd_check.scan_chunk_rows(st)
+            if whole:
+                assert len(reads) <= 4 * -(-5000 // chunk)
+                assert len(ans.rows) < want  # the selection gave way
+            ref_rows, ref_worst, ref_viol, _ = _brute(Xa, ya.astype(float), w, w, -np.inf,
+                                                      in_S, len(ans.rows), 0)
+            np.testing.assert_array_equal(ans.rows, ref_rows)
+            assert ans.n_viol == ref_viol and ans.worst == pytest.approx(ref_worst)
+            checker.clear()

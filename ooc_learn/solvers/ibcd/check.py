@@ -41,6 +41,12 @@ SELECT_STEP = 1024
 # the fewest rows a check brings back where the cap holds fewer (more checks follow)
 MIN_CHECK_ROWS = 64
 
+# what a check's selection and pool leave free for the scan's chunks, at most (1/8 of the cap
+# below 64 MiB): with room for 64 rows, the capped ramp loss on Fashion-MNIST (cap 17.9M)
+# read its scans in chunks of 46 rows, 1,290 a pass, at 74 ms a pass against 22 ms for
+# the reads and margins alone (bench-log 2026-11-29, session 43)
+SCAN_ROOM = 8 << 20
+
 
 class Answer(NamedTuple):
     """A check's answer: the rows to admit (store order) with their values and labels, the
@@ -132,9 +138,18 @@ class Checker:
         """Room for a check's running selection (up to 2 ``want`` rows) and its answer
         (``want`` more), with a read chunk's room left beside it; returns the rows it holds."""
         per_row = self.row_bytes + 16
-        chunk_room = 64 * per_row
-        want = reserve_rows(self.budget, want, 3 * per_row, "IBCD check's selection",
-                            extra=chunk_room)
+        # a whole scan chunk's room where the cap has it at any selection down to the
+        # floor; else MIN_CHECK_ROWS rows' room, and the scan's chunks halve to fit
+        chunk_room = scan_room_rows(self.store) * per_row
+        k = want
+        while not self.budget.try_reserve(3 * k * per_row + chunk_room, fit_rss=True):
+            if k <= MIN_CHECK_ROWS:
+                chunk_room = MIN_CHECK_ROWS * per_row
+                k = reserve_rows(self.budget, want, 3 * per_row, "IBCD check's selection",
+                                 extra=chunk_room)
+                break
+            k = max(MIN_CHECK_ROWS, k // 2)
+        want = k
         self.budget.release(chunk_room)
         self.held = 3 * want * per_row
         return want
@@ -153,7 +168,7 @@ class Checker:
         # the selection, then the pool, each with room for the pass's chunks left beside it
         want = self._reserve_selection(want)
         k_pool = (self.pool.reserve(self.pool_rows, self.row_bytes + 16,
-                                    room=64 * (self.row_bytes + 16))
+                                    room=scan_room_rows(self.store) * (self.row_bytes + 16))
                   if keep_pool and self.pool.wanted else 0)
         ans, pool, self.next_block = scan_rows(
             self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
@@ -170,6 +185,18 @@ class Checker:
         self.stats.sampled_checks += int(ans.sampled)
         self.stats.rows_examined += ans.examined
         return ans
+
+
+def scan_chunk_rows(store) -> int:
+    """The rows a scan asks to read at a time: 1/8 of the cap, at least 256."""
+    return int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
+
+
+def scan_room_rows(store) -> int:
+    """The rows of a scan's chunk that a check leaves room for beside its selection and
+    pool: a whole chunk up to SCAN_ROOM bytes, at least MIN_CHECK_ROWS rows."""
+    row = max(1, store.estimated_bytes(1))
+    return int(max(MIN_CHECK_ROWS, min(scan_chunk_rows(store), SCAN_ROOM // row)))
 
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
@@ -194,7 +221,7 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     the store: its blocks are iid shards; the answer's source is then "sample", else
     "scan")."""
     store = rows_src.store
-    chunk = int(max(256, store.budget.limit // 8 // max(1, store.estimated_bytes(1))))
+    chunk = scan_chunk_rows(store)
     truncated = math.isfinite(low)
     admit = Nearest(n, 0.0)
     near = Nearest(pool_rows, pool_band)
