@@ -213,10 +213,12 @@ def test_the_checks_rows_halve_where_only_the_account_has_room_for_them(monkeypa
 
 def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the_cap(
         tmp_path, rng):
-    # a selection of `want` rows would fill all of the cap but a few rows; the check halves
-    # it to leave the scan its chunk of 1/8 of the cap (a scan in chunks of a few rows cost
-    # 3.4x its reads: Fashion-MNIST's ramp loss at 17.9M, bench-log 2026-11-29); the answer
-    # is the check's, and a cap with no room for both still answers
+    # a copied selection of `want` rows would fill all of the cap but a few rows: the check
+    # keeps positions and keys alone and reads its rows after the pass, so the scan keeps
+    # its chunk of 1/8 of the cap and the check all `want` rows in 2/3 of their room (a scan in chunks of a few
+    # rows cost 3.4x its reads: Fashion-MNIST's ramp loss at 17.9M, bench-log 2026-11-29);
+    # tighter, the selection halves for the chunk; with no room for both, the 64-row room
+    # of before. The answer is the check's in every case
     from ooc_learn.solvers.ibcd.state import IBCDStats
 
     X, y = problem(rng, n=20000, d=20, flip=0.1)
@@ -225,25 +227,34 @@ def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the
     w = rng.normal(size=21) * 0.3
     in_S = np.zeros(20000, bool)
     want = 3000
-    for cap, whole in (("2M", True), ("330K", False)):
+    # (cap, rows left free beside a caller's buffer beyond the scan's chunk, gathered, whole)
+    for cap, spare, gathered, whole in (("2M", 2 * want, True, True),
+                                        ("2M", want // 2, True, True),
+                                        ("2M", None, False, False)):
         with open_store(tmp_path / "s", memory=cap) as st:
             per_row = st.estimated_bytes(1) + 16
-            # the rest of the cap: the selection of `want` rows with 64 rows to spare
-            held = st.budget.limit - (3 * want + 64) * per_row if whole else 0
+            room = ibcd_check.scan_room_rows(st)
+            # None: room for the copied selection of 64 rows beside 64 rows of a chunk only
+            free = 4 * 64 + 10 if spare is None else room + spare
+            held = st.budget.limit - free * per_row
             st.budget.reserve(held, "S")
             reads = []
             read_range = st.read_range
             st.read_range = lambda a, b, **kw: (reads.append(b - a), read_range(a, b, **kw))[1]
+            stats = IBCDStats()
             checker = ibcd_check.Checker(RowSource(st), in_S, low=-np.inf,
-                                         cfg=IBCDConfig(check_sample=0), stats=IBCDStats())
+                                         cfg=IBCDConfig(check_sample=0), stats=stats)
             ans = checker.check(w, w, want, np.inf, keep_pool=False)
-            assert ans.scanned and sum(reads) == 20000
-            chunk = ibcd_check.scan_chunk_rows(st)
+            assert ans.scanned and sum(reads) == 20000  # the gather reads by runs
+            assert stats.gathered_checks == int(gathered)
             if whole:
-                assert len(reads) <= 4 * -(-5000 // chunk)
-                assert len(ans.rows) < want  # the selection gave way
+                assert len(reads) <= 4 * -(-5000 // ibcd_check.scan_chunk_rows(st))
+            assert len(ans.rows) == {2 * want: want, want // 2: want // 4, None: 64}[spare]
+            assert checker.held <= st.budget.used - held
             ref_rows, ref_worst, ref_viol, _ = _brute(Xa, ya.astype(float), w, w, -np.inf,
                                                       in_S, len(ans.rows), 0)
             np.testing.assert_array_equal(ans.rows, ref_rows)
+            np.testing.assert_array_equal(ans.X, Xa[ans.rows])
+            np.testing.assert_array_equal(ans.y, ya[ans.rows])
             assert ans.n_viol == ref_viol and ans.worst == pytest.approx(ref_worst)
             checker.clear()

@@ -47,6 +47,10 @@ MIN_CHECK_ROWS = 64
 # the reads and margins alone (bench-log 2026-11-29, session 43)
 SCAN_ROOM = 8 << 20
 
+# what a selection that gathers its rows after the pass holds a row (position and key, 3
+# times while it merges)
+GATHER_KEY_BYTES = 16
+
 
 class Answer(NamedTuple):
     """A check's answer: the rows to admit (store order) with their values and labels, the
@@ -134,23 +138,41 @@ class Checker:
         self.stats.pool_hits += 1
         return Answer(*got, "pool")
 
-    def _reserve_selection(self, want: int) -> int:
-        """Room for a check's running selection (up to 2 ``want`` rows) and its answer
-        (``want`` more), with a read chunk's room left beside it; returns the rows it holds."""
+    def _reserve_selection(self, want: int) -> tuple[int, bool]:
+        """Room for a check's selection of ``want`` rows with a read chunk's room left beside
+        it; returns the rows it holds and whether the rows are gathered after the pass.
+
+        Copied as the pass goes (no second read), the selection holds up to 2 ``want`` rows
+        and its answer ``want`` more. Where the cap cannot hold that, the selection keeps
+        row positions and keys alone (48 bytes a row, merges included), and the admitted
+        rows are read again after the pass (:meth:`Store.gather`: runs of rows, from the
+        block cache where it holds them): 3 times as many rows a check in the same room."""
         per_row = self.row_bytes + 16
-        # a whole scan chunk's room where the cap has it at any selection down to the
-        # floor; else MIN_CHECK_ROWS rows' room, and the scan's chunks halve to fit
-        chunk_room = scan_room_rows(self.store) * per_row
+        room = scan_room_rows(self.store) * per_row
+        if self.budget.try_reserve(3 * want * per_row + room, fit_rss=True):
+            self.budget.release(room)
+            self.held = 3 * want * per_row
+            return want, False
+        # the answer (CSR twice: the gather's parts and their concatenation) and the keys
+        answer = per_row * (1 if self.store.layout == "dense" else 2) + 3 * GATHER_KEY_BYTES
         k = want
-        while not self.budget.try_reserve(3 * k * per_row + chunk_room, fit_rss=True):
+        while not self.budget.try_reserve(k * answer + room, fit_rss=True):
             if k <= MIN_CHECK_ROWS:
-                chunk_room = MIN_CHECK_ROWS * per_row
-                k = reserve_rows(self.budget, want, 3 * per_row, "IBCD check's selection",
-                                 extra=chunk_room)
-                break
+                return self._reserve_copied(want), False
             k = max(MIN_CHECK_ROWS, k // 2)
-        want = k
-        self.budget.release(chunk_room)
+        self.budget.release(room)
+        self.held = k * answer
+        return k, True
+
+    def _reserve_copied(self, want: int) -> int:
+        """Where neither selection leaves the scan its chunk: the copied one with room for
+        MIN_CHECK_ROWS rows beside it (the scan's chunks halve to fit), halved down to that
+        floor; below it, :meth:`MemoryBudget.reserve`'s error with the figures."""
+        per_row = self.row_bytes + 16
+        room = MIN_CHECK_ROWS * per_row
+        want = reserve_rows(self.budget, want, 3 * per_row, "IBCD check's selection",
+                            extra=room)
+        self.budget.release(room)
         self.held = 3 * want * per_row
         return want
 
@@ -166,13 +188,15 @@ class Checker:
         on it); where it never does, it reads every block, and a stop may rest on it."""
         self.pool.clear()
         # the selection, then the pool, each with room for the pass's chunks left beside it
-        want = self._reserve_selection(want)
+        want, gather = self._reserve_selection(want)
         k_pool = (self.pool.reserve(self.pool_rows, self.row_bytes + 16,
                                     room=scan_room_rows(self.store) * (self.row_bytes + 16))
                   if keep_pool and self.pool.wanted else 0)
         ans, pool, self.next_block = scan_rows(
             self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
-            frozen=self.frozen, start_block=self.next_block, enough=int(self.sample * want))
+            frozen=self.frozen, start_block=self.next_block, enough=int(self.sample * want),
+            gather=gather)
+        self.stats.gathered_checks += int(gather)
         if ans.scanned:  # the frozen rows' loss at w is known only after a whole pass
             self.frozen_loss = ans.frozen_loss
         self._keep_answer(ans.X, ans.rows)
@@ -200,7 +224,8 @@ def scan_room_rows(store) -> int:
 
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
-              pool_band=IBCDConfig.pool_band, *, frozen=None, start_block=0, enough=0):
+              pool_band=IBCDConfig.pool_band, *, frozen=None, start_block=0, enough=0,
+              gather=False):
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
     avoids its per-leaf overhead). Returns ``(answer, pool, next_block)``: the
@@ -219,11 +244,14 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     The pass reads the blocks from ``start_block`` on, cyclically. ``enough`` > 0 ends it
     at the end of the first block by which that many rows were seen violating (a sample of
     the store: its blocks are iid shards; the answer's source is then "sample", else
-    "scan")."""
+    "scan").
+
+    ``gather``: the selection keeps positions and keys alone, and the admitted rows are
+    read again after the pass (see :meth:`Checker._reserve_selection`)."""
     store = rows_src.store
     chunk = scan_chunk_rows(store)
     truncated = math.isfinite(low)
-    admit = Nearest(n, 0.0)
+    admit = Nearest(n, 0.0, copy=not gather)
     near = Nearest(pool_rows, pool_band)
     worst = 0.0
     n_viol = examined = 0
@@ -279,6 +307,8 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
         return (Answer(np.empty(0, np.int64), None, None, 0.0, examined, n_viol, source,
                        f_worst, f_loss), pool, nxt)
     rows, _, XN, yN = got
+    if gather:
+        XN, yN, _ = store.gather(rows, whole_blocks=False)
     return (Answer(rows, XN, yN, worst, examined, n_viol, source, f_worst, f_loss), pool,
             nxt)
 
@@ -288,8 +318,9 @@ class Nearest:
     copies of their ``X`` and ``y``, holding at most 2k, and 3k while it merges (``top``
     falls to the k-th key each time it merges)."""
 
-    def __init__(self, k: int, top: float):
+    def __init__(self, k: int, top: float, *, copy: bool = True):
         self.k, self.top = int(k), float(top) if k else -np.inf
+        self.copy = copy  # False: positions and keys alone (X and y come back None)
         self.parts, self.count = [], 0
 
     def offer(self, rows, key, X, y, local) -> None:
@@ -309,7 +340,8 @@ class Nearest:
             c = c[key[c] < self.top]
             if not c.size:
                 return
-        self.parts.append((rows[c], key[c], X[local[c]], y[local[c]]))
+        self.parts.append((rows[c], key[c], X[local[c]], y[local[c]]) if self.copy
+                          else (rows[c], key[c], None, None))
         self.count += c.size
 
     def result(self, *, by_row: bool = False):
@@ -333,6 +365,8 @@ def _select(parts, k, by_row: bool = False):
     sel = np.argpartition(m, k - 1)[:k] if rows.size > k else np.arange(rows.size)
     sel = sel[np.argsort(rows[sel], kind="stable") if by_row
               else np.lexsort((rows[sel], m[sel]))]
+    if parts[0][2] is None:  # positions and keys alone
+        return rows[sel], m[sel], None, None
     # the rows of X taken part by part (the parts' X are never concatenated whole)
     ends = np.cumsum([p[0].size for p in parts])
     which = np.searchsorted(ends, sel, side="right")
