@@ -47,7 +47,7 @@ MIN_CHECK_ROWS = 64
 # the reads and margins alone (bench-log 2026-11-29, session 43)
 SCAN_ROOM = 8 << 20
 
-# what a selection that gathers its rows after the pass holds a row (position and key, 3
+# the bytes a row in a selection that gathers its rows after the pass (position and key, 3
 # times while it merges)
 GATHER_KEY_BYTES = 16
 

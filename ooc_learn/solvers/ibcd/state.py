@@ -29,7 +29,7 @@ class IBCDStats:
     full_checks: int = 0           #: checks that scanned every row
     sampled_checks: int = 0        #: ... whose pass ended once it had seen enough violators
     pool_hits: int = 0             #: checks answered by the pool
-    gathered_checks: int = 0       #: scans whose admitted rows were read again after
+    gathered_checks: int = 0       #: scans whose admitted rows were read after the pass
     full_solves_skipped: int = 0   #: checks whose rows joined S without a full solve first
     pruned: int = 0                #: inactive rows that left S
     frozen: int = 0                #: rows that left S frozen at alpha = C
