@@ -211,30 +211,35 @@ def test_the_checks_rows_halve_where_only_the_account_has_room_for_them(monkeypa
     assert k == ibcd_check.MIN_CHECK_ROWS and b.used == k * per_row
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the_cap(
-        tmp_path, rng):
+        tmp_path, rng, sparse):
     # a copied selection of `want` rows would fill all of the cap but a few rows: the check
     # keeps positions and keys alone and reads its rows after the pass, so the scan keeps
-    # its chunk of 1/8 of the cap and the check all `want` rows in 2/3 of their room (a scan in chunks of a few
-    # rows cost 3.4x its reads: Fashion-MNIST's ramp loss at 17.9M, bench-log 2026-11-29);
-    # tighter, the selection halves for the chunk; with no room for both, the 64-row room
-    # of before. The answer is the check's in every case
+    # its chunk of 1/8 of the cap and the check its `want` rows (dense) in 2/3 of their
+    # room (a scan in chunks of a few rows cost 3.4x its reads: Fashion-MNIST's ramp loss
+    # at 17.9M, bench-log 2026-11-29); tighter, the selection halves for the chunk; with no
+    # room for both, the 64-row room of before. The answer is the check's in every case
     from ooc_learn.solvers.ibcd.state import IBCDStats
 
-    X, y = problem(rng, n=20000, d=20, flip=0.1)
-    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4) as st:
+    X, y = problem(rng, n=20000, d=20, flip=0.1, sparse=sparse)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=4,
+                       layout="csr" if sparse else "dense") as st:
         Xa, ya, _ = st.read_range(0, st.n_samples)
-    w = rng.normal(size=21) * 0.3
+    dense = Xa.toarray() if sparse else Xa
+    w = rng.normal(size=Xa.shape[1] + 1) * 0.3
     in_S = np.zeros(20000, bool)
     want = 3000
-    # (cap, rows left free beside a caller's buffer beyond the scan's chunk, gathered, whole)
-    for cap, spare, gathered, whole in (("2M", 2 * want, True, True),
-                                        ("2M", want // 2, True, True),
-                                        ("2M", None, False, False)):
-        with open_store(tmp_path / "s", memory=cap) as st:
+    # (rows left free beside a caller's buffer beyond the scan's chunk; None: room for the
+    # copied selection of 64 rows beside 64 rows of a chunk only), gathered, rows admitted
+    # (a gathered CSR row is reserved twice: the gather's parts and their concatenation)
+    cases = [(2 * want, True, want // 2 if sparse else want),
+             (want // 2, True, want // 8 if sparse else want // 4),
+             (None, False, 64)]
+    for spare, gathered, admitted in cases:
+        with open_store(tmp_path / "s", memory="2M") as st:
             per_row = st.estimated_bytes(1) + 16
             room = ibcd_check.scan_room_rows(st)
-            # None: room for the copied selection of 64 rows beside 64 rows of a chunk only
             free = 4 * 64 + 10 if spare is None else room + spare
             held = st.budget.limit - free * per_row
             st.budget.reserve(held, "S")
@@ -247,14 +252,15 @@ def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the
             ans = checker.check(w, w, want, np.inf, keep_pool=False)
             assert ans.scanned and sum(reads) == 20000  # the gather reads by runs
             assert stats.gathered_checks == int(gathered)
-            if whole:
+            if gathered:  # the scan's chunks whole
                 assert len(reads) <= 4 * -(-5000 // ibcd_check.scan_chunk_rows(st))
-            assert len(ans.rows) == {2 * want: want, want // 2: want // 4, None: 64}[spare]
+            assert len(ans.rows) == admitted
             assert checker.held <= st.budget.used - held
             ref_rows, ref_worst, ref_viol, _ = _brute(Xa, ya.astype(float), w, w, -np.inf,
                                                       in_S, len(ans.rows), 0)
             np.testing.assert_array_equal(ans.rows, ref_rows)
-            np.testing.assert_array_equal(ans.X, Xa[ans.rows])
+            got = ans.X.toarray() if sparse else ans.X
+            np.testing.assert_array_equal(got, dense[ans.rows])
             np.testing.assert_array_equal(ans.y, ya[ans.rows])
             assert ans.n_viol == ref_viol and ans.worst == pytest.approx(ref_worst)
             checker.clear()
