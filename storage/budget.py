@@ -356,15 +356,18 @@ class MemoryBudget:
                 f"{format_size(self.cap_needed(nbytes), up=True)}, {hint}.")
 
     def reserve_shrinking(self, k: int, nbytes: Callable[[int], int], floor: int,
-                          what: str = "buffer") -> int:
+                          what: str = "buffer", *, must: bool = True) -> int | None:
         """Reserve ``nbytes(k)`` for ``k`` rows of a buffer that may shrink (a read chunk, a
         selection, a pass's chunk), halving ``k`` down to ``floor`` while the account or the
         RSS refuses (``fit_rss``: what the account does not itemise halves the buffer, not
         the cap's margin); at the floor the reservation must be had (:meth:`reserve`'s
-        error). Returns the ``k`` reserved: release ``nbytes(k)``."""
+        error), or, with ``must=False``, nothing is reserved and None returned. Returns the
+        ``k`` reserved: release ``nbytes(k)``."""
         k = int(k)
         while not self.try_reserve(nbytes(k), fit_rss=True):
             if k <= floor:
+                if not must:
+                    return None
                 self.reserve(nbytes(k), what)
                 break
             k = max(int(floor), k // 2)

@@ -299,3 +299,9 @@ def test_reserve_shrinking_halves_to_what_fits_and_refuses_below_its_floor():
     budget.reserve(budget.available - 100)
     with pytest.raises(BudgetExceededError, match="test chunk"):
         budget.reserve_shrinking(1000, lambda j: 8 * j, 16, "test chunk")  # 16 rows: 128 bytes
+    # a buffer the caller can do without: nothing reserved below the floor, None returned
+    used = budget.used
+    assert budget.reserve_shrinking(1000, lambda j: 8 * j, 16, must=False) is None
+    assert budget.used == used
+    assert budget.reserve_shrinking(1000, lambda j: 8 * j, 8, must=False) == 8
+    assert budget.used == used + 64

@@ -155,11 +155,10 @@ class Checker:
             return want, False
         # the answer (CSR twice: the gather's parts and their concatenation) and the keys
         answer = per_row * (1 if self.store.layout == "dense" else 2) + 3 * GATHER_KEY_BYTES
-        k = want
-        while not self.budget.try_reserve(k * answer + room, fit_rss=True):
-            if k <= MIN_CHECK_ROWS:
-                return self._reserve_copied(want), False
-            k = max(MIN_CHECK_ROWS, k // 2)
+        k = self.budget.reserve_shrinking(want, lambda j: j * answer + room, MIN_CHECK_ROWS,
+                                          must=False)
+        if k is None:
+            return self._reserve_copied(want), False
         self.budget.release(room)
         self.held = k * answer
         return k, True
