@@ -252,6 +252,10 @@ class Store:
                     or hashes.dtype != np.uint64):
                 raise bad("block_hash does not match the store's datasets")
             self._hashes = hashes[:]
+            # which (block, dataset) slices this handle has checked: a store is immutable
+            # while open (replaced by a rename, never rewritten in place), so a read pass
+            # after the first checks nothing new
+            self._checked = np.zeros(self._hashes.shape, dtype=bool)
 
     def _one_vs_rest(self, positive) -> None:
         """Read a multiclass store as the binary task ``positive`` vs the rest: every label
@@ -716,17 +720,19 @@ class Store:
 
     def _verify(self, start: int, stop: int, got: dict) -> None:
         """Check the arrays of a read of rows ``start:stop`` against the digests of every
-        block the read covers whole (parts of blocks are bounds-checked only)."""
+        block the read covers whole (parts of blocks are bounds-checked only), once per
+        block and dataset for this handle (:meth:`verify` checks every block again)."""
         if self._hashes is None or stop <= start:
             return
         off = self.block_offsets
         b0 = int(np.searchsorted(off, start, side="left"))
         b1 = int(np.searchsorted(off, stop, side="right")) - 1
         ip = got.get("indptr")
+        checked = self._checked
         for b in range(b0, b1):
             lo, hi = int(off[b]) - start, int(off[b + 1]) - start
             for k, name in enumerate(HASHED[self.layout]):
-                if name not in got:
+                if name not in got or checked[b, k]:
                     continue
                 if name == "indptr":
                     part = ip[lo:hi + 1]
@@ -737,6 +743,7 @@ class Store:
                 if digest(part) != int(self._hashes[b, k]):
                     raise StoreFormatError(f"{self.path}: block {b} of {DATA_FILE} fails its "
                                            f"checksum ({name}): the file is damaged.", REBUILD_HINT)
+                checked[b, k] = True
 
     @property
     def has_digests(self) -> bool:
@@ -746,8 +753,11 @@ class Store:
     def verify(self, progress=None) -> list[str]:
         """Read every block and check it (digests where the store has them, see
         :attr:`has_digests`; row pointers, column indices, labels of a binary store); returns
-        what is wrong, one line each (empty: the store is whole)."""
+        what is wrong, one line each (empty: the store is whole). The digests are checked
+        again, read before by this handle or not."""
         self._check_open()
+        if self._hashes is not None:
+            self._checked[:] = False
         problems = []
         for b in range(self.n_blocks):
             lo, hi = int(self.block_offsets[b]), int(self.block_offsets[b + 1])

@@ -581,6 +581,42 @@ def test_wrong_format_reopen(tmp_path, rng):
         open_store(tmp_path / "junk")
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_digests_are_checked_once_a_handle_and_again_by_verify(tmp_path, rng, sparse,
+                                                                monkeypatch):
+    import ooc_learn.storage.store as store_module
+
+    X, y = make_data(rng, sparse=sparse)
+    ingest_arrays(X, y, tmp_path / "s", n_blocks=5, seed=1,
+                  layout="csr" if sparse else "dense").close()
+    hashed = []
+    real = store_module.digest
+    monkeypatch.setattr(store_module, "digest", lambda a: hashed.append(a.size) or real(a))
+    store = open_store(tmp_path / "s")
+    n = store.n_samples
+    store.read_range(0, n)
+    first = len(hashed)
+    assert first >= 5 * 3  # X (or its three CSR arrays), y and row_id of each block
+    store.read_range(0, n)
+    list(store.iter_blocks())
+    assert len(hashed) == first  # a second pass over the same handle hashes nothing
+    # damage block 0 on disk: this handle's next reads see it; verify() checks again
+    with h5py.File(tmp_path / "s" / "data.h5", "r") as f:
+        at = f["data" if sparse else "X"].id.get_offset()
+    with open(tmp_path / "s" / "data.h5", "r+b") as fh:
+        fh.seek(at)
+        was = fh.read(4)
+        fh.seek(at)
+        fh.write(bytes(b ^ 0xFF for b in was))
+    problems = store.verify()
+    assert len(hashed) > first
+    assert any("block 0" in p and "checksum" in p for p in problems), problems
+    store.close()
+    with open_store(tmp_path / "s") as fresh:
+        with pytest.raises(StoreFormatError, match="block 0 .*checksum"):
+            fresh.read_range(0, n)
+
+
 def test_store_without_index_says_how_to_build_it(tmp_path, rng):
     X, y = make_data(rng)
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=2) as store:
