@@ -177,10 +177,21 @@ def parse_and_deal(tmp: Path, sources, chunks, chunks_total, *, fmt, label_names
         from .parsers import detect_format, iter_chunks
 
         total = sum(s.stat().st_size for s in sources)
+        formats = [detect_format(s) if fmt == "auto" else fmt for s in sources]
+        for s, f in zip(sources, formats):
+            if f != formats[0]:
+                # a LIBSVM file's 1-based columns and +/-1 labels would be read into a CSV's
+                # columns and class names without a word
+                shown = source_names.get(str(s), s)
+                first = source_names.get(str(sources[0]), sources[0])
+                raise IngestError(
+                    f"This source is {f}, but {first} is {formats[0]}: the sources of one "
+                    "store must share a format.",
+                    "Ingest each format into its own store, or convert one file to the "
+                    "other's format first.", path=shown)
 
         def source_iter():
-            for s in sources:
-                f = detect_format(s) if fmt == "auto" else fmt
+            for s, f in zip(sources, formats):
                 p.formats.add(f)
                 yield str(s), iter_chunks(s, f, chunk_bytes=chunk_bytes,
                                           label_column=label_column, delimiter=delimiter,

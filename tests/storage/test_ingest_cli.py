@@ -172,6 +172,21 @@ def test_csv_row_of_wrong_width(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
 
 
+def test_sources_of_two_formats_are_refused_and_the_old_store_kept(tmp_path):
+    # a LIBSVM file's 1-based columns and +/-1 labels read beside a CSV's columns and
+    # class names: a store that looks fine and is wrong
+    svm, csv = tmp_path / "a.svm", tmp_path / "b.csv"
+    svm.write_text("+1 1:0.5 3:1\n-1 2:1\n")
+    csv.write_text("x0,x1,x2,label\n0.5,0,1,cat\n0,1,0,dog\n")
+    assert run_ingest(svm, "-o", tmp_path / "s", "--quiet", "--no-index").returncode == 0
+    before = (tmp_path / "s" / "data.h5").read_bytes()
+    r = run_ingest(svm, csv, "-o", tmp_path / "s", "--quiet", "--no-index", "--overwrite")
+    assert r.returncode == 2, r.stderr
+    assert "b.csv" in r.stderr and "csv" in r.stderr and "libsvm" in r.stderr, r.stderr
+    assert (tmp_path / "s" / "data.h5").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.svm", "b.csv", "s"]
+
+
 def test_missing_and_unreadable_file(tmp_path):
     r = run_ingest(tmp_path / "nope.svm", "-o", tmp_path / "s", "--quiet")
     assert r.returncode == 2 and "nope.svm" in r.stderr
