@@ -77,11 +77,14 @@ def decide_task(tracker: LabelTracker, task: str, positive_label, where: str = "
                               f"{where}: its labels are numbers.",
                               "Pass one of the numeric labels.") from None
         if tracker.overflow or positive_label not in tracker.values:
+            seen = ("more than {:d} distinct values: a regression target?".format(
+                _MAX_TRACKED_LABELS) if tracker.overflow else
+                f"{', '.join(f'{v:g}' for v in values[:10])}{' ...' if len(values) > 10 else ''}")
             raise IngestError(
-                f"--positive-label {positive_label:g} does not occur in the labels of the "
-                f"sources (seen: {', '.join(f'{v:g}' for v in values[:10])}"
-                f"{' ...' if len(values) > 10 else ''}).",
-                "Pass a label that occurs in the data.")
+                f"The positive label {positive_label:g} (--positive-label, or the model's "
+                f"when scoring) does not occur in the labels of {where} (seen: {seen}).",
+                "Pass a label that occurs in the data; a file to score must hold the "
+                "training data's labels in the training label column.")
         if task in ("auto", "binary"):
             pos = float(positive_label)
             rest = [v for v in values if v != pos]

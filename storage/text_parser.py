@@ -310,6 +310,17 @@ def iter_csv(path, chunk_bytes: int, layout: CSVLayout, detected: bool,
              label_names: LabelNames | None = None) -> Iterator[RawChunk]:
     """The rows of a CSV source read with ``layout``; text labels get their codes from
     ``label_names``."""
+    if label_names is not None and label_names.fixed and len(label_names) \
+            and not layout.text_label:
+        # read as class codes, numbers would name classes at random (or none: an index
+        # error in the mapping)
+        names = label_names.names
+        col = repr(layout.label_name) if layout.label_name else f"{layout.label_col + 1}"
+        raise IngestError(
+            f"The label column ({col}) holds numbers, where the training labels are class "
+            f"names ({', '.join(names[:5])}{' ...' if len(names) > 5 else ''}).",
+            "Score a file whose label column holds the training data's class names.",
+            path=path)
     d = layout.delimiter
     parser = _TextParser(path, "csv", detected, K.parse_csv,
                          (-1 if d is None else ord(d), layout.n_fields, layout.label_col,

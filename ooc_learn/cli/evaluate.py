@@ -87,8 +87,10 @@ def open_eval_data(path, spec, budget, stack):
 
         fmt = detect_format(path)
         named = fmt == "libsvm"
-        if fmt == "csv" and spec.get("label_name"):  # the training data's label column
-            kw["label_column"] = _label_of(path, spec["label_name"])
+        if fmt == "csv":
+            _check_csv_width(path, spec)
+            if spec.get("label_name"):  # the training data's label column
+                kw["label_column"] = _label_of(path, spec["label_name"])
         data = stack.enter_context(ingest(
             [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
             n_features=None if named else spec["n_features"], task=task,
@@ -116,9 +118,9 @@ def open_eval_data(path, spec, budget, stack):
     return data
 
 
-def _label_of(path, name):
-    """``name`` where the CSV's header has that column (the training label's), else None
-    (the usual choice)."""
+def _probe_csv(path):
+    """The CSV's layout as ingest would detect it, or None where it cannot be read (the
+    ingest then reports what is wrong with the file)."""
     import warnings
 
     from ooc_learn.storage.sniff import csv_layout
@@ -126,8 +128,50 @@ def _label_of(path, name):
     try:
         with warnings.catch_warnings():  # a probe: its default label is not the one read
             warnings.simplefilter("ignore")
-            layout = csv_layout(path, None, None, None)
-    except Exception:  # the ingest reports what is wrong with the file
+            return csv_layout(path, None, None, None)
+    except Exception:
+        return None
+
+
+def _check_csv_width(path, spec) -> None:
+    """Refuse, before reading it, a CSV whose columns cannot be the model's features and a
+    label: the model's features alone (no label column: the first column was taken for it,
+    and the rows failed in the label mapping), or another number of them."""
+    from ooc_learn.storage.errors import ModelMismatchError
+
+    layout = _probe_csv(path)
+    if layout is None:
+        return
+    d, k = spec["n_features"], layout.n_fields
+    names = (None if layout.label_name is None
+             else layout.feature_names[:layout.label_col] + [layout.label_name]
+             + layout.feature_names[layout.label_col:])
+    what = spec["what"][:1].lower() + spec["what"][1:]
+    want = spec.get("feature_names")
+    label = spec.get("label_name")
+    column = f"a label column ({label!r} in training)" if label else "a label column"
+    # a column of class names, or the training label's name in the header, is a label
+    labelled = layout.text_label or bool(names and label and label in names)
+    if not labelled and (k == d or (want and names == list(want))):
+        maybe = "" if names else ", or a label and one feature too few"
+        raise ModelMismatchError(
+            f"{path} has {k} columns, as many as {what} has features, and no label "
+            f"column{maybe}. "
+            "Scoring reads each row's label (its accuracy is taken from them).",
+            f"Add {column}; for rows whose labels are unknown, any of the training "
+            "labels will do (the predictions do not depend on it).")
+    if k != d + 1:
+        raise ModelMismatchError(
+            f"{path} has {k} columns ({k - 1} features and a label); {what} has {d} "
+            "features.",
+            "Score data with the training data's columns.")
+
+
+def _label_of(path, name):
+    """``name`` where the CSV's header has that column (the training label's), else None
+    (the usual choice)."""
+    layout = _probe_csv(path)
+    if layout is None:
         return None
     names = (layout.feature_names or []) + [layout.label_name]
     return name if name in names else None

@@ -536,3 +536,41 @@ def test_a_test_csv_is_read_with_the_training_label_column(tmp_path, capsys):
     assert predict_main([str(model), str(tmp_path / "test.csv"), "--json", "--quiet"]) == 0
     got = capsys.readouterr()
     assert json.loads(got.out)["rmse"] < 0.2 and "warning" not in got.err
+
+
+def test_a_file_to_score_without_the_training_labels_exits_2_saying_what_it_lacks(tmp_path,
+                                                                                 capsys):
+    # a CSV of the model's features alone crashed in the label mapping (IndexError) after a
+    # warning that its first feature was taken for the label; numbers in the label column
+    # of a model trained on class names were read as class codes
+    from ooc_learn.cli import predict_main, train_main
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(150, 3))
+    kind = np.array(["ant", "bee", "cat"])[np.argmax(X, axis=1)]
+    rows = lambda cols, lab: "".join(",".join([*(f"{v:.4f}" for v in x[cols]), *lab(i)]) + "\n"
+                                     for i, x in enumerate(X))
+    named = lambda i: [kind[i]]
+    (tmp_path / "train.csv").write_text("a,b,c,kind\n" + rows([0, 1, 2], named))
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(tmp_path / "train.csv"), "-o", str(store), "--quiet"]) == 0
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    cases = {
+        "features.csv": ("a,b,c\n" + rows([0, 1, 2], lambda i: []), "no label column"),
+        "bare.csv": (rows([0, 1, 2], lambda i: []), "no label column"),
+        "narrow.csv": ("b,c,kind\n" + rows([1, 2], named), "2 features and a label"),
+        "codes.csv": ("a,b,c,kind\n" + rows([0, 1, 2], lambda i: [str("abc".index(kind[i][0]))]),
+                      "holds numbers"),
+    }
+    for name, (text, says) in cases.items():
+        (tmp_path / name).write_text(text)
+        capsys.readouterr()
+        assert predict_main([str(model), str(tmp_path / name), "--quiet"]) == 2, name
+        err = capsys.readouterr().err
+        assert name in err and says in err and "Traceback" not in err, (name, err)
+    # --test is read before training: nothing trained, nothing written
+    out = tmp_path / "m2.npz"
+    assert train_main([str(store), "-o", str(out), "--test", str(tmp_path / "features.csv"),
+                       "--quiet"]) == 2
+    assert "no label column" in capsys.readouterr().err and not out.exists()
+    assert predict_main([str(model), str(tmp_path / "train.csv"), "--quiet"]) == 0
