@@ -32,7 +32,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import StoreExistsError
+from .errors import ParameterError, StoreExistsError
 from .format import DATA_FILE, FORMAT_NAME, META_FILE, TMP_MARKER
 from .resources import process_gone, remove_dead_owned
 
@@ -121,8 +121,16 @@ def check_store_target(out, *, overwrite: bool, sources=(), what: str = "output"
 
 
 def check_file_target(path, *, is_ours, kind: str = "model") -> None:
-    """Refuse to write over an existing file that ``is_ours(path)`` does not recognise."""
+    """Refuse to write over an existing file that ``is_ours(path)`` does not recognise, or
+    into a folder that does not exist or cannot be written (before the work, not after)."""
     path = Path(path)
+    parent = path.parent.resolve()
+    if not parent.is_dir():
+        raise ParameterError(f"The output {path}: the folder {path.parent} does not exist.",
+                             "Create it first, or choose another -o path.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ParameterError(f"The output {path}: the folder {path.parent} cannot be "
+                             "written.", "Choose another -o path.")
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise StoreExistsError(f"The output {path} exists and is not a {kind} file.",
                                "Choose another -o path.")

@@ -119,6 +119,30 @@ def test_train_and_predict_write_only_over_their_own_files(tmp_path, capsys):
     assert not leftovers(tmp_path, "pred.csv") and not leftovers(tmp_path, "m.npz")
 
 
+def test_an_output_folder_that_does_not_exist_is_refused_before_the_work(tmp_path, capsys,
+                                                                         monkeypatch):
+    # the model was trained in full, then lost: the save named its temporary file
+    import ooc_learn.training as training
+
+    src = write_source(tmp_path / "train.svm", 200, 0)
+    store = tmp_path / "s"
+    assert ingest_main([str(src), "-o", str(store), "--quiet"]) == 0
+    trained = []
+    real = training.train
+    monkeypatch.setattr(training, "train", lambda *a, **k: trained.append(1) or real(*a, **k))
+    capsys.readouterr()
+    assert train_main([str(store), "-o", str(tmp_path / "no" / "m.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "folder" in err and "does not exist" in err and "ooc-tmp" not in err, err
+    assert not trained
+    model = tmp_path / "m.npz"
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    assert predict_main([str(model), str(src), "-o", str(tmp_path / "no" / "p.csv"),
+                         "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "s", "train.svm"]
+
+
 def test_disk_full_during_model_save_keeps_the_old_model(tmp_path, monkeypatch, capsys):
     src = write_source(tmp_path / "train.svm", 200, 0)
     store = tmp_path / "s"
