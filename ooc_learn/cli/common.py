@@ -74,6 +74,19 @@ def ahead_kernels(prog: str, args) -> list[str]:
 
 def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv=None) -> int:
     """Parse ``argv``, run ``body(args)`` and turn failures into messages and exit codes."""
+    # from the start: a signal before the work is taken at its first safe point
+    stop = _StopSignals()
+    stderr = sys.stderr
+    if not isinstance(stderr, _StderrGuard):
+        sys.stderr = _StderrGuard(stderr)
+    try:
+        return _run_command(prog, parser, body, argv, stop)
+    finally:
+        stop.restore()
+        sys.stderr = stderr
+
+
+def _run_command(prog, parser, body, argv, stop) -> int:
     if "--json" in (sys.argv[1:] if argv is None else argv):
         _json_usage_errors(parser)
     args = parser.parse_args(argv)
@@ -89,7 +102,6 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
                   or bool(os.environ.get("OOC_MEMORY")))
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
-    stop = _StopSignals()
     said: list[str] = []
     try:
         with warnings.catch_warnings():
@@ -119,8 +131,6 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
         if getattr(args, "json", False):  # --json: the failure is JSON on stdout too
             print(json.dumps({"error": message, "hint": hint, "exit_code": code}))
         return code
-    finally:
-        stop.restore()
     if result is None:
         return 0
     budget = getattr(args, "budget_", None)
@@ -163,6 +173,38 @@ def _json_usage_errors(parser: argparse.ArgumentParser) -> None:
         usage_error(message)
 
     parser.error = error
+
+
+class _StderrGuard:
+    """``sys.stderr`` that outlives its reader (``ooc-train ... 2>&1 | grep -m1 warning``):
+    where a write finds the pipe closed, stderr points at /dev/null from then on and the
+    work goes on to save its results (a warning's write had ended the run, the model
+    unsaved)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _gone(self) -> None:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def stdout_gone() -> None:

@@ -98,3 +98,44 @@ def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 0
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_an_interrupt_while_the_command_loads_ends_it_quietly(tmp_path):
+    # a Ctrl-C in the first half second landed in an import: a 60-line KeyboardInterrupt
+    # traceback; the console scripts (ooc_learn._entry) now end quietly until the command
+    # takes the signals over
+    src = tmp_path / "t.svm"
+    src.write_text("+1 1:1 2:0.5\n-1 1:-1 3:2\n" * 50)
+    entry = [sys.executable, "-c",
+             "import sys; from ooc_learn._entry import ingest_main; sys.exit(ingest_main())"]
+    for delay in (0.05, 0.15, 0.3, 0.6):
+        proc = subprocess.Popen(entry + [str(src), "-o", str(tmp_path / "s"), "--overwrite"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        if proc.returncode == 0:  # done before the signal came
+            continue
+        assert proc.returncode == 130, (delay, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, (delay, err)
+        assert not [p for p in tmp_path.iterdir() if ".ooc-tmp-" in p.name]
+
+
+def test_a_stderr_reader_that_goes_away_does_not_cost_the_model(tmp_path):
+    # `ooc-train ... 2>&1 | grep -m1 warning`: the warning's write found the pipe closed and
+    # the run ended before saving, with no message
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 5))
+    src = tmp_path / "t.svm"
+    dump_svmlight_file(X, np.sign(X[:, 0] + 0.5 * rng.normal(size=300)), str(src))
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert subprocess.run(cmd("ingest_main") + [str(src), "-o", str(store), "--quiet"],
+                          capture_output=True).returncode == 0
+    # block minimisation stopped at 1 pass warns that its solution is approximate
+    proc = subprocess.Popen(cmd("train_main") + [str(store), "-o", str(model), "--solver",
+                                                 "bm", "--max-outer", "1", "--eps", "1e-9"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stderr.close()
+    proc.stdout.read()
+    assert proc.wait(timeout=120) == 0
+    assert model.exists()
