@@ -112,7 +112,8 @@ def check_params(width, leaf_size, seed):
             or leaf_size < 1):
         raise ParameterError(
             f"The 'leaf_size' parameter of build_block_tree must be an int >= 1. Got "
-            f"{leaf_size!r} instead.", "Leaves of about a hundred rows work well.")
+            f"{leaf_size!r} instead.", "Leave it out for the default (--leaf-size 16, or 32 "
+            "for rows over ~800 bytes), or pass a positive number of rows.")
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise ParameterError(
             f"The 'seed' parameter of build_block_tree must be an int >= 0. Got {seed!r} "

@@ -389,6 +389,12 @@ def load_model(path) -> LinearModel:
     """
     path = Path(path)
     if not path.is_file():
+        from ooc_learn.storage.store import is_store
+
+        if is_store(path):
+            raise UsageError(f"{path} is a store, where a model file was expected.",
+                             "The model comes first: ooc-predict MODEL DATA; train one with "
+                             "ooc-train STORE -o MODEL.")
         raise UsageError(f"No model file at {path}.", "Train one with: ooc-train STORE -o MODEL")
     fix = "Pass a file written by ooc-train or LinearModel.save (or train the model again)."
     try:

@@ -125,7 +125,8 @@ def _npz_member(zf, names, key, path, ndim, what):
         raise IngestError(f"the .npz archive has no member {key!r}; it has {sorted(names)}",
                           "Save X and y (np.savez(f, X=X, y=y); data / target and "
                           "np.savez(f, X, y) are read too), a sparse CSR matrix with y (data, "
-                          "indices, indptr, shape, format, y), or pass npz_keys=.",
+                          "indices, indptr, shape, format, y); from Python, name the members with "
+                          "npz_keys=.",
                           path=path)
     return _NpyReader(zf.open(names[key]), path, f"the .npz member {key!r}", ndim)
 

@@ -212,8 +212,14 @@ def label_index(path, label_column, names, n_fields: int) -> int:
                               "--header (header=True) if the first line is a header.",
                               path=os.fspath(path))
         if label_column not in names:
-            raise IngestError(f"no column named {label_column!r}; the header has {names[:20]}",
-                              "Pass one of the header's names or a column number.",
+            import difflib
+
+            shown = names if len(names) <= 12 else names[:6] + ["..."] + names[-5:]
+            near = difflib.get_close_matches(label_column, names, n=1)
+            raise IngestError(f"no column named {label_column!r}; the header has "
+                              f"{len(names)}: {', '.join(shown)}",
+                              (f"Did you mean --label-column {near[0]}? " if near else "")
+                              + "Pass one of the header's names or a column number.",
                               path=os.fspath(path))
         return names.index(label_column)
     col = int(label_column)

@@ -196,7 +196,8 @@ class _TextParser:
                     f"the file {verb} {_NAMES[self.fmt]} {how}but line {line} looks like {other}",
                     "One source must keep one layout: fix the line or split the file by format"
                     + (" (or pass the format explicitly if the detection was wrong)."
-                       if self.detected else "."), path=self.path, line=line)
+                       if self.detected else "; or drop --format (the format is then "
+                       "detected from the file)."), path=self.path, line=line)
         msg, hint = _MESSAGES[status]
         if status == K.E_DUPLICATE:
             msg = msg.format(index=int(st[K.ST_ERR_EXTRA]))

@@ -57,8 +57,17 @@ def _info_body(args):
     from ooc_learn.storage.budget import format_size
     from ooc_learn.storage.store import open_store
 
-    if os.path.isfile(args.store) and is_model_file(args.store):
-        return _model_info(args.store)
+    if os.path.isfile(args.store):
+        if is_model_file(args.store):
+            return _model_info(args.store)
+        # a file is a model or nothing of ours: a damaged model says what is wrong with it
+        from ooc_learn.model import load_model
+        from ooc_learn.storage.errors import UsageError
+
+        load_model(args.store)
+        raise UsageError(f"{args.store} is neither a store (a folder) nor a model file.",
+                         "Pass a store written by ooc-ingest or a model written by "
+                         "ooc-train.")
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
     if is_sharded_store(args.store):

@@ -204,8 +204,8 @@ def solve_dcd(X, y, *, loss: Loss | str = "hinge", C: float = 1.0, bias: float =
     if warn and not stats.converged:
         warnings.warn(f"Dual CD reached max_iter={max_iter} passes before the projected-"
                       f"gradient spread fell to eps={eps} (it is "
-                      f"{stats.pg_max - stats.pg_min:.3g}). Raise max_iter or eps, or scale "
-                      "the features.", RuntimeWarning, stacklevel=2)
+                      f"{stats.pg_max - stats.pg_min:.3g}). Raise max_iter (ooc-train: "
+                      "--max-outer, 100 passes each) or eps (--eps), or scale the features.", RuntimeWarning, stacklevel=2)
     log.info("dcd: %d passes, %d updates, objective %.6g", stats.epochs, stats.updates,
              stats.objective)
     return DCDResult(w, alpha, stats)

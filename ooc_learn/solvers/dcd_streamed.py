@@ -143,8 +143,8 @@ def solve_dcd_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
                            "Scale the features (e.g. to [0, 1]) or lower C.")
         if not converged:
             warnings.warn(f"Streamed dual CD reached max_iter={max_iter} passes before the "
-                          f"projected-gradient spread fell to eps={eps}. Raise max_iter or "
-                          "eps.", RuntimeWarning, stacklevel=2)
+                          f"projected-gradient spread fell to eps={eps}. Raise max_iter "
+                          "(ooc-train: --max-outer, 100 passes each) or eps (--eps).", RuntimeWarning, stacklevel=2)
         stats = DCDStats(epochs, int(upd), int(vis), float(pgmax), float(pgmin), converged,
                          obj, int(sd.rows_read), int(sd.blocks_read))
         return DCDResult(w, alpha, stats)

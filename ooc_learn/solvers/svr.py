@@ -158,7 +158,8 @@ def solve_svr_streamed(read_block: Callable[[int], tuple], block_offsets, n_feat
         if not converged:
             warnings.warn(f"SVR dual CD reached max_iter={max_iter} passes before the "
                           f"violation fell to eps={eps} of its start (it is {violation:.3g})."
-                          " Raise max_iter or eps, or scale the features.", RuntimeWarning,
+                          " Raise max_iter (ooc-train: --max-outer, 100 passes each) or eps (--eps), or "
+                          "scale the features.", RuntimeWarning,
                           stacklevel=2)
         return SVRResult(w, beta, SVRStats(epochs, int(upd), int(vis), float(violation),
                                            converged, int(sd.rows_read), float(reference)))

@@ -574,3 +574,40 @@ def test_a_file_to_score_without_the_training_labels_exits_2_saying_what_it_lack
                        "--quiet"]) == 2
     assert "no label column" in capsys.readouterr().err and not out.exists()
     assert predict_main([str(model), str(tmp_path / "train.csv"), "--quiet"]) == 0
+
+
+def test_hints_name_flags_that_exist_and_the_likely_fix(tmp_path, capsys):
+    # found by a new-user run: hints named flags no command has (npz_keys=, --n-features on
+    # ooc-predict), advice against the defaults (leaves "of about a hundred rows"), or left
+    # the user guessing (a mistyped label column, a model and a store swapped)
+    from ooc_learn.cli import index_main, predict_main, train_main
+
+    rng = np.random.default_rng(2)
+    header = ",".join([f"c{i}" for i in range(30)] + ["target"])
+    body = "".join(",".join([f"{v:.3f}" for v in rng.normal(size=30)] + [str(i % 2)]) + "\n"
+                   for i in range(60))
+    (tmp_path / "wide.csv").write_text(header + "\n" + body)
+    capsys.readouterr()
+    assert ingest_main([str(tmp_path / "wide.csv"), "-o", str(tmp_path / "s"),
+                        "--label-column", "targte", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "31:" in err and "target" in err and "--label-column target?" in err, err
+    svm = tmp_path / "t.svm"
+    svm.write_text("+1 1:1 2:0.5\n-1 1:-1 3:2\n" * 30)
+    assert ingest_main([str(svm), "-o", str(tmp_path / "s"), "--format", "csv",
+                        "--quiet"]) == 2
+    assert "drop --format" in capsys.readouterr().err
+    assert ingest_main([str(svm), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert index_main([str(tmp_path / "s"), "--leaf-size", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "hundred" not in err and "--leaf-size 16" in err, err
+    model = tmp_path / "m.npz"
+    assert train_main([str(tmp_path / "s"), "-o", str(model), "--quiet"]) == 0
+    capsys.readouterr()
+    assert predict_main([str(tmp_path / "s"), str(model), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is a store" in err and "MODEL DATA" in err, err
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(model.read_bytes()[:300])
+    assert info_main([str(damaged)]) == 2
+    assert "not an ooc-learn model file" in capsys.readouterr().err
