@@ -85,6 +85,15 @@ def test_linear_svr_matches_liblinear():
     w = np.array([m.get_decfun_coef(f + 1) for f in range(X.shape[1])])
     ref = X @ w + m.get_decfun_bias()
     assert np.abs(reg.predict(X) - ref).max() < 1e-2
+    # the defaults are scikit-learn's (tol 1e-4): its LinearSVR's fit on the raw targets
+    from sklearn.svm import LinearSVR as PeerSVR
+
+    Xr, yr = load_diabetes(return_X_y=True)
+    peer = PeerSVR(max_iter=100_000).fit(Xr, yr)
+    ours = LinearSVR().fit(Xr, yr)
+    objective = lambda w, b: 0.5 * (w @ w + b * b) + np.abs(yr - Xr @ w - b).sum()
+    assert objective(ours.coef_, ours.intercept_[0]) <= 1.001 * objective(
+        peer.coef_, peer.intercept_[0])
     ls = LinearSVR(loss="squared_epsilon_insensitive", C=10.0).fit(X, y)  # the normal equations
     assert ls.model_.meta["solver"] == "exact" and ls.score(X, y) > 0.45
 
@@ -134,6 +143,18 @@ def test_fit_on_a_store_reads_labels_from_it(tmp_path):
         LinearSVC().fit(_regression_store(tmp_path))
     reg = LinearSVR().fit(_regression_store(tmp_path))
     assert reg.coef_.shape == (10,) and reg.n_features_in_ == 10
+
+
+def test_a_path_that_is_not_a_store_is_named(tmp_path):
+    # scikit-learn's checks took the mistyped path for an array: "requires y to be passed"
+    X, y = make_classification(n_samples=60, n_features=4, random_state=0)
+    fitted = LinearSVC().fit(X, y)
+    for call in (lambda: LinearSVC().fit(tmp_path / "nosuch.store"),
+                 lambda: LinearSVR().fit(str(tmp_path / "nosuch.store")),
+                 lambda: fitted.predict(str(tmp_path / "nosuch.store")),
+                 lambda: fitted.score(tmp_path / "nosuch.store")):
+        with pytest.raises(ValueError, match="No ooc-learn store at .*nosuch.store"):
+            call()
 
 
 def test_a_fitted_estimator_predicts_and_scores_a_store(tmp_path):
