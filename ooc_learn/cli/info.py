@@ -139,7 +139,7 @@ def _check_body(args):
     paths = (ShardedStore(args.store).shard_paths if is_sharded_store(args.store)
              else [args.store])
     budget = command_budget(args)
-    problems, blocks, digests = [], 0, True
+    problems, blocks, digests, unindexed = [], 0, True, []
     for path in paths:
         with open_store(path, memory=budget) as store:
             with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
@@ -153,17 +153,23 @@ def _check_body(args):
                         forest.verify()
                 except OOCError as exc:
                     problems.append(exc.message)
+            else:  # whole, and not what ooc-train's IBCD can train from: said, not refused
+                unindexed.append(str(path))
             blocks += store.n_blocks
             digests &= store.has_digests
     if problems:
         raise StoreFormatError("\n".join(problems), REBUILD_HINT)
-    out = {"store": args.store, "ok": True, "digests": digests, "blocks": blocks}
+    out = {"store": args.store, "ok": True, "digests": digests, "blocks": blocks,
+           "indexed": not unindexed}
     if len(paths) > 1:
         out["shards"] = len(paths)
     shards = f"{len(paths)} shards, " if len(paths) > 1 else ""
-    return {"json": out, "text": f"{args.store}: whole ({shards}{blocks} blocks, "
-            + ("digests checked)" if digests else
-               "structure only: written before block digests)")}
+    text = f"{args.store}: whole ({shards}{blocks} blocks, " + (
+        "digests checked)" if digests else "structure only: written before block digests)")
+    if unindexed:
+        text += (f"; no metric-forest index (IBCD, the default solver, needs one: ooc-index "
+                 f"{unindexed[0]}{' and the other shards' if len(unindexed) > 1 else ''})")
+    return {"json": out, "text": text}
 
 
 def check_main(argv=None) -> int:

@@ -611,3 +611,21 @@ def test_hints_name_flags_that_exist_and_the_likely_fix(tmp_path, capsys):
     damaged.write_bytes(model.read_bytes()[:300])
     assert info_main([str(damaged)]) == 2
     assert "not an ooc-learn model file" in capsys.readouterr().err
+
+
+def test_check_says_where_a_store_has_no_index(tmp_path, capsys):
+    # a store whose index.lmdb was removed passed as "whole", then ooc-train refused it
+    import shutil
+
+    from ooc_learn.cli import check_main
+
+    src = tmp_path / "t.svm"
+    src.write_text("+1 1:1 2:0.5\n-1 1:-1 3:2\n" * 30)
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert check_main([str(tmp_path / "s"), "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["indexed"] is True
+    shutil.rmtree(tmp_path / "s" / "index.lmdb")
+    assert check_main([str(tmp_path / "s"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "whole" in out and "no metric-forest index" in out and "ooc-index" in out, out
