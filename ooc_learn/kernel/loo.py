@@ -54,6 +54,14 @@ class LOOResult:
     resolved: np.ndarray
     stats: dict = field(default_factory=dict)
 
+    #: what ``estimate`` measures, as a :class:`~ooc_learn.CVResult` says it
+    metric = "error"
+
+    @property
+    def estimate(self) -> float:
+        """The LOO error: the name every other CV result gives its figure."""
+        return self.error
+
     def __repr__(self) -> str:  # the per-row arrays left out, as CVResult's
         return (f"LOOResult(error={self.error:.6g}, n={len(self.predictions)}, "
                 f"method={self.stats.get('method')!r})")

@@ -47,6 +47,7 @@ def test_loo_equals_brute_force(datasets, brute, name, kernel, kw, method, seedi
     # exact: every LOO label equals brute-force retraining's
     np.testing.assert_array_equal(res.predictions, ref)
     assert res.error == np.mean(ref != y)
+    assert res.estimate == res.error and res.metric == "error"  # as every CV result names it
     s = res.stats
     assert s["resolved_by_checks"] + s["resolved_by_stopping"] + s["resolved_by_kkt"] == len(y)
     if method == "standard":
