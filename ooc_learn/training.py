@@ -489,12 +489,16 @@ def run_solver(st, *, solver, loss, C, s, bias, eps, max_outer, block_size, bloc
     if holdout is not None or warm is not None:
         raise ParameterError("PEGASOS is cross-validated by TreeCV, not by warm-started "
                              "folds.", "Use ooc_learn.cv.tree_cv with a Pegasos learner.")
+    from ooc_learn.solvers.dcd_streamed import store_primal_objective
     from ooc_learn.solvers.pegasos import solve_pegasos_streamed
 
     res = solve_pegasos_streamed(st.read_block, st.block_offsets, st.n_features, loss=loss,
                                  C=C, bias=bias, epochs=epochs, seed=seed)
-    return {"w": np.asarray(res.w, dtype=np.float64), "outer_iterations": epochs,
-            "objective": None, "n_sv": None, "stop_reason": f"{epochs} epochs (PEGASOS)"}
+    w = np.asarray(res.w, dtype=np.float64)
+    # the primal as every solver reports it (one more pass, as dual CD's): comparable
+    return {"w": w, "outer_iterations": epochs,
+            "objective": store_primal_objective(st, w, loss, C, bias), "n_sv": None,
+            "stop_reason": f"{epochs} epochs (PEGASOS)"}
 
 
 def _dcd_stats(res, loss, C, store=None, bias=1.0) -> dict:

@@ -118,3 +118,15 @@ def test_a_trained_models_objective_is_its_primal_beside_the_dual(store, solver)
     assert st["objective"] == pytest.approx(primal_objective(X, y, w, "hinge", 1.0),
                                             rel=1e-9)
     assert st["dual_objective"] < st["objective"]
+
+
+def test_a_pegasos_models_objective_is_its_primal_too(store):
+    # --json said "objective": null for PEGASOS alone
+    from ooc_learn.solvers.dcd import primal_objective
+    from ooc_learn.training import train
+
+    model = train(store, solver="pegasos", C=1.0, epochs=2)
+    X, y, _ = store.read_range(0, store.n_samples)
+    w = np.append(model.coef_, model.intercept_)
+    assert model.meta["stats"]["objective"] == pytest.approx(
+        primal_objective(X, y, w, "hinge", 1.0), rel=1e-9)
