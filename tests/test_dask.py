@@ -97,6 +97,13 @@ def test_the_cli_runs_folds_on_local_workers(stores, capsys):
     local = json.loads(capsys.readouterr().out)
     assert [g["fold_scores"] for g in remote["grid"]] == [g["fold_scores"] for g in local["grid"]]
     assert remote["best_C"] == local["best_C"]
+    # one C: the workers' reads are counted (the table said 0 rows read), the header says
+    # Dask tasks, not threads
+    assert train_main([str(stores / "bin"), "--cv", "3", "--workers", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "as Dask tasks" in out and "threads" not in out, out
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["1"])
+    assert int(row[-1]) >= 3000, out  # rows read: every row once at least
 
 
 def test_a_task_warning_on_local_workers_is_one_line_of_the_command(stores, capfd):

@@ -407,7 +407,9 @@ def _cv_svm(args, budget) -> dict:
            if "classes" in best.stats else "two passes, in closed form" if loo
            else "one pass, a Gram matrix per fold" if solver == "exact"
            else "C search, each fold warm-started from the last C"
-           if args.C_search else f"{best.stats['jobs']} folds at a time in threads"
+           if args.C_search else f"{best.stats['jobs']} runs of folds as Dask tasks"
+           if best.stats.get("jobs", 1) > 1 and getattr(args, "client_", None) is not None
+           else f"{best.stats['jobs']} folds at a time in threads"
            if best.stats.get("jobs", 1) > 1 else "folds warm-started"
            if best.stats["warm_start"] else "folds from scratch")
     fmt = (lambda v: f"{v:>12.6g}") if rmse else (lambda v: f"{100 * v:>11.2f}%")

@@ -73,9 +73,10 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
                                  fold_scores=fold_scores[cs], logs=logs[cs],
                                  references=references, on_fold=on_fold)
 
+        remote = (0, 0)  # rows and bytes the workers read (their own handles of the store)
         if client is not None:  # each task on the cluster
-            cv_folds(client, st, task, k, warm_start, tasks, folds, decision, fold_scores,
-                     logs, on_fold)
+            remote = cv_folds(client, st, task, k, warm_start, tasks, folds, decision,
+                              fold_scores, logs, on_fold)
         elif len(tasks) == 1:
             run(*tasks[0])
         else:
@@ -89,8 +90,8 @@ def cross_validate(st, k, *, task, warm_start, on_fold, n_jobs=1,
         out = [task.result(C, fold_scores[j], sizes, folds, decision[j], logs[j], method,
                            warm_start=warm_start, jobs=jobs) for j, C in enumerate(Cs)]
         if m == 1:
-            out[0].stats.update(rows_read=st.rows_read - rows0,
-                                bytes_read=st.bytes_read - bytes0,
+            out[0].stats.update(rows_read=st.rows_read - rows0 + remote[0],
+                                bytes_read=st.bytes_read - bytes0 + remote[1],
                                 seconds=time.perf_counter() - t0)
     return out
 
@@ -118,21 +119,27 @@ def _chain_task(path, positive, k, ids, Cs, params, warm_start):
                                   references={})
             return [{"fold": i, "scores": scores[:, i].copy(),
                      "logs": [logs[j][i] for j in range(m)],
-                     "decision": decision[:, np.flatnonzero(folds == i)].copy()} for i in ids]
+                     "decision": decision[:, np.flatnonzero(folds == i)].copy(),
+                     # the task's reads, once (the local run counts its own handle's)
+                     "rows_read": st.rows_read if i == ids[0] else 0,
+                     "bytes_read": st.bytes_read if i == ids[0] else 0} for i in ids]
 
 
 def cv_folds(client, st, task, k: int, warm_start: bool, tasks, folds, decision, fold_scores,
              logs, on_fold=None) -> None:
     """The ``tasks`` (:func:`~.linear_folds.fold_tasks`: folds and a slice of ``task.Cs``)
     as tasks on the Dask cluster of ``client``; their results written into the arrays as
-    the local run's threads write them."""
+    the local run's threads write them. Returns the rows and bytes the tasks read."""
     from ooc_learn.distributed import gather, shipped_path
 
     path = shipped_path(client, st.path)
     args = [(path, st.positive, k, ids, task.Cs[cs], task.params, warm_start)
             for ids, cs in tasks]
+    rows = nbytes = 0
     for (_, cs), outs in zip(tasks, gather(client, _chain_task, args)):
         for out in outs:
+            rows += out.get("rows_read", 0)
+            nbytes += out.get("bytes_read", 0)
             i = out["fold"]
             fold_scores[cs, i] = out["scores"]
             decision[cs, np.flatnonzero(folds == i)] = out["decision"]
@@ -140,3 +147,4 @@ def cv_folds(client, st, task, k: int, warm_start: bool, tasks, folds, decision,
                 logs[j][i] = entry
                 if on_fold is not None:
                     on_fold(entry)
+    return rows, nbytes
