@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .errors import IngestError
 from .source_io import LABEL_NAMES, SourceFile, is_idx_head, label_index, open_binary, read_full
 
-__all__ = ["detect_format", "CSVLayout", "csv_layout", "LIBSVM_TOKEN", "is_number",
+__all__ = ["detect_format", "CSVLayout", "csv_layout", "LIBSVM_TOKEN", "NO_LABEL", "is_number",
            "first_difference", "split_fields", "empty_source"]
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -140,6 +140,11 @@ class CSVLayout:
     label_name: str | None = None  # the header's name of the label column
 
 
+#: ``label_column`` of a CSV without one: every column a feature, each row's label 0 (rows
+#: to predict, ``ooc-predict --no-labels``; not a name a header can hold)
+NO_LABEL = "\x00no label column"
+
+
 def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     """The layout of the CSV source at ``path``, detected where an argument is None (see
     :func:`~ooc_learn.storage.parsers.iter_chunks` for the arguments)."""
@@ -172,6 +177,10 @@ def csv_layout(path, label_column, delimiter, header) -> CSVLayout:
     n_fields = len(names) if names else len(fields)
     data = rows if header else [fields] + rows
     full = [r for r in data if len(r) == n_fields]
+    if label_column == NO_LABEL:  # the label column one past the last: never met
+        return CSVLayout(delimiter, first_no if header else 0, n_fields, n_fields, False,
+                         list(names) if names else None, None)
+
     def text(j, rows):
         return (r[j] and not is_number(r[j], quoted=True) for r in rows)
 

@@ -94,7 +94,7 @@ class _TextParser:
         st[[K.ST_POS, K.ST_ROWS, K.ST_NNZ, K.ST_NSLOW, K.ST_NZERO]] = (start, 0, 0, 0, 0)
         st[K.ST_MIN], st[K.ST_MAX] = K.INDEX_SENTINEL, -1
         arr = np.frombuffer(buf, dtype=np.uint8)
-        labels = np.empty(rows_cap, np.float64)
+        labels = np.zeros(rows_cap, np.float64)  # 0 where a CSV has no label column
         indptr = np.zeros(rows_cap + 1, np.int64)
         indices = np.empty(nnz_cap, np.int64)
         values = np.empty(nnz_cap, np.float32)
@@ -328,7 +328,7 @@ def iter_csv(path, chunk_bytes: int, layout: CSVLayout, detected: bool,
                           layout.text_label))
     parser.delim = d
     parser.names = label_names if layout.text_label else None
-    n_feat = layout.n_fields - 1
+    n_feat = layout.n_fields - (layout.label_col < layout.n_fields)  # NO_LABEL: all
 
     def capacity(arr, buf, a, b):
         n_lines, seps = K.count_two(arr, a, b, 10, 32 if d is None else ord(d))

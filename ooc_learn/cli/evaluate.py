@@ -54,9 +54,13 @@ def _names_kw(label_map: dict) -> dict:
     return {"positive_label": None, "label_names": list(names)}
 
 
-def open_eval_data(path, spec, budget, stack):
+def open_eval_data(path, spec, budget, stack, *, labels: bool | None = True):
     """A store for evaluation: an existing store, or a source file ingested to a temp dir;
-    its feature count and task checked against ``spec`` (:func:`eval_spec`)."""
+    its feature count and task checked against ``spec`` (:func:`eval_spec`). ``labels``:
+    True, the rows must carry the training labels (a score is taken); None, a CSV whose
+    header names the model's features alone is read without labels; False, a CSV is read
+    without labels (``ooc-predict --no-labels``). Rows read without labels are marked by
+    the store's ``unlabeled`` attribute (True), their labels 0."""
     import tempfile
     from pathlib import Path
 
@@ -64,6 +68,11 @@ def open_eval_data(path, spec, budget, stack):
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
     from ooc_learn.storage.store import is_store, open_store
 
+    unlabeled = False
+    if labels is False and (is_store(path) or is_sharded_store(path)):
+        raise ModelMismatchError(f"--no-labels reads a CSV file without a label column; "
+                                 f"{path} is a store (its rows carry labels).",
+                                 "Drop --no-labels.")
     if is_store(path):
         data = stack.enter_context(open_store(path, memory=budget))
     elif is_sharded_store(path):  # its shards streamed one after another
@@ -87,9 +96,16 @@ def open_eval_data(path, spec, budget, stack):
 
         fmt = detect_format(path)
         named = fmt == "libsvm"
+        if labels is False and fmt != "csv":
+            raise ModelMismatchError(f"--no-labels reads a CSV file without a label column; "
+                                     f"{path} is {fmt}.", "Drop --no-labels.")
         if fmt == "csv":
-            _check_csv_width(path, spec)
-            if spec.get("label_name"):  # the training data's label column
+            unlabeled = _check_csv_width(path, spec, labels)
+            if unlabeled:  # every column a feature; labels 0, read as numbers
+                from ooc_learn.storage.sniff import NO_LABEL
+
+                kw, task = {"label_column": NO_LABEL}, "regression"
+            elif spec.get("label_name"):  # the training data's label column
                 kw["label_column"] = _label_of(path, spec["label_name"])
         data = stack.enter_context(ingest(
             [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
@@ -111,7 +127,8 @@ def open_eval_data(path, spec, budget, stack):
             f"{data.n_features}.", "Use data ingested from the same feature space (same "
             "--n-features), or retrain on this data.")
     _check_columns(spec, data, path)
-    if data.task != spec["task"]:
+    data.unlabeled = unlabeled
+    if not unlabeled and data.task != spec["task"]:
         raise ModelMismatchError(f"{spec['what']} is for a {spec['task']} task; {path} holds "
                                  f"a {data.task} task.",
                                  f"Ingest the evaluation data with --task {spec['task']}.")
@@ -133,15 +150,17 @@ def _probe_csv(path):
         return None
 
 
-def _check_csv_width(path, spec) -> None:
-    """Refuse, before reading it, a CSV whose columns cannot be the model's features and a
-    label: the model's features alone (no label column: the first column was taken for it,
-    and the rows failed in the label mapping), or another number of them."""
+def _check_csv_width(path, spec, labels) -> bool:
+    """Whether a CSV is read without labels (see :func:`open_eval_data`'s ``labels``), after
+    refusing, before reading it, one whose columns cannot be the model's features and a
+    label: the model's features alone where labels are needed (the first column had been
+    taken for the label, and the rows failed in the label mapping), or another number of
+    them."""
     from ooc_learn.storage.errors import ModelMismatchError
 
     layout = _probe_csv(path)
     if layout is None:
-        return
+        return False
     d, k = spec["n_features"], layout.n_fields
     names = (None if layout.label_name is None
              else layout.feature_names[:layout.label_col] + [layout.label_name]
@@ -150,16 +169,25 @@ def _check_csv_width(path, spec) -> None:
     want = spec.get("feature_names")
     label = spec.get("label_name")
     column = f"a label column ({label!r} in training)" if label else "a label column"
+    if labels is False:
+        if k != d:
+            raise ModelMismatchError(
+                f"{path} has {k} columns; read without labels (--no-labels), they are its "
+                f"features, and {what} has {d}.", "Score data with the training data's "
+                "feature columns (and drop --no-labels if one column is the label).")
+        return True
     # a column of class names, or the training label's name in the header, is a label
     labelled = layout.text_label or bool(names and label and label in names)
+    if not labelled and want and names == list(want) and labels is None:
+        return True  # the header names the model's features, in order, and nothing else
     if not labelled and (k == d or (want and names == list(want))):
         maybe = "" if names else ", or a label and one feature too few"
         raise ModelMismatchError(
             f"{path} has {k} columns, as many as {what} has features, and no label "
             f"column{maybe}. "
-            "Scoring reads each row's label (its accuracy is taken from them).",
-            f"Add {column}; for rows whose labels are unknown, any of the training "
-            "labels will do (the predictions do not depend on it).")
+            "A score is taken from each row's label.",
+            f"Add {column}" + ("." if labels else "; or, for predictions alone, pass "
+                               "--no-labels to ooc-predict (every column a feature)."))
     if k != d + 1:
         raise ModelMismatchError(
             f"{path} has {k} columns ({k - 1} features and a label); {what} has {d} "

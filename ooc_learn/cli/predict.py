@@ -17,6 +17,7 @@ def _predict_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="examples:\n"
                                        "  ooc-predict a9a.npz a9a.t\n"
+                                       "  ooc-predict iris.npz new-rows.csv --no-labels -o -\n"
                                        "  ooc-predict a9a.npz test.store -o - | head\n"
                                        "  ooc-predict f.npz fashion-test.store --json")
     p.add_argument("model", metavar="MODEL")
@@ -24,6 +25,10 @@ def _predict_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="PREDICTIONS", default=None,
                    help="write 'row_id,label,decision' lines in source order (CSV); '-': "
                         "to stdout, the summary then on stderr")
+    p.add_argument("--no-labels", action="store_true",
+                   help="the CSV file has no label column (every column a feature): "
+                        "predictions only, no score; a CSV whose header names the "
+                        "model's features alone is read so without it")
     add_common(p)
     return p
 
@@ -51,7 +56,9 @@ def _predict_body(args):
                    hint="or check the training source for a stray large feature index")
     model = load_model(args.model)
     with contextlib.ExitStack() as stack:
-        data = open_eval_data(args.data, eval_spec(model=model), budget, stack)
+        data = open_eval_data(args.data, eval_spec(model=model), budget, stack,
+                              labels=False if args.no_labels else None)
+        unlabeled = data.unlabeled
         # row ids, decisions, labels, the sort order and the predicted labels of every row
         # (and, one-vs-rest, each row's winning class)
         budget.reserve(48 * data.n_samples, f"predictions of {data.n_samples:,} rows",
@@ -83,8 +90,11 @@ def _predict_body(args):
 
         text = {c: class_text(c, names) for c in model.classes_.tolist()}
         shown = [text[c] for c in labels.tolist()]
-    out = {"model": args.model, "data": args.data, "n_samples": int(ids.size)}
-    if model.regression:
+    out = {"model": args.model, "data": args.data, "n_samples": int(ids.size),
+           "labelled": not unlabeled}
+    if unlabeled:  # predictions alone: nothing to score them against
+        accuracy = None
+    elif model.regression:
         from ooc_learn.model import error_figures
 
         err = error_figures([(dec, ys)])
@@ -102,7 +112,7 @@ def _predict_body(args):
         out["unknown_labels"] = int((~known).sum())
     else:
         accuracy = float(np.mean(np.where(dec > 0, 1.0, -1.0) == ys))
-    if not model.regression:
+    if not model.regression and not unlabeled:
         out["accuracy"] = accuracy
     out["output"] = args.output
 
@@ -120,12 +130,18 @@ def _predict_body(args):
     elif args.output:
         with atomic_file(args.output) as tmp, open(tmp, "w") as fh:
             write(fh)
-    if model.regression:
+    if unlabeled:
+        counts = np.unique(np.asarray(shown), return_counts=True) if not model.regression \
+            else None
+        text = f"{ids.size} rows predicted (no labels to score them against)" + (
+            ": " + ", ".join(f"{c} {n}" for c, n in zip(*counts)) if counts is not None
+            else "")
+    elif model.regression:
         text = f"{ids.size} rows, RMSE {out['rmse']:.6g}, R^2 {out['r2']:.4f}"
     else:
         text = f"{ids.size} rows, accuracy {100 * accuracy:.2f}%"
     text += f", predictions in {args.output}" if args.output and not to_stdout else ""
-    if model.multiclass:
+    if model.multiclass and not unlabeled:
         text += "\n" + _confusion_text(out["classes"], out["confusion_matrix"])
     if to_stdout:
         return {"json": out, "text": None if args.quiet else text, "text_to_stderr": True}

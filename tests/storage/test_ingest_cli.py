@@ -538,11 +538,12 @@ def test_a_test_csv_is_read_with_the_training_label_column(tmp_path, capsys):
     assert json.loads(got.out)["rmse"] < 0.2 and "warning" not in got.err
 
 
-def test_a_file_to_score_without_the_training_labels_exits_2_saying_what_it_lacks(tmp_path,
-                                                                                 capsys):
+def test_rows_without_labels_are_predicted_and_a_file_to_score_that_lacks_them_is_named(
+        tmp_path, capsys):
     # a CSV of the model's features alone crashed in the label mapping (IndexError) after a
     # warning that its first feature was taken for the label; numbers in the label column
-    # of a model trained on class names were read as class codes
+    # of a model trained on class names were read as class codes. Now ooc-predict labels
+    # rows without labels (a header naming the model's features alone, or --no-labels)
     from ooc_learn.cli import predict_main, train_main
 
     rng = np.random.default_rng(3)
@@ -555,25 +556,44 @@ def test_a_file_to_score_without_the_training_labels_exits_2_saying_what_it_lack
     store, model = tmp_path / "s", tmp_path / "m.npz"
     assert ingest_main([str(tmp_path / "train.csv"), "-o", str(store), "--quiet"]) == 0
     assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    (tmp_path / "features.csv").write_text("a,b,c\n" + rows([0, 1, 2], lambda i: []))
+    (tmp_path / "bare.csv").write_text(rows([0, 1, 2], lambda i: []))
+
+    def predicted(name, *flags):
+        out = tmp_path / f"{name}.pred"
+        assert predict_main([str(model), str(tmp_path / name), "-o", str(out), "--json",
+                             "--quiet", *flags]) == 0
+        return json.loads(capsys.readouterr().out), out.read_text().splitlines()
+
+    capsys.readouterr()
+    scored, want = predicted("train.csv")
+    assert scored["labelled"] and scored["accuracy"] > 0.8
+    for name, flags in (("features.csv", ()), ("bare.csv", ("--no-labels",)),
+                        ("features.csv", ("--no-labels",))):
+        summary, got = predicted(name, *flags)
+        assert not summary["labelled"] and "accuracy" not in summary, (name, summary)
+        assert got == want, name  # the same labels and decision values, row by row
     cases = {
-        "features.csv": ("a,b,c\n" + rows([0, 1, 2], lambda i: []), "no label column"),
-        "bare.csv": (rows([0, 1, 2], lambda i: []), "no label column"),
-        "narrow.csv": ("b,c,kind\n" + rows([1, 2], named), "2 features and a label"),
-        "codes.csv": ("a,b,c,kind\n" + rows([0, 1, 2], lambda i: [str("abc".index(kind[i][0]))]),
-                      "holds numbers"),
+        "bare.csv": ((), "no label column", "--no-labels"),
+        "narrow.csv": ((), "2 features and a label", ""),
+        "codes.csv": ((), "holds numbers", ""),
+        "train.csv": (("--no-labels",), "4 columns", "drop --no-labels"),
     }
-    for name, (text, says) in cases.items():
-        (tmp_path / name).write_text(text)
-        capsys.readouterr()
-        assert predict_main([str(model), str(tmp_path / name), "--quiet"]) == 2, name
+    (tmp_path / "narrow.csv").write_text("b,c,kind\n" + rows([1, 2], named))
+    (tmp_path / "codes.csv").write_text(
+        "a,b,c,kind\n" + rows([0, 1, 2], lambda i: [str("abc".index(kind[i][0]))]))
+    for name, (flags, says, hint) in cases.items():
+        assert predict_main([str(model), str(tmp_path / name), "--quiet", *flags]) == 2, name
         err = capsys.readouterr().err
-        assert name in err and says in err and "Traceback" not in err, (name, err)
-    # --test is read before training: nothing trained, nothing written
+        assert name in err and says in err and hint in err and "Traceback" not in err, err
+    assert predict_main([str(model), str(store), "--no-labels", "--quiet"]) == 2
+    assert "is a store" in capsys.readouterr().err
+    # --test scores: it needs labels, and is read before training (nothing trained)
     out = tmp_path / "m2.npz"
-    assert train_main([str(store), "-o", str(out), "--test", str(tmp_path / "features.csv"),
+    assert train_main([str(store), "-o", str(out), "--test", str(tmp_path / "bare.csv"),
                        "--quiet"]) == 2
-    assert "no label column" in capsys.readouterr().err and not out.exists()
-    assert predict_main([str(model), str(tmp_path / "train.csv"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "no label column" in err and "--no-labels" not in err and not out.exists(), err
 
 
 def test_hints_name_flags_that_exist_and_the_likely_fix(tmp_path, capsys):
