@@ -95,11 +95,11 @@ def _run_command(prog, parser, body, argv, stop) -> int:
     limit_allocator_retention()
     from ooc_learn._jit import announce_first_run, compile_ahead
 
+    memory_given = (getattr(args, "memory", None) is not None
+                    or bool(os.environ.get("OOC_MEMORY")))
     if not getattr(args, "quiet", False):
-        announce_first_run(prog)
-    compile_ahead(ahead_kernels(prog, args),
-                  memory_given=getattr(args, "memory", None) is not None
-                  or bool(os.environ.get("OOC_MEMORY")))
+        announce_first_run(prog, memory_given)
+    compile_ahead(ahead_kernels(prog, args), memory_given=memory_given)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
     said: list[str] = []
