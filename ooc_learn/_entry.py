@@ -7,7 +7,6 @@ traceback from the middle of an import."""
 from __future__ import annotations
 
 import signal
-import sys
 
 
 def _quit(signum, frame):
@@ -22,31 +21,15 @@ def _run(name: str) -> int:
     return getattr(cli, name)()
 
 
-def ingest_main() -> int:
-    return _run("ingest_main")
+def _script(name: str):
+    def main() -> int:
+        return _run(name)
+
+    main.__name__ = main.__qualname__ = name
+    return main
 
 
-def index_main() -> int:
-    return _run("index_main")
+ingest_main, index_main, info_main, check_main, train_main, predict_main = (
+    _script(n) for n in ("ingest_main", "index_main", "info_main", "check_main", "train_main",
+                         "predict_main"))
 
-
-def info_main() -> int:
-    return _run("info_main")
-
-
-def check_main() -> int:
-    return _run("check_main")
-
-
-def train_main() -> int:
-    return _run("train_main")
-
-
-def predict_main() -> int:
-    return _run("predict_main")
-
-
-if __name__ == "__main__":  # python -m ooc_learn._entry ooc-train ARGS: what the scripts run
-    prog = sys.argv.pop(1)
-    sys.argv[0] = prog
-    sys.exit(_run(prog.replace("ooc-", "") + "_main"))
