@@ -193,6 +193,7 @@ def _check_csv_width(path, spec, labels) -> bool:
             f"{path} has {k} columns ({k - 1} features and a label); {what} has {d} "
             "features.",
             "Score data with the training data's columns.")
+    return False
 
 
 def _label_of(path, name):
