@@ -12,8 +12,9 @@ A store is a directory::
 ==================  ==========  ==================================================
 name                dtype       content
 ==================  ==========  ==================================================
-``y``               float32     labels: binary mapped to -1/+1, regression as is,
-                                multiclass as the original class values
+``y``               float32     labels: binary mapped to -1/+1, multiclass as the
+                                original class values; float64 for a regression
+                                target (as is: float32 would round 1e8 + x)
 ``row_id``          int64       position of the row in the source stream (files
                                 concatenated in the order given, 0-based)
 ``sqnorm``          float32     squared Euclidean norm of each row

@@ -485,7 +485,8 @@ def _block_values(X_raw, sel, f: ArrayFile, d: int, ids, files, file_row0):
         path, row = _source_row(int(ids[bad]), files, file_row0)
         raise NonFiniteError(f"a value in row {row} is NaN or infinite", path=path,
                              column=c + 1)
-    return X, labels, sq.astype(np.float32), int(nnz)
+    with np.errstate(over="ignore"):  # inf where it overflows: StoreOutput.write refuses it
+        return X, labels, sq.astype(np.float32), int(nnz)
 
 
 @dataclass
@@ -634,7 +635,7 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
             for c, rows in enumerate(plan.block_sizes.tolist()):
                 raw = np.fromfile(spool, np.float64, rows)
                 counter.add_read(raw.nbytes)
-                out.set_labels(c, mapper(raw).astype(np.float32))
+                out.set_labels(c, mapper(raw), task=task_)
         shape.density = p.nnz / float(max(p.n, 1) * shape.d)
         out.finish(counter, task=task_, label_map=label_map, nnz=p.nnz, density=shape.density,
                    sources=p.sources)

@@ -128,7 +128,17 @@ class StoreOutput:
         """Order block ``c``'s rows (its tree's leaf order, else at random), write them, and
         return the order (``sq``, ``nnz``: the rows' float32 squared norms and a dense
         block's non-zeros, where the caller has them)."""
-        sq = row_sqnorms(X).astype(np.float32) if sq is None else sq
+        if sq is None:
+            with np.errstate(over="ignore"):
+                sq = row_sqnorms(X).astype(np.float32)
+        if not np.isfinite(sq).all():  # every solver divides by it: refused, not inf
+            from .errors import NonFiniteError
+
+            row = int(row_ids[np.flatnonzero(~np.isfinite(sq))[0]])
+            raise NonFiniteError(
+                f"Row {row} of the sources (0-based, in their order) has a squared norm "
+                "beyond float32's range: its values reach ~1.8e19 or more.",
+                "Scale the features (e.g. to [0, 1]) before ingesting.")
         k, b = c % self.K, c // self.K
         if self.forests:
             perm = self.forests[k].order(b, int(self.writers[k].block_offsets[b]), X, sq)
@@ -138,10 +148,13 @@ class StoreOutput:
                                     sq[perm], nnz=nnz)
         return perm
 
-    def set_labels(self, c: int, y) -> None:
+    def set_labels(self, c: int, y, task: str | None = None) -> None:
         """The stored labels of block ``c`` (in its written order), where :meth:`write` had
-        none."""
-        self.writers[c % self.K].set_labels(c // self.K, y)
+        none; ``task``, where given, is the store's (it decides the labels' type)."""
+        writer = self.writers[c % self.K]
+        if task is not None:
+            writer.task = task
+        writer.set_labels(c // self.K, y)
 
     def finish(self, counter: IOCount, **metadata) -> None:
         """Close the index, stamp and close the stores (``metadata`` updates theirs: what the
@@ -235,7 +248,7 @@ def write_store(tmp: Path, p: Parsed, shape: Shape, buckets: list, *, task, labe
                                      counter=counter, drop=drop)
                     nxt += 1
                 labels, row_ids, X = _stack(pending.pop(c), shape.layout)
-                out.write(c, X, mapper(labels).astype(np.float32), row_ids, rng)
+                out.write(c, X, mapper(labels).astype(np.float64), row_ids, rng)
                 del X
                 bar.update(1)
         for f in dropped:

@@ -53,7 +53,6 @@ class StoreWriter:
         n, d = self.n_samples, self.n_features
         f = self._file = h5py.File(self.directory / DATA_FILE, "w", libver="latest",
                                        rdcc_nbytes=0)
-        f.create_dataset("y", (n,), dtype=np.float32)
         f.create_dataset("row_id", (n,), dtype=np.int64)
         f.create_dataset("sqnorm", (n,), dtype=np.float32)
         f.create_dataset("block_offsets", data=self.block_offsets)
@@ -84,7 +83,8 @@ class StoreWriter:
         parts = {"row_id": np.asarray(row_ids, np.int64),
                  "sqnorm": np.asarray(row_sqnorms(X) if sqnorm is None else sqnorm, np.float32)}
         if y is not None:
-            parts["y"] = np.asarray(y, dtype=np.float32)
+            parts["y"] = np.asarray(y, dtype=self._label_dtype())
+            self._labels()
         else:
             self._labels_due.add(b)
         if self.layout == "dense":
@@ -115,17 +115,31 @@ class StoreWriter:
     def set_labels(self, b: int, y) -> None:
         """The labels of block ``b``, written without them (in the block's written order)."""
         start, stop = int(self.block_offsets[b]), int(self.block_offsets[b + 1])
-        y = np.asarray(y, dtype=np.float32)
+        y = np.asarray(y, dtype=self._label_dtype())
         if y.shape != (stop - start,):
             raise ValueError(f"block {b} has {stop - start} rows, got {y.shape[0]} labels")
-        self._file["y"][start:stop] = y
+        self._labels()[start:stop] = y
         self._hashes[b, HASHED[self.layout].index("y")] = digest(y)
         self._labels_due.discard(b)
+
+    def _label_dtype(self):
+        """float64 for a regression target (float32 rounded 1e8 + x to steps of 8: RMSE
+        2.2 where 0.01 was right, without a word), float32 for class labels (exact)."""
+        return np.float64 if self.task == "regression" else np.float32
+
+    def _labels(self):
+        """The ``y`` dataset, made at the first labels (the direct ingest learns the task,
+        and so the labels' type, after its last pass)."""
+        f = self._file
+        if "y" not in f:
+            f.create_dataset("y", (self.n_samples,), dtype=self._label_dtype())
+        return f["y"]
 
     def finish(self) -> None:
         """Stamp the attributes, mark complete (last), close, and write ``meta.json``."""
         if self._next_block != len(self.block_offsets) - 1 or self._labels_due:
             raise ValueError("not every block was written, or not every block's labels")
+        self._labels()  # a store of no rows
         f = self._file
         if self.nnz is None:  # a shard's entries, counted in write_block
             self.nnz = self.metadata["nnz"] = self._nnz_pos
