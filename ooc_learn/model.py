@@ -103,6 +103,22 @@ def _is_store(obj) -> bool:
     return hasattr(obj, "iter_blocks") and hasattr(obj, "n_features") and hasattr(obj, "task")
 
 
+def _store_path(X):
+    """An open store where ``X`` is the path of one (closed by the caller), else None; a
+    path that is not a store is refused (numpy took it for a 0-d array)."""
+    import os
+
+    if not isinstance(X, (str, os.PathLike)):
+        return None
+    from ooc_learn.storage.store import is_store, open_store
+
+    if not is_store(X):
+        raise ParameterError(f"No ooc-learn store at {X}.",
+                             "Pass arrays, a Store, or the path of a store written by "
+                             "ooc-ingest (a source file: ooc-predict MODEL FILE).")
+    return open_store(X)
+
+
 class LinearModel:
     """A linear classifier ``sign(x^T coef_ + intercept_)``.
 
@@ -202,7 +218,12 @@ class LinearModel:
             yield self._decision_arrays(X), y, row_ids
 
     def decision_function(self, X) -> np.ndarray:
-        """``X coef_ + intercept_`` for an array, CSR matrix or store (store row order)."""
+        """``X coef_ + intercept_`` for an array, CSR matrix or store (store row order; a
+        store's path too)."""
+        opened = _store_path(X)
+        if opened is not None:
+            with opened:
+                return self.decision_function(opened)
         if _is_store(X):
             parts = [dv for dv, _, _ in self.iter_decision(X)]
             return np.concatenate(parts) if parts else np.empty(0)
@@ -222,7 +243,12 @@ class LinearModel:
         return self.classes_[(decision > 0).astype(np.intp)]
 
     def score(self, X, y=None) -> float:
-        """Accuracy on ``(X, y)`` (labels in ``classes_``) or on a binary store (streamed)."""
+        """Accuracy on ``(X, y)`` (labels in ``classes_``) or on a binary store (streamed; a
+        store's path too)."""
+        opened = _store_path(X)
+        if opened is not None:
+            with opened:
+                return self.score(opened, y)
         if self.regression:
             return self._r2(X, y)
         if _is_store(X):
@@ -273,6 +299,9 @@ class LinearModel:
         """Write the model (no pickle), atomically: HDF5 for a name ending in ``.h5`` /
         ``.hdf5``, npz for any other name, which is kept as given. Returns the path."""
         path = Path(path)
+        if path.is_dir():
+            raise UsageError(f"{path} is a folder (a store?), where a model file is written.",
+                             "Pass a file name, e.g. model.npz.")
         fmt = model_format(path)
         classes = self.classes_
         if classes.dtype.kind == "O":

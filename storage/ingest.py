@@ -223,6 +223,16 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise ParameterError(f"X must be 2-D with one row per label; got X {X.shape}, "
                              f"y {y.shape}.")
+    if X.dtype.kind == "c" or y.dtype.kind == "c":  # float32 would drop the imaginary part
+        raise ParameterError("X and y must be real; got complex values.",
+                             "Pass the real part, or its parts as two features.")
+    if y.dtype.kind == "O":
+        missing = [i for i, v in enumerate(y.tolist()) if v is None
+                   or (isinstance(v, float) and v != v)]
+        if missing:  # a class named 'None' (or 'nan')
+            raise ParameterError(f"Label {missing[0]} of y is missing (None or NaN), and "
+                                 f"{len(missing)} in all.",
+                                 "Drop the rows without a label.")
     if y.dtype.kind in "USO" and "label_names" not in kwargs:  # class names
         names, y = np.unique(y.astype(str), return_inverse=True)
         kwargs["label_names"] = [str(n) for n in names]
@@ -251,8 +261,12 @@ def _array_chunks(X, y, chunk_rows: int):
         bad = np.flatnonzero(~np.isfinite(Xc.data))
         if bad.size:  # as the file sources refuse it: the store holds finite values only
             row = int(np.searchsorted(Xc.indptr, bad[0], side="right")) - 1
-            raise NonFiniteError(f"Row {a + row} of X holds a NaN or infinite value (column "
-                                 f"{int(Xc.indices[bad[0]])}).", path="<arrays>")
+            col = int(Xc.indices[bad[0]])
+            src = X[a + row, col] if not sp.issparse(X) else X[a + row].toarray()[0, col]
+            what = ("a value beyond float32's range (|x| > 3.4e38)" if np.isfinite(src)
+                    else "a NaN or infinite value")
+            raise NonFiniteError(f"Row {a + row} of X holds {what} (column {col}).",
+                                 path="<arrays>")
         yield SimpleNamespace(
             labels=np.asarray(y[a:b], dtype=np.float64), indptr=Xc.indptr.astype(np.int64),
             indices=Xc.indices.astype(np.int64), values=Xc.data.astype(np.float32),

@@ -104,10 +104,11 @@ def memory_headroom_bytes() -> int | None:
     process's memory cgroup has left under its limit; ``None`` where neither can be read."""
     room = None
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                room = int(line.split()[1]) * 1024
-                break
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    room = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError):
         pass
     try:

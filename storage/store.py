@@ -818,7 +818,9 @@ class Store:
         self._check_open()
         if not self.has_index:
             raise IndexStateError(f"The store {self.path} has no metric-forest index.",
-                                  f"Build it with: ooc-index {self.path}")
+                                  f"Build it with: ooc-index {self.path} (in Python, "
+                                  "ingest with build_index=True, or train with "
+                                  "solver='dcd', which needs none).")
 
 
 def open_store(path, memory=None, *, positive=None, direct: bool | None = None) -> Store:

@@ -48,7 +48,8 @@ def check_k(k, n: int, caller: str) -> int:
     if k > n:
         raise ParameterError(
             f"The 'k' parameter of {caller} must be <= the number of rows ({n}). Got {k} "
-            f"instead.", "Folds of size 0 cannot be scored; use k='loo' for one row per fold.")
+            f"instead.", "Folds of size 0 cannot be scored; use k='loo' (ooc-train: --cv "
+            "loo) for one row per fold.")
     return k
 
 
@@ -123,6 +124,7 @@ class ArraySource:
             raise ParameterError(
                 f"y must be 1-D with one label per row of X ({X.shape[0]}). Got shape "
                 f"{y.shape} instead.", "Pass y as a flat array aligned with the rows of X.")
+        _check_finite(X, y)
         if perm is not None:
             X, y = X[perm], y[perm]
             self.ids = np.asarray(perm, dtype=np.int64)
@@ -230,6 +232,27 @@ def _pieces(src, start: int, stop: int):
             yield src.load(pos, end)
         pos = end
         b += 1
+
+
+def _check_finite(X, y) -> None:
+    """Refuse NaN or infinite values (a learner's updates turned them into a score without
+    a word, or numpy's LinAlgError), and values float32 cannot hold."""
+    from ooc_learn.storage.errors import NonFiniteError
+
+    values = X.data if sp.issparse(X) else X
+    if not np.isfinite(values).all():
+        if sp.issparse(X):
+            row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0],
+                                      side="right") - 1)
+        else:
+            row = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
+        raise NonFiniteError(f"Row {row} of X holds a NaN or infinite value, or one beyond "
+                             "float32's range (|x| > 3.4e38).",
+                             "Remove or impute those values (e.g. sklearn's SimpleImputer).")
+    if y.dtype.kind in "fc" and not np.isfinite(y).all():
+        row = int(np.flatnonzero(~np.isfinite(y))[0])
+        raise NonFiniteError(f"Label {row} of y is NaN or infinite.",
+                             "Drop the rows without a finite label.")
 
 
 def make_source(data, *, perm_seed=None, block_rows=None, caller="tree_cv"):

@@ -354,3 +354,25 @@ def test_pegasos_treecv_of_a_multiclass_store_and_its_class_view(tmp_path, rng, 
     assert train_main([str(tmp_path / "r"), "--cv", "5", "--cv-method", "tree",
                        "--quiet"]) == 2
     assert "holds a regression task" in capsys.readouterr().err
+
+
+def test_nan_or_inf_in_arrays_is_refused_by_both_cv_methods():
+    # tree_cv of Pegasos returned an estimate over NaN features; kfold_cv of exact least
+    # squares raised numpy's LinAlgError
+    from ooc_learn.storage.errors import NonFiniteError
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = np.sign(X[:, 0])
+    bad_X = X.copy()
+    bad_X[7, 1] = np.nan
+    bad_y = y.copy()
+    bad_y[9] = np.inf
+    for cv in (tree_cv, kfold_cv):
+        for learner in (Pegasos(1e-3), ExactLeastSquares(1e-3)):
+            with pytest.raises(NonFiniteError, match="Row 7 of X"):
+                cv((bad_X, y), learner, 5)
+            with pytest.raises(NonFiniteError, match="Label 9 of y"):
+                cv((X, bad_y), learner, 5)
+        with pytest.raises(NonFiniteError, match="float32's range"):
+            cv((np.where(X > 2, 1e50, X), y), ExactLeastSquares(1e-3), 5)

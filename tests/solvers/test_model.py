@@ -96,3 +96,28 @@ def test_mismatch_and_bad_files(tmp_path):
         load_model(tmp_path / "missing.npz")
     with pytest.raises(ParameterError, match="Got 3 distinct labels"):
         encode_labels(np.array([0, 1, 2]))
+
+
+def test_a_model_scores_a_store_by_its_path_and_refuses_other_paths(tmp_path):
+    # found by a new-user run: m.predict("heart.store") said "X must be 2-d", m.score(path)
+    # asked for y, and m.save("s.store") (a folder) raised a raw IsADirectoryError
+    from ooc_learn.api import ingest_arrays
+    from ooc_learn.storage.store import open_store
+    from ooc_learn.training import train
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3)).astype(np.float32)
+    y = np.sign(X[:, 0] + 0.3 * rng.normal(size=200))
+    ingest_arrays(X, y, tmp_path / "s", build_index=True).close()
+    with open_store(tmp_path / "s") as st:
+        m = train(st)
+        by_store = m.decision_function(st), m.predict(st), m.score(st)
+    for path in (tmp_path / "s", str(tmp_path / "s")):
+        np.testing.assert_array_equal(m.decision_function(path), by_store[0])
+        np.testing.assert_array_equal(m.predict(path), by_store[1])
+        assert m.score(path) == by_store[2]
+    with pytest.raises(ParameterError, match="No ooc-learn store at"):
+        m.predict(tmp_path / "nope.store")
+    with pytest.raises(UsageError, match="is a folder"):
+        m.save(tmp_path / "s")
+    assert open_store(tmp_path / "s").n_samples == 200  # untouched

@@ -3,6 +3,7 @@
 import json
 import os
 import multiprocessing as mp
+import warnings
 
 import h5py
 import numpy as np
@@ -653,7 +654,7 @@ def test_label_mapping_and_tasks(tmp_path, rng):
     with ingest_arrays(X, yr, tmp_path / "r") as s:
         assert s.task == "regression"
         _, ys, ids = s.read_range(0, 60)
-        np.testing.assert_array_equal(ys, yr[ids].astype(np.float32))
+        np.testing.assert_array_equal(ys, yr[ids])  # float64: a target is kept as given
 
 
 def _read_sum(path, q):
@@ -747,3 +748,24 @@ def test_read_rows_takes_scattered_sorted_rows(tmp_path, rng, sparse):
         for bad in ([3, 2], [-1], [600]):
             with pytest.raises(IndexError):
                 store.read_rows(bad)
+
+
+def test_arrays_refuse_complex_values_missing_labels_and_values_float32_cannot_hold(tmp_path):
+    # found by a new-user run: complex X lost its imaginary part, a None label became a
+    # class named 'None', and 1e50 was called "NaN or infinite"
+    from ooc_learn.storage.errors import NonFiniteError
+
+    with pytest.raises(ParameterError, match="complex"):
+        ingest_arrays(np.array([[1 + 2j], [2.0]]), [0, 1], tmp_path / "c")
+    with pytest.raises(ParameterError, match="Label 1 of y is missing"):
+        ingest_arrays(np.ones((3, 1)), np.array(["a", None, "b"], dtype=object),
+                      tmp_path / "n")
+    with pytest.raises(NonFiniteError, match="beyond float32's range"):
+        ingest_arrays(np.array([[1e-50], [1e50]]), [0, 1], tmp_path / "b")
+    # 1e30 fits float32, its square does not: stored as an inf squared norm, with numpy's
+    # overflow warning on the way
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(NonFiniteError, match="Row 1 .* squared norm"):
+            ingest_arrays(np.array([[1.0], [1e30]]), [0, 1], tmp_path / "q")
+    assert not any(tmp_path.iterdir())
