@@ -230,6 +230,15 @@ def test_cocoa_reaches_the_single_machine_optimum(client, sparse_store, shards, 
     assert st["bytes_per_round"] == 2 * shards * 8 * (3000 + 1)
 
 
+def test_cocoa_stopped_at_its_round_limit_says_so(client, sparse_store):
+    # the run ended at max_rounds, 0.18 % off, with "converged": false and no warning
+    from ooc_learn.solvers.cocoa import train_cocoa
+
+    with pytest.warns(RuntimeWarning, match="max_rounds=2 before the duality gap"):
+        m = train_cocoa(sparse_store, client, shards=2, eps=1e-9, max_rounds=2)
+    assert not m.meta["stats"]["converged"]
+
+
 def test_cocoa_over_a_sharded_store_reaches_the_single_machine_optimum(client, tmp_path):
     """The same rows ingested as 3 shards (each a store with its index): CoCoA+ over the
     shards, each round on a worker that sees its shard, reaches the optimum of dual CD on

@@ -501,6 +501,14 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
             w = w_parts.sum(axis=0)
     finally:
         client.run(_drop, run)
+    if not converged:  # as every solver stopped at its limit says (a new-user run: silent)
+        import warnings
+
+        rel = gaps[-1] / abs(primal) if gaps and primal else float("nan")
+        warnings.warn(f"CoCoA+ reached max_rounds={max_rounds} before the duality gap fell to "
+                      f"eps={eps:g} of the primal (it is {rel:.3g}): the solution is "
+                      "approximate. Raise max_rounds (ooc-train: --max-outer, 100 rounds "
+                      "each) or eps (--eps).", RuntimeWarning, stacklevel=2)
     stats = {"rounds": len(duals), "gaps": gaps, "duals": duals, "converged": converged,
              "shards_lost": n_lost, "full_rounds": full_rounds, "rows_read": rows_read,
              "work_rows": work_rows, "rows_found": found,
