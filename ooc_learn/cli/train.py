@@ -145,6 +145,12 @@ def _train_body(args):
     import contextlib
 
     incremental = args.learner is not None or args.cv_method in ("tree", "standard")
+    if incremental and args.truncate is not None and not args.no_truncate:
+        # TreeCV's learners train the convex loss: the flag was dropped without a word
+        raise ParameterError("--truncate is the SVM solvers' truncated loss (ibcd); TreeCV's "
+                             "learners (--cv-method tree / standard, --learner) train the "
+                             "convex loss.", "Drop --truncate, or cross-validate with "
+                             "--cv-method warm (the default).")
     if args.C_search and args.C is not None:
         raise ParameterError("--C-search picks C itself; it does not take --C.",
                              "Drop --C, or give --C a list to cross-validate those values.")
@@ -349,7 +355,7 @@ def _cv_svm(args, budget) -> dict:
 
     if args.lam is not None:
         raise ParameterError("--lam applies to --learner (TreeCV of an incremental learner); "
-                             f"the {args.solver} SVM is regularized by --C.",
+                             f"the {args.solver or 'ibcd'} SVM is regularized by --C.",
                              "Drop --lam, or add --learner pegasos.")
     k = _cv_folds(args.cv)
     from ooc_learn.storage.store import open_store

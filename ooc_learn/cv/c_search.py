@@ -38,8 +38,8 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
     alpha vectors, paid from the budget). Returns one :class:`CVResult` per C tried, in
     order; the best is the most accurate (regression: the lowest RMSE), the smallest C of
     equals. Binary, multiclass (one-vs-rest at each C, without the warm start along C) and
-    regression stores (least squares by the dual: use :func:`~.linear.linear_cv_grid` for the exact
-    solver's one-pass grid)."""
+    regression stores (least squares where the exact solver is the one training would run:
+    every C of the path from its one pass, the stop applied after; else dual CD's path)."""
     from ooc_learn.storage.store import open_data
 
     if not (isinstance(factor, (int, float)) and factor > 1):
@@ -68,6 +68,25 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
             raise ParameterError(f"C_min must be in (0, C_max = {C_max:g}]. Got {C_min!r}.",
                                  "Leave it out for LIBLINEAR's start.")
         stop = _SearchStop(regression, patience, min_delta)
+        if regression:
+            from ooc_learn.training import regression_solver
+
+            loss_r = "squared_epsilon_insensitive" if loss is None else loss
+            if regression_solver(st, solver, loss_r, epsilon) == "exact":
+                # least squares: the exact solver's one pass scores every C of the path,
+                # the model the command trains (dual CD's scores had stood in for it)
+                Cs, C = [], float(C_min)
+                while C <= C_max * (1 + 1e-12):
+                    Cs.append(C)
+                    C *= factor
+                out = []
+                for result in linear_cv_grid(st, k, Cs, solver="exact", loss=loss_r,
+                                             bias=bias, seed=seed, on_fold=on_fold,
+                                             caller="linear_c_search"):
+                    out.append(result)
+                    if stop(result.estimate):
+                        break
+                return out
         if st.task == "multiclass":
             # one-vs-rest at each C of the path, the folds of each C from scratch
             out, C = [], float(C_min)

@@ -159,10 +159,12 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
 def check_fold_count(st, k: int) -> None:
     """Refuse folds of a row or two: each is a full solve."""
     n = st.n_samples
-    if k > max(n // 2, st.n_blocks):
+    most = max(2, n // 2, st.n_blocks)
+    if k > most:
         raise ParameterError(
             f"{k} folds of {n} rows leave about {n / k:.1f} rows a fold; each fold is a "
-            "full SVM solve.", "Use k <= 20, or TreeCV (--cv-method tree) for many folds.")
+            "full SVM solve.", f"Use k <= {most}, or TreeCV (--cv-method tree) for many "
+            "folds.")
 
 
 def check_task(st, caller: str) -> None:

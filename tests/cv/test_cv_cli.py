@@ -33,6 +33,20 @@ def test_cv_flag_gives_the_library_estimate(tmp_path, rng, capsys):
         assert out["k"] == 4 and out["cv_method"] == method
 
 
+def test_flags_treecv_does_not_use_are_refused_not_dropped(tmp_path, rng, capsys):
+    # --truncate was ignored by TreeCV's learners without a word; --lam's refusal named
+    # "the None SVM"
+    X = rng.normal(size=(100, 3)).astype(np.float32)
+    ingest_arrays(X, np.sign(X[:, 0]) + (X[:, 0] == 0), tmp_path / "s").close()
+    capsys.readouterr()
+    assert train_main([str(tmp_path / "s"), "--cv", "4", "--cv-method", "tree", "--truncate",
+                       "1", "--quiet"]) == 2
+    assert "--truncate" in capsys.readouterr().err
+    assert train_main([str(tmp_path / "s"), "--cv", "4", "--lam", "0.1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the ibcd SVM" in err and "None" not in err, err
+
+
 def test_bad_cv_value_exits_2(tmp_path, rng):
     X = rng.normal(size=(50, 3)).astype(np.float32)
     ingest_arrays(X, np.sign(X[:, 0]) + (X[:, 0] == 0), tmp_path / "s").close()

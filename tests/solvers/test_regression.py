@@ -167,6 +167,13 @@ def test_least_squares_leave_one_out_matches_refitting_per_row(store, capsys):
     assert "--cv loo --C" in exc.value.hint
     with pytest.raises(ParameterError, match="rows a fold"):
         linear_c_search(store, 300)
+    # the search scores least squares by the exact solver (the model training runs), each
+    # C as the exact grid scores it alone (it had switched to dual CD's SVR)
+    path = linear_c_search(store, 5, C_min=0.25, C_max=64.0)
+    exact = linear_cv_grid(store, 5, [r.stats["C"] for r in path], solver="exact")
+    assert [r.method for r in path] == [r.method for r in exact]
+    np.testing.assert_allclose([r.estimate for r in path], [r.estimate for r in exact],
+                               rtol=1e-12)
 
 
 def test_cli_regression_train_predict_and_cv(store, tmp_path, capsys, diabetes):
