@@ -118,6 +118,12 @@ def for_labels(learner, source):
         if store.task != "multiclass":
             return learner  # binary: +1 / -1 as stored (or as a class view reads them)
         return OneVsRest(learner, store.metadata["label_map"]["classes"])
+    if np.asarray(source.y).dtype.kind in "USO":  # class names: numpy's cast had failed
+        raise ParameterError(
+            f"{name} learns from numeric labels; the labels of these arrays are class "
+            "names.", "Code them as integers first (np.unique(y, return_inverse=True)[1]), "
+            "or ingest the arrays into a store (ingest_arrays keeps the names) and "
+            "cross-validate the store.")
     values = np.unique(np.asarray(source.y, dtype=np.float64))
     if np.isin(values, (-1.0, 1.0)).all():
         return learner

@@ -376,3 +376,12 @@ def test_nan_or_inf_in_arrays_is_refused_by_both_cv_methods():
                 cv((X, bad_y), learner, 5)
         with pytest.raises(NonFiniteError, match="float32's range"):
             cv((np.where(X > 2, 1e50, X), y), ExactLeastSquares(1e-3), 5)
+
+
+def test_class_names_in_arrays_are_refused_with_the_way_to_code_them():
+    # a raw ValueError ("could not convert string to float") from the one-vs-rest wrapper
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 2))
+    with pytest.raises(ParameterError, match="class names") as exc:
+        tree_cv((X, np.where(X[:, 0] > 0, "a", "b")), Pegasos(1e-3), 5)
+    assert "return_inverse" in exc.value.hint
