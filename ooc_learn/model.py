@@ -231,8 +231,18 @@ class LinearModel:
 
     def predict(self, X) -> np.ndarray:
         """``classes_[1]`` where the decision value is > 0, else ``classes_[0]``; one-vs-rest:
-        the class of the largest decision value."""
-        return self.labels_of(self.decision_function(X))
+        the class of the largest decision value. A model of class names (text labels at
+        ingest) predicts the names."""
+        codes = self.labels_of(self.decision_function(X))
+        names = self.class_names
+        return codes if names is None else np.asarray(names)[codes.astype(np.intp)]
+
+    @property
+    def class_names(self) -> list | None:
+        """The class names of a model trained on text labels (``classes_`` holds their
+        codes 0, 1, ...), else None."""
+        names = self.meta.get("label_map", {}).get("names")
+        return None if self.regression or not names else list(names)
 
     def labels_of(self, decision) -> np.ndarray:
         """The predicted labels of decision values (one per row, or a row per row)."""
@@ -271,15 +281,21 @@ class LinearModel:
         if y is None:
             raise ParameterError("score(X, y) needs the labels y for arrays.")
         y = np.asarray(y)
-        pred = self.predict(X)
+        names = self.class_names
+        if names is not None and y.dtype.kind in "USO":  # labels as names: scored as names
+            pred = self.predict(X)
+            known = names
+        else:
+            pred = self.labels_of(self.decision_function(X))
+            known = self.classes_
         if y.shape != pred.shape:
             raise ParameterError(f"y has {y.shape[0] if y.ndim else 0} labels for "
                                  f"{pred.shape[0]} rows.")
-        unknown = ~np.isin(y, self.classes_)
+        unknown = ~np.isin(y, known)
         if np.any(unknown):
             raise ModelMismatchError(
                 f"y holds labels {np.unique(y[unknown])[:5].tolist()} the model does not know "
-                f"(its classes are {self.classes_.tolist()}).",
+                f"(its classes are {list(known) if names else self.classes_.tolist()}).",
                 "Score with labels from the training label set.")
         return float(np.mean(pred == y))
 

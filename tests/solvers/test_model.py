@@ -121,3 +121,25 @@ def test_a_model_scores_a_store_by_its_path_and_refuses_other_paths(tmp_path):
     with pytest.raises(UsageError, match="is a folder"):
         m.save(tmp_path / "s")
     assert open_store(tmp_path / "s").n_samples == 200  # untouched
+
+
+def test_a_model_of_class_names_predicts_and_scores_names(tmp_path):
+    # found by a new-user run: predict gave the codes 0/1 and score(X, names) refused the
+    # names the store was ingested with
+    from ooc_learn.api import ingest_arrays
+    from ooc_learn.training import train
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 2)).astype(np.float32)
+    y = np.where(X[:, 0] + 0.2 * rng.normal(size=200) > 0, "dog", "cat")
+    with ingest_arrays(X, y, tmp_path / "s", build_index=True) as st:
+        m = train(st)
+        on_store = m.score(st)
+    assert m.class_names == ["cat", "dog"] and m.classes_.tolist() == [0.0, 1.0]
+    pred = m.predict(X)
+    assert set(pred.tolist()) <= {"cat", "dog"}
+    assert m.score(X, y) == pytest.approx(np.mean(pred == y)) == pytest.approx(on_store)
+    assert m.score(X, (y == "dog").astype(float)) == m.score(X, y)  # the codes still score
+    with pytest.raises(ModelMismatchError, match="'cow'"):
+        m.score(X[:3], ["cat", "dog", "cow"])
+    assert load_model(m.save(tmp_path / "m.npz")).predict(X[:5]).tolist() == pred[:5].tolist()
