@@ -145,6 +145,12 @@ def _train_body(args):
     import contextlib
 
     incremental = args.learner is not None or args.cv_method in ("tree", "standard")
+    if args.spill_dir is not None and not (os.path.isdir(args.spill_dir) and os.access(
+            args.spill_dir, os.W_OK | os.X_OK)):
+        # checked where a spill happens only: a run under a tight cap failed there, late
+        raise ParameterError(f"--spill-dir {args.spill_dir} is not a folder this user can "
+                             "write.", "Create it, or leave --spill-dir out (the system's "
+                             "temporary folder).")
     if incremental and args.truncate is not None and not args.no_truncate:
         # TreeCV's learners train the convex loss: the flag was dropped without a word
         raise ParameterError("--truncate is the SVM solvers' truncated loss (ibcd); TreeCV's "

@@ -45,6 +45,13 @@ def test_flags_treecv_does_not_use_are_refused_not_dropped(tmp_path, rng, capsys
     assert train_main([str(tmp_path / "s"), "--cv", "4", "--lam", "0.1", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "the ibcd SVM" in err and "None" not in err, err
+    # --spill-dir was checked only where a spill happened
+    (tmp_path / "file").write_text("x")
+    for bad in (tmp_path / "missing", tmp_path / "file"):
+        assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"),
+                           "--spill-dir", str(bad), "--quiet"]) == 2
+        assert "--spill-dir" in capsys.readouterr().err
+    assert not (tmp_path / "m.npz").exists()
 
 
 def test_bad_cv_value_exits_2(tmp_path, rng):
