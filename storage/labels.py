@@ -113,7 +113,8 @@ def decide_task(tracker: LabelTracker, task: str, positive_label, where: str = "
                 f"({', '.join(f'{v:g}' for v in values[:8])}{' ...' if len(values) > 8 else ''}"
                 f"): a class per value, or a number to predict?",
                 f"Pass --task multiclass (one class per value; more than "
-                f"{MULTICLASS_MAX_CLASSES} is fine when asked for) or --task regression.")
+                f"{MULTICLASS_MAX_CLASSES} is fine when asked for) or --task regression "
+                "(in Python: task=).")
         else:
             task = "regression"
     if task == "binary":

@@ -108,7 +108,8 @@ def check_store_target(out, *, overwrite: bool, sources=(), what: str = "output"
         return
     if not overwrite:
         raise StoreExistsError(f"The {what} {out} already exists.",
-                               "Pass --overwrite to replace it, or choose another -o path.")
+                               "Pass --overwrite (in Python: overwrite=True) to replace it, "
+                               "or choose another -o path.")
     if out.is_symlink() or not out.is_dir():
         raise StoreExistsError(
             f"The {what} {out} is a file (or a link), not an ooc-learn store: --overwrite "
