@@ -92,8 +92,11 @@ def _predict_body(args):
         shown = [text[c] for c in labels.tolist()]
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size),
            "labelled": not unlabeled}
-    if unlabeled:  # predictions alone: nothing to score them against
+    if unlabeled:  # predictions alone: nothing to score them against (classes: counted)
         accuracy = None
+        if not model.regression:
+            names, counts = np.unique(np.asarray(shown), return_counts=True)
+            out["predicted"] = {str(c): int(k) for c, k in zip(names, counts)}
     elif model.regression:
         from ooc_learn.model import error_figures
 
@@ -131,11 +134,9 @@ def _predict_body(args):
         with atomic_file(args.output) as tmp, open(tmp, "w") as fh:
             write(fh)
     if unlabeled:
-        counts = np.unique(np.asarray(shown), return_counts=True) if not model.regression \
-            else None
         text = f"{ids.size} rows predicted (no labels to score them against)" + (
-            ": " + ", ".join(f"{c} {n}" for c, n in zip(*counts)) if counts is not None
-            else "")
+            ": " + ", ".join(f"{c} {k}" for c, k in out["predicted"].items())
+            if "predicted" in out else "")
     elif model.regression:
         text = f"{ids.size} rows, RMSE {out['rmse']:.6g}, R^2 {out['r2']:.4f}"
     else:

@@ -572,6 +572,8 @@ def test_rows_without_labels_are_predicted_and_a_file_to_score_that_lacks_them_i
                         ("features.csv", ("--no-labels",))):
         summary, got = predicted(name, *flags)
         assert not summary["labelled"] and "accuracy" not in summary, (name, summary)
+        counted = [line.split(",")[1] for line in got[1:]]
+        assert summary["predicted"] == {c: counted.count(c) for c in set(counted)}
         assert got == want, name  # the same labels and decision values, row by row
     cases = {
         "bare.csv": ((), "no label column", "--no-labels"),
