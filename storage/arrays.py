@@ -11,8 +11,9 @@ import scipy.sparse as sp
 from .errors import ParameterError, StoreFormatError
 from .integrity import REBUILD_HINT
 
-__all__ = ["RUN_GAP", "Slicer", "kernel_args", "matrix_nbytes", "open_direct", "open_random",
-           "row_sqnorms", "rows_nbytes", "rows_one_by_one", "run_bounds", "stack_rows"]
+__all__ = ["RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
+           "nonfinite_text", "open_direct", "open_random", "row_sqnorms", "rows_nbytes",
+           "rows_one_by_one", "run_bounds", "stack_rows"]
 
 _EMPTY_DENSE = np.empty((0, 0), dtype=np.float32)
 _EMPTY_PTR = np.empty(0, dtype=np.int64)  # dense: no row pointers (kernels test its length)
@@ -21,6 +22,28 @@ _EMPTY_F32 = np.empty(0, dtype=np.float32)
 
 # Store.gather reads wanted rows at most this far apart with one call (run_bounds)
 RUN_GAP = 16
+
+
+def first_nonfinite(X) -> tuple[int, int] | None:
+    """``(row, column)`` of the first NaN or infinite value of a dense array or a CSR
+    matrix (the float32 copy of a source: its overflows too), None where every value is
+    finite."""
+    if sp.issparse(X):
+        bad = np.flatnonzero(~np.isfinite(X.data))
+        if not bad.size:
+            return None
+        return int(np.searchsorted(X.indptr, bad[0], side="right")) - 1, int(X.indices[bad[0]])
+    if np.isfinite(X).all():
+        return None
+    r, c = np.argwhere(~np.isfinite(X))[0]
+    return int(r), int(c)
+
+
+def nonfinite_text(source_value) -> str:
+    """What a value that is not finite in float32 was in its source: NaN or infinite, or
+    finite but beyond float32's range."""
+    return ("a value beyond float32's range (|x| > 3.4e38)" if np.isfinite(source_value)
+            else "a NaN or infinite value")
 
 
 def matrix_nbytes(X) -> int:

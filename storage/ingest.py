@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .budget import MemoryBudget
+from .arrays import first_nonfinite, nonfinite_text
 from .errors import IngestError, NonFiniteError, ParameterError
 from .ingest_direct import ingest_direct, memmap_array_file, probe_array_files
 from .ingest_parse import IOCount, parse_and_deal
@@ -255,18 +256,15 @@ def _array_chunks(X, y, chunk_rows: int):
     n = X.shape[0]
     for a in range(0, n, chunk_rows):
         b = min(n, a + chunk_rows)
-        Xc = sp.csr_matrix(X[a:b], dtype=np.float32)
+        with np.errstate(over="ignore"):  # an overflow is infinite, named below
+            Xc = sp.csr_matrix(X[a:b], dtype=np.float32)
         Xc.eliminate_zeros()
         Xc.sort_indices()
-        bad = np.flatnonzero(~np.isfinite(Xc.data))
-        if bad.size:  # as the file sources refuse it: the store holds finite values only
-            row = int(np.searchsorted(Xc.indptr, bad[0], side="right")) - 1
-            col = int(Xc.indices[bad[0]])
-            src = X[a + row, col] if not sp.issparse(X) else X[a + row].toarray()[0, col]
-            what = ("a value beyond float32's range (|x| > 3.4e38)" if np.isfinite(src)
-                    else "a NaN or infinite value")
-            raise NonFiniteError(f"Row {a + row} of X holds {what} (column {col}).",
-                                 path="<arrays>")
+        bad = first_nonfinite(Xc)
+        if bad is not None:  # as the file sources refuse it: the store holds finite values
+            row, col = a + bad[0], bad[1]
+            raise NonFiniteError(f"Row {row} of X holds {nonfinite_text(X[row, col])} (column "
+                                 f"{col}).", path="<arrays>")
         yield SimpleNamespace(
             labels=np.asarray(y[a:b], dtype=np.float64), indptr=Xc.indptr.astype(np.int64),
             indices=Xc.indices.astype(np.int64), values=Xc.data.astype(np.float32),

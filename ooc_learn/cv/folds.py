@@ -111,20 +111,23 @@ class ArraySource:
 
     def __init__(self, X, y, *, perm: np.ndarray | None = None, block_rows: int | None = None):
         if sp.issparse(X):
-            X = sp.csr_matrix(X, dtype=np.float32)
+            source = sp.csr_matrix(X)  # its values before float32 (an error names them)
+            with np.errstate(over="ignore"):  # an overflow is infinite: _check_finite
+                X = sp.csr_matrix(X, dtype=np.float32)
         else:
-            X = np.asarray(X)
+            source = X = np.asarray(X)
             if X.ndim != 2:
                 raise ParameterError(
                     f"X must be a 2-D array or a scipy sparse matrix. Got {X.ndim} dimensions "
                     f"instead.", "Reshape a single column with X.reshape(-1, 1).")
-            X = np.ascontiguousarray(X, dtype=np.float32)
+            with np.errstate(over="ignore"):
+                X = np.ascontiguousarray(X, dtype=np.float32)
         y = np.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ParameterError(
                 f"y must be 1-D with one label per row of X ({X.shape[0]}). Got shape "
                 f"{y.shape} instead.", "Pass y as a flat array aligned with the rows of X.")
-        _check_finite(X, y)
+        _check_finite(X, y, source)
         if perm is not None:
             X, y = X[perm], y[perm]
             self.ids = np.asarray(perm, dtype=np.int64)
@@ -234,20 +237,18 @@ def _pieces(src, start: int, stop: int):
         b += 1
 
 
-def _check_finite(X, y) -> None:
-    """Refuse NaN or infinite values (a learner's updates turned them into a score without
-    a word, or numpy's LinAlgError), and values float32 cannot hold."""
+def _check_finite(X, y, source) -> None:
+    """Refuse NaN or infinite values of ``X`` (float32) or ``y`` (a learner's updates turned
+    them into a score without a word, or numpy's LinAlgError), and values of ``source``
+    float32 cannot hold, as ingest_arrays does."""
+    from ooc_learn.storage.arrays import first_nonfinite, nonfinite_text
     from ooc_learn.storage.errors import NonFiniteError
 
-    values = X.data if sp.issparse(X) else X
-    if not np.isfinite(values).all():
-        if sp.issparse(X):
-            row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0],
-                                      side="right") - 1)
-        else:
-            row = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
-        raise NonFiniteError(f"Row {row} of X holds a NaN or infinite value, or one beyond "
-                             "float32's range (|x| > 3.4e38).",
+    bad = first_nonfinite(X)
+    if bad is not None:
+        row, col = bad
+        raise NonFiniteError(f"Row {row} of X holds {nonfinite_text(source[row, col])} "
+                             f"(column {col}).",
                              "Remove or impute those values (e.g. sklearn's SimpleImputer).")
     if y.dtype.kind in "fc" and not np.isfinite(y).all():
         row = int(np.flatnonzero(~np.isfinite(y))[0])
