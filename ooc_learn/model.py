@@ -104,19 +104,11 @@ def _is_store(obj) -> bool:
 
 
 def _store_path(X):
-    """An open store where ``X`` is the path of one (closed by the caller), else None; a
-    path that is not a store is refused (numpy took it for a 0-d array)."""
-    import os
+    """An open store where ``X`` is the path of one (closed by the caller), else None
+    (:func:`~ooc_learn.storage.store.is_store_path` refuses other paths)."""
+    from ooc_learn.storage.store import is_store_path, open_store
 
-    if not isinstance(X, (str, os.PathLike)):
-        return None
-    from ooc_learn.storage.store import is_store, open_store
-
-    if not is_store(X):
-        raise ParameterError(f"No ooc-learn store at {X}.",
-                             "Pass arrays, a Store, or the path of a store written by "
-                             "ooc-ingest (a source file: ooc-predict MODEL FILE).")
-    return open_store(X)
+    return open_store(X) if is_store_path(X) else None
 
 
 class LinearModel:

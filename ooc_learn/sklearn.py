@@ -71,18 +71,11 @@ def _r2(y, pred) -> float:
 
 
 def _is_store_like(X) -> bool:
-    """A Store, or the path of a store folder; any other path is refused (scikit-learn's
-    checks took a mistyped store path for an array, and asked for y)."""
-    from ooc_learn.storage.store import Store, is_store
+    """A Store, or the path of a store folder (any other path is refused: see
+    :func:`~ooc_learn.storage.store.is_store_path`)."""
+    from ooc_learn.storage.store import Store, is_store_path
 
-    if isinstance(X, Store):
-        return True
-    if isinstance(X, (str, Path)):
-        if is_store(X):
-            return True
-        raise ValueError(f"No ooc-learn store at {X}. The estimators take arrays, a sparse "
-                         "matrix, a Store, or the path of a store written by ooc-ingest.")
-    return False
+    return isinstance(X, Store) or is_store_path(X)
 
 
 def _on_store(X, memory, fn):

@@ -28,7 +28,7 @@ from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, TMP_MARKE
 from .integrity import HASHED, REBUILD_HINT, check_columns, check_row_pointers, digest
 from .stop import check_stop
 
-__all__ = ["Store", "open_store", "open_data", "is_store"]
+__all__ = ["Store", "open_store", "open_data", "is_store", "is_store_path"]
 
 # Store.iter_chunks' smallest range when the cap holds less than the rows asked
 CHUNK_MIN_ROWS = 16
@@ -78,6 +78,20 @@ def _release_block_cache(budget: MemoryBudget, key, cache: LRUCache) -> None:
 def is_store(path) -> bool:
     p = Path(path)
     return (p / DATA_FILE).is_file() and TMP_MARKER not in p.name
+
+
+def is_store_path(X) -> bool:
+    """Whether ``X``, a model's or an estimator's input, is a store's path (str or
+    PathLike); a path where no store is is refused, naming it (numpy took it for a 0-d
+    array: "X must be 2-d", or scikit-learn asked for y); anything else is not a path."""
+    if not isinstance(X, (str, os.PathLike)):
+        return False
+    if is_store(X):
+        return True
+    raise ParameterError(f"No ooc-learn store at {X}.",
+                         "Pass arrays, a sparse matrix, a Store, or the path of a store "
+                         "written by ooc-ingest (a source file: ingest it first, or score it "
+                         "with ooc-predict MODEL FILE).")
 
 
 class Store:
