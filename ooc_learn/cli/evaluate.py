@@ -99,14 +99,15 @@ def open_eval_data(path, spec, budget, stack, *, labels: bool | None = True):
         if labels is False and fmt != "csv":
             raise ModelMismatchError(f"--no-labels reads a CSV file without a label column; "
                                      f"{path} is {fmt}.", "Drop --no-labels.")
-        if fmt == "csv":
-            unlabeled = _check_csv_width(path, spec, labels)
+        layout = _probe_csv(path) if fmt == "csv" else None  # its head read once here
+        if layout is not None:
+            unlabeled = _check_csv_width(path, layout, spec, labels)
             if unlabeled:  # every column a feature; labels 0, read as numbers
                 from ooc_learn.storage.sniff import NO_LABEL
 
                 kw, task = {"label_column": NO_LABEL}, "regression"
             elif spec.get("label_name"):  # the training data's label column
-                kw["label_column"] = _label_of(path, spec["label_name"])
+                kw["label_column"] = _label_of(layout, spec["label_name"])
         data = stack.enter_context(ingest(
             [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
             n_features=None if named else spec["n_features"], task=task,
@@ -150,7 +151,7 @@ def _probe_csv(path):
         return None
 
 
-def _check_csv_width(path, spec, labels) -> bool:
+def _check_csv_width(path, layout, spec, labels) -> bool:
     """Whether a CSV is read without labels (see :func:`open_eval_data`'s ``labels``), after
     refusing, before reading it, one whose columns cannot be the model's features and a
     label: the model's features alone where labels are needed (the first column had been
@@ -158,9 +159,6 @@ def _check_csv_width(path, spec, labels) -> bool:
     them."""
     from ooc_learn.storage.errors import ModelMismatchError
 
-    layout = _probe_csv(path)
-    if layout is None:
-        return False
     d, k = spec["n_features"], layout.n_fields
     names = (None if layout.label_name is None
              else layout.feature_names[:layout.label_col] + [layout.label_name]
@@ -196,12 +194,9 @@ def _check_csv_width(path, spec, labels) -> bool:
     return False
 
 
-def _label_of(path, name):
-    """``name`` where the CSV's header has that column (the training label's), else None
-    (the usual choice)."""
-    layout = _probe_csv(path)
-    if layout is None:
-        return None
+def _label_of(layout, name):
+    """``name`` where the CSV's header (its ``layout``) has that column (the training
+    label's), else None (the usual choice)."""
     names = (layout.feature_names or []) + [layout.label_name]
     return name if name in names else None
 
