@@ -20,6 +20,16 @@ from .result import CVResult
 __all__ = ["linear_c_search"]
 
 
+def _path(C_min: float, C_max: float, factor: float) -> list[float]:
+    """The Cs of the search: C_min times powers of ``factor`` up to C_max (rounding
+    forgiven)."""
+    out, C = [], float(C_min)
+    while C <= C_max * (1 + 1e-12):
+        out.append(C)
+        C *= factor
+    return out
+
+
 def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024.0,
                  factor: float = 2.0, patience: int = 3, min_delta: float = 1e-3,
                  solver: str | None = None,
@@ -68,6 +78,7 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
             raise ParameterError(f"C_min must be in (0, C_max = {C_max:g}]. Got {C_min!r}.",
                                  "Leave it out for LIBLINEAR's start.")
         stop = _SearchStop(regression, patience, min_delta)
+        path = _path(C_min, C_max, factor)
         if regression:
             from ooc_learn.training import regression_solver
 
@@ -75,12 +86,8 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
             if regression_solver(st, solver, loss_r, epsilon) == "exact":
                 # least squares: the exact solver's one pass scores every C of the path,
                 # the model the command trains (dual CD's scores had stood in for it)
-                Cs, C = [], float(C_min)
-                while C <= C_max * (1 + 1e-12):
-                    Cs.append(C)
-                    C *= factor
                 out = []
-                for result in linear_cv_grid(st, k, Cs, solver="exact", loss=loss_r,
+                for result in linear_cv_grid(st, k, path, solver="exact", loss=loss_r,
                                              bias=bias, seed=seed, on_fold=on_fold,
                                              caller="linear_c_search"):
                     out.append(result)
@@ -89,8 +96,8 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                 return out
         if st.task == "multiclass":
             # one-vs-rest at each C of the path, the folds of each C from scratch
-            out, C = [], float(C_min)
-            while C <= C_max * (1 + 1e-12):
+            out = []
+            for C in path:
                 out += linear_cv_grid(st, k, [C], solver=solver, loss=loss, s=s, bias=bias,
                                       eps=eps, max_outer=max_outer, block_size=block_size,
                                       block_solver=block_solver, init_sample=init_sample,
@@ -98,7 +105,6 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                                       on_fold=on_fold, caller="linear_c_search")
                 if stop(out[-1].estimate):
                     break
-                C *= factor
             return out
         task = FoldTask(st, [C_min], solver=solver, loss=loss, s=s, bias=bias, eps=eps,
                          max_outer=max_outer, block_size=block_size,
@@ -112,8 +118,8 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
             folds, contiguous = fold_plan(st.block_offsets, k, seed)
             sizes = np.bincount(folds, minlength=k)
             states = [None] * k
-            out, C = [], float(C_min)
-            while C <= C_max * (1 + 1e-12):
+            out = []
+            for C in path:
                 t0, r0 = time.perf_counter(), st.rows_read
                 decision = np.empty(n)
                 scores, log = np.empty(k), []
@@ -133,7 +139,6 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                                        rows_read=st.rows_read - r0))
                 if stop(out[-1].estimate):
                     break
-                C *= factor
         return out
     finally:
         if opened:
