@@ -114,6 +114,8 @@ class Checker:
         self.stats = stats
         self.pool = Pool(self.budget, cfg.pool_share)
         self.row_bytes = max(1, self.store.estimated_bytes(1))
+        # a row in a copied selection or the pool: its values, its position and its key
+        self.kept_row_bytes = self.row_bytes + 16
         self.held = 0  # reserved for the last answer until its rows join S
 
     def clear(self) -> None:
@@ -147,7 +149,7 @@ class Checker:
         row positions and keys alone (48 bytes a row, merges included), and the admitted
         rows are read again after the pass (:meth:`Store.gather`: runs of rows, from the
         block cache where it holds them): 3 times as many rows a check in the same room."""
-        per_row = self.row_bytes + 16
+        per_row = self.kept_row_bytes
         room = scan_room_rows(self.store) * per_row
         if self.budget.try_reserve(3 * want * per_row + room, fit_rss=True):
             self.budget.release(room)
@@ -167,7 +169,7 @@ class Checker:
         """Where neither selection leaves the scan its chunk: the copied one with room for
         MIN_CHECK_ROWS rows beside it (the scan's chunks halve to fit), halved down to that
         floor; below it, :meth:`MemoryBudget.reserve`'s error with the figures."""
-        per_row = self.row_bytes + 16
+        per_row = self.kept_row_bytes
         room = MIN_CHECK_ROWS * per_row
         want = reserve_rows(self.budget, want, 3 * per_row, "IBCD check's selection",
                             extra=room)
@@ -188,8 +190,8 @@ class Checker:
         self.pool.clear()
         # the selection, then the pool, each with room for the pass's chunks left beside it
         want, gather = self._reserve_selection(want)
-        k_pool = (self.pool.reserve(self.pool_rows, self.row_bytes + 16,
-                                    room=scan_room_rows(self.store) * (self.row_bytes + 16))
+        k_pool = (self.pool.reserve(self.pool_rows, self.kept_row_bytes,
+                                    room=scan_room_rows(self.store) * self.kept_row_bytes)
                   if keep_pool and self.pool.wanted else 0)
         ans, pool, self.next_block = scan_rows(
             self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
