@@ -38,7 +38,8 @@ from ooc_learn._json import jsonable
 from ooc_learn.storage.errors import ModelMismatchError, ParameterError, UsageError
 from ooc_learn.storage.replace import atomic_file
 
-__all__ = ["LinearModel", "load_model", "is_model_file", "encode_labels", "class_text",
+__all__ = ["LinearModel", "load_model", "is_model_file", "model_container", "encode_labels",
+           "class_text",
            "regression_errors",
            "error_figures", "MODEL_FORMAT", "MODEL_VERSION"]
 
@@ -55,16 +56,22 @@ def model_format(path) -> str:
     return "h5" if Path(path).suffix.lower() in HDF5_SUFFIXES else "npz"
 
 
-def _stored_format(path: Path) -> str:
-    """The format a model file holds, from its first bytes (its name where unreadable)."""
+def model_container(path) -> str | None:
+    """The container a file's first bytes show: "h5" (HDF5) or "npz" (a zip), else None
+    (unreadable, or neither: no model of ours)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)
     except OSError:
-        return model_format(path)
+        return None
     if head == _HDF5_MAGIC:
         return "h5"
-    return "npz" if head[:2] == b"PK" else model_format(path)
+    return "npz" if head[:2] == b"PK" else None
+
+
+def _stored_format(path: Path) -> str:
+    """The format a model file holds, from its first bytes (its name where unreadable)."""
+    return model_container(path) or model_format(path)
 
 
 def _checksum(coef, intercept, classes, meta: str) -> int:

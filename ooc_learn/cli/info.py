@@ -62,12 +62,10 @@ def _info_body(args):
             return _model_info(args.store)
         # a file is a model or nothing of ours: a damaged model (a zip or an HDF5 file) says
         # what is wrong with it
-        from ooc_learn.model import load_model
+        from ooc_learn.model import load_model, model_container
         from ooc_learn.storage.errors import UsageError
 
-        with open(args.store, "rb") as fh:
-            head = fh.read(8)
-        if head[:2] == b"PK" or head == b"\x89HDF\r\n\x1a\n":
+        if model_container(args.store):
             load_model(args.store)
         raise UsageError(f"{args.store} is neither a store (a folder) nor a model file.",
                          "Pass a store written by ooc-ingest or a model written by "
