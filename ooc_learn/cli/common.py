@@ -185,10 +185,7 @@ class _StderrGuard:
         self._stream = stream
 
     def _gone(self) -> None:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-        except (OSError, ValueError):
-            pass
+        _to_devnull(self._stream)
 
     def write(self, text):
         try:
@@ -210,7 +207,15 @@ class _StderrGuard:
 def stdout_gone() -> None:
     """Point stdout at /dev/null after its reader went away, so the interpreter's own flush
     at exit stays quiet (no BrokenPipeError traceback)."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _to_devnull(sys.stdout)
+
+
+def _to_devnull(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (its reader went away)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):  # no descriptor (a test's capture): nothing to point
+        pass
 
 
 class _StopSignals:
