@@ -7,17 +7,8 @@ with kernels.
 
 from __future__ import annotations
 
+from ooc_learn._warmup import FIRST_RUN_KERNELS
 from ooc_learn.storage.jit import PENDING, track_helper
-
-# The kernels whose first compilation dominates a command's first run (seconds each on a
-# 2-core machine): while any of them has no code in numba's cache, the command says so
-FIRST_RUN_KERNELS = {
-    "ooc-ingest": (("ooc_learn.storage._parse_kernels", "parse_libsvm"),
-                   ("ooc_learn.index._build_kernels", "build_tree_kernel")),
-    "ooc-index": (("ooc_learn.index._build_kernels", "build_tree_kernel"),),
-    "ooc-train": (("ooc_learn.index._search_kernels", "bbf_run"),
-                  ("ooc_learn.solvers._kernels", "dcd_solve")),
-}
 
 
 def kernels_cached(kernels) -> bool:
@@ -148,16 +139,17 @@ def _compile(kernels) -> None:
 
 def announce_first_run(prog: str, memory_given: bool = False) -> bool:
     """Print "compiling kernels (first run only)" on stderr when ``prog``'s main kernels are
-    not in numba's cache, and under a cap of the user's that the compiler's memory is
-    beyond it; return whether it did. ``ooc-train a9a.store --memory 200M`` in a fresh
-    checkout peaked at 265 MiB, then at 153 MiB from the cache (session 44)."""
+    not in numba's cache, and under a cap of the user's (whose helpers, ``_warmup``, could
+    not compile them within it) that the compiler's memory is beyond it; return whether it
+    did. ``ooc-train a9a.store --memory 200M`` in a fresh checkout peaked at 265 MiB, then at
+    153 MiB from the cache (session 44)."""
     import sys
 
     kernels = FIRST_RUN_KERNELS.get(prog)
     if not kernels or kernels_cached(kernels):
         return False
-    cap = ("; numba's compiler takes ~110 MiB beyond --memory meanwhile, so where the cap "
-           "is tight run the command once without it" if memory_given else "")
+    cap = ("; the cap left the helpers no room for them, and numba's compiler takes up to "
+           "~110 MiB beyond --memory meanwhile" if memory_given else "")
     print(f"{prog}: compiling kernels (first run only: later runs load them from numba's "
           f"cache{cap})...", file=sys.stderr, flush=True)
     return True

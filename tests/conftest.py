@@ -1,5 +1,11 @@
+import os
+
 import numpy as np
 import pytest
+
+# a first run under --memory warms its kernels up in helper processes (ooc_learn._warmup);
+# the suite's commands compile in-process as before (tests/test_warmup.py tests the helpers)
+os.environ.setdefault("OOC_WARMUP", "0")
 
 
 @pytest.fixture

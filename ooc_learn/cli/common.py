@@ -93,10 +93,20 @@ def _run_command(prog, parser, body, argv, stop) -> int:
     from ooc_learn.storage.resources import limit_allocator_retention
 
     limit_allocator_retention()
-    from ooc_learn._jit import announce_first_run, compile_ahead
+    from ooc_learn._warmup import warm_up_first  # before numba loads (ooc_learn._jit's does)
 
     memory_given = (getattr(args, "memory", None) is not None
                     or bool(os.environ.get("OOC_MEMORY")))
+    if memory_given:  # a first run's kernels compiled before the work, outside this process
+        cap = getattr(args, "memory", None) or os.environ.get("OOC_MEMORY")
+        try:
+            cap = parse_size(cap)
+        except Exception:  # a bad size: the command's own check names it, at once
+            cap = None
+        if cap is not None:
+            warm_up_first(prog, sys.argv[1:] if argv is None else argv, args, stop, cap=cap)
+    from ooc_learn._jit import announce_first_run, compile_ahead
+
     if not getattr(args, "quiet", False):
         announce_first_run(prog, memory_given)
     compile_ahead(ahead_kernels(prog, args), memory_given=memory_given)

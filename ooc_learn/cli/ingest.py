@@ -246,6 +246,11 @@ def _report(args, store):
     return {"json": out, "text": text}
 
 
+def ingest_command():
+    """ooc-ingest's parser and body (a first run's warm-up runs them: ``cli.warmup``)."""
+    return _ingest_parser(), _ingest_body
+
+
 def ingest_main(argv=None) -> int:
     return run_command("ooc-ingest", _ingest_parser(), _ingest_body, argv)
 
@@ -280,6 +285,11 @@ def _index_body(args):
     out = dict(out, store=str(args.store))
     return {"json": out, "text": f"{args.store}: index built over {out.get('n_blocks')} blocks "
                                  f"in {out.get('seconds', 0):.2f} s"}
+
+
+def index_command():
+    """ooc-index's parser and body (a first run's warm-up runs them: ``cli.warmup``)."""
+    return _index_parser(), _index_body
 
 
 def index_main(argv=None) -> int:

@@ -506,5 +506,10 @@ def _cv_incremental_body(args):
     return {"json": out, "text": res.summary()}
 
 
+def train_command():
+    """ooc-train's parser and body (a first run's warm-up runs them: ``cli.warmup``)."""
+    return _train_parser(), _train_body
+
+
 def train_main(argv=None) -> int:
     return run_command("ooc-train", _train_parser(), _train_body, argv)

@@ -1,0 +1,187 @@
+"""The helper's side of a first run's warm-up under ``--memory`` (the command's side, and
+why: :mod:`ooc_learn._warmup`): the command, same options, on the head of its input in a
+folder of the command's, compiling its kernels into numba's cache.
+
+Run as ``python -m ooc_learn.cli.warmup PROG ARGV_JSON FOLDER``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ooc_learn._warmup import AGAIN
+
+HEAD_ROWS = 6000
+HEAD_FEATURES = 32
+HEAD_LINES = 4000
+
+
+def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = None) -> Path:
+    """The first HEAD_ROWS rows of the store at ``path`` (its first HEAD_FEATURES features)
+    as a store at ``out``, indexed where the store is (``index`` None) or as asked."""
+    import numpy as np
+
+    from ooc_learn.index.orderer import forest_orderer
+    from ooc_learn.storage.ingest import ingest_arrays
+    from ooc_learn.storage.store import open_store
+
+    with open_store(path) as st:
+        n = min(HEAD_ROWS, st.n_samples)
+        X, y, _ = st.read_range(0, n, ids=False, stored_labels=True)
+        task, indexed, blocks = st.stored_task, st.has_index, st.n_blocks
+    X = X[:, :HEAD_FEATURES]
+    if not hasattr(X, "tocsr"):
+        X = np.ascontiguousarray(X)
+    index = indexed if index is None else index
+    ingest_arrays(X, y, out, task=task, n_blocks=max(min(blocks, 8), min_blocks),
+                  block_orderer=forest_orderer() if index else None)
+    return out
+
+
+def _source_head(path: str, tmp: Path) -> Path | None:
+    """The first HEAD_LINES lines of a text source (decompressed) or HEAD_ROWS rows of a
+    .npy, in ``tmp`` under the source's name; None for what cannot be cut (stdin, idx, .npz)."""
+    from ooc_learn.storage.sniff import detect_format
+    from ooc_learn.storage.source_io import open_binary
+
+    if path == "-":
+        return None
+    fmt = detect_format(path)
+    name = Path(path).name
+    for suffix in (".gz", ".bz2", ".xz"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    out = tmp / f"{len(list(tmp.iterdir()))}-{name}"
+    if fmt == "npy":
+        import numpy as np
+
+        a = np.load(path, mmap_mode="r")
+        np.save(out if out.suffix == ".npy" else out.with_suffix(".npy"),
+                np.ascontiguousarray(a[:HEAD_ROWS]))
+        return out if out.suffix == ".npy" else out.with_suffix(".npy")
+    if fmt not in ("libsvm", "csv"):
+        return None
+    with open_binary(path) as f, open(out, "wb") as g:
+        lines = 0
+        while lines < HEAD_LINES:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            n = chunk.count(b"\n")
+            if lines + n >= HEAD_LINES:  # up to the HEAD_LINES-th line's end
+                cut = -1
+                for _ in range(HEAD_LINES - lines):
+                    cut = chunk.index(b"\n", cut + 1)
+                chunk = chunk[: cut + 1]
+            g.write(chunk)
+            lines += n
+    return out
+
+
+def _prepare_train(args, tmp: Path) -> bool:
+    from ooc_learn.storage.sharded import is_sharded_store
+    from ooc_learn.storage.store import is_store
+
+    if is_sharded_store(args.store) or not is_store(args.store):
+        return False
+    k = int(args.cv) if args.cv is not None and str(args.cv).isdigit() else 1
+    args.store = str(_store_head(args.store, tmp / "head.store", min_blocks=k))
+    if args.test is not None:
+        if is_store(args.test):
+            args.test = str(_store_head(args.test, tmp / "test.store", index=False))
+        else:
+            # the test file's parsers compile by ingesting its head (its features may be more
+            # than the head store keeps, so it is not scored)
+            from ooc_learn.storage.ingest import ingest
+
+            src = _source_head(args.test, tmp)
+            if src is not None:
+                ingest([str(src)], tmp / "test-head.store")
+            args.test = None
+    if args.output is not None:
+        args.output = str(tmp / ("model" + (Path(args.output).suffix or ".npz")))
+    args.plot = args.spill_dir = None
+    args.jobs = 1
+    return True
+
+
+def _prepare_ingest(args, tmp: Path) -> bool:
+    heads = [_source_head(s, tmp) for s in args.sources]
+    if any(h is None for h in heads):
+        return False
+    args.sources = [str(h) for h in heads]
+    if args.labels is not None:
+        args.labels = str(_source_head(args.labels, tmp))
+    args.output = str(tmp / "out.store")
+    args.blocks = args.block_rows = None
+    args.overwrite = True
+    return True
+
+
+def _prepare_index(args, tmp: Path) -> bool:
+    from ooc_learn.storage.sharded import is_sharded_store
+    from ooc_learn.storage.store import is_store
+
+    if is_sharded_store(args.store) or not is_store(args.store):
+        return False
+    args.store = str(_store_head(args.store, tmp / "head.store", index=False))
+    return True
+
+
+def _command(prog: str):
+    """(parser, body, prepare) of ``prog``."""
+    if prog == "ooc-train":
+        from .train import train_command
+
+        return (*train_command(), _prepare_train)
+    from .ingest import index_command, ingest_command
+
+    if prog == "ooc-ingest":
+        return (*ingest_command(), _prepare_ingest)
+    return (*index_command(), _prepare_index)
+
+
+def _watch_rss(limit: int) -> None:
+    """End this process with ``AGAIN`` once its RSS passes ``limit`` bytes (a thread polling
+    every 20 ms) after LLVM's code pages were handed back (they fault back in as the compiler
+    needs them): numba has cached every kernel compiled so far, and a fresh helper goes on."""
+    import threading
+    import time
+
+    from ooc_learn.storage.resources import current_rss_bytes, release_compiler_pages
+
+    def watch():
+        while True:
+            if current_rss_bytes() > limit:
+                release_compiler_pages(min_interval=0.25)
+                if current_rss_bytes() > limit:
+                    os._exit(AGAIN)
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(prog: str, argv: list[str], folder: str) -> int:
+    """Run ``prog argv`` on the head of its input, in ``folder`` (the caller's to remove);
+    0 when it ran, 3 when the input cannot be cut, 1 when the run failed (the command then
+    compiles what is left itself). ``OOC_WARMUP_RSS``: the RSS, in bytes, past which it
+    stops (:func:`_watch_rss`)."""
+    from ooc_learn.storage.resources import limit_allocator_retention
+
+    limit_allocator_retention()  # as the command itself does (run_command)
+    if os.environ.get("OOC_WARMUP_RSS"):
+        _watch_rss(int(os.environ["OOC_WARMUP_RSS"]))
+    parser, body, prepare = _command(prog)
+    args = parser.parse_args(argv)
+    if not prepare(args, Path(folder)):
+        return 3
+    args.memory, args.quiet, args.json, args.verbose = None, True, False, False
+    body(args)
+    return 0
+
+
+if __name__ == "__main__":  # a helper of ooc_learn._warmup.warm_up_first
+    os.environ.pop("OOC_MEMORY", None)
+    sys.exit(main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]))

@@ -1,0 +1,160 @@
+"""A first run under --memory compiles its kernels first, in helpers on the head of its input
+(ooc_learn._warmup), so that the command itself loads them within its cap."""
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import ooc_learn
+from ooc_learn import _warmup
+from ooc_learn.cli import warmup as helper
+from ooc_learn.storage.store import open_store
+
+
+def _store(path, *, sparse=False, n=8000, d=50, blocks=2, index=True):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    if sparse:
+        X = sp.csr_matrix(np.where(np.abs(X) > 1.0, X, 0.0))
+    ooc_learn.ingest_arrays(X, y, path, n_blocks=blocks, build_index=index).close()
+    return str(path)
+
+
+def test_kernel_files_are_told_cached_by_their_index_files_and_dates(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakepkg"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    src = pkg / "kern.py"
+    src.write_text("def f(): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    kernels = [("fakepkg.kern", "f")]
+    assert not _warmup.kernel_files_cached(kernels)  # no index file
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    index = pkg / "__pycache__" / f"kern.f-1.{tag}.nbi"
+    index.write_bytes(b"x")
+    os.utime(src, (1_000_000, 1_000_000))
+    assert _warmup.kernel_files_cached(kernels)
+    os.utime(src, (4_000_000_000, 4_000_000_000))  # the source changed after the cache
+    assert not _warmup.kernel_files_cached(kernels)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # cache elsewhere: not told
+    assert _warmup.kernel_files_cached(kernels)
+
+
+def test_a_source_head_keeps_its_first_lines_and_format(tmp_path):
+    lines = [f"{1 if i % 2 else -1} 1:{i} 3:0.5\n".encode() for i in range(helper.HEAD_LINES
+                                                                             + 500)]
+    src = tmp_path / "train.svm.gz"
+    with gzip.open(src, "wb") as f:
+        f.writelines(lines)
+    out = tmp_path / "heads"
+    out.mkdir()
+    head = helper._source_head(str(src), out)
+    assert head.name.endswith("train.svm")  # decompressed, the format's own name kept
+    assert head.read_bytes() == b"".join(lines[:helper.HEAD_LINES])
+    a = np.arange(3 * (helper.HEAD_ROWS + 10), dtype=np.float32).reshape(-1, 3)
+    np.save(tmp_path / "X.npy", a)
+    got = np.load(helper._source_head(str(tmp_path / "X.npy"), out))
+    assert np.array_equal(got, a[:helper.HEAD_ROWS])
+    assert helper._source_head("-", out) is None  # standard input cannot be cut
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_train_head_keeps_layout_task_folds_and_reads_no_further(tmp_path, sparse):
+    store = _store(tmp_path / "s", sparse=sparse)
+    test = tmp_path / "t.svm"
+    test.write_text("1 1:0.5 2:1\n-1 1:-0.5 3:1\n")
+    work = tmp_path / "w"
+    work.mkdir()
+    args = _train_args([store, "-o", str(tmp_path / "m.h5"), "--cv", "5", "--test", str(test),
+                        "--jobs", "2", "--memory", "300M"])
+    assert helper._prepare_train(args, work)
+    with open_store(args.store) as head, open_store(store) as full:
+        assert head.layout == full.layout and head.task == full.task
+        assert head.n_samples == min(helper.HEAD_ROWS, full.n_samples)
+        assert head.n_features == min(helper.HEAD_FEATURES, full.n_features)
+        assert head.n_blocks >= 5 and head.has_index
+        # the store's first rows, cut to the first features (in the head's own order)
+        X, y, _ = head.read_range(0, head.n_samples)
+        X0, y0, _ = full.read_range(0, head.n_samples)
+        X = X.toarray() if sparse else X
+        X0 = (X0.toarray() if sparse else X0)[:, :helper.HEAD_FEATURES]
+        key = lambda X, y: np.lexsort(np.column_stack([y, X]).T)  # noqa: E731
+        assert np.array_equal(np.column_stack([y, X])[key(X, y)],
+                              np.column_stack([y0, X0])[key(X0, y0)])
+    # the test file's parsers compiled on its head, not scored against the cut features
+    assert args.test is None and (work / "test-head.store").exists()
+    assert args.output == str(work / "model.h5") and args.jobs == 1
+
+
+def _train_args(argv):
+    from ooc_learn.cli.train import _train_parser
+
+    return _train_parser().parse_args(argv)
+
+
+def test_the_helper_trains_on_the_head_and_stops_where_its_rss_passes_its_share(tmp_path):
+    store = _store(tmp_path / "s", n=3000, d=10, blocks=2)
+    argv = json.dumps([store, "-o", str(tmp_path / "m.npz"), "--solver", "dcd",
+                       "--memory", "100M"])
+    env = dict(os.environ, OOC_WARMUP="0", OOC_COMPILE_AHEAD="0")
+    folder = tmp_path / "w"
+    folder.mkdir()
+    run = subprocess.run([sys.executable, "-m", "ooc_learn.cli.warmup", "ooc-train", argv,
+                          str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (folder / "model.npz").exists() and not (tmp_path / "m.npz").exists()
+    env["OOC_WARMUP_RSS"] = str(1 << 20)  # past at once: the next helper goes on
+    run = subprocess.run([sys.executable, "-m", "ooc_learn.cli.warmup", "ooc-train", argv,
+                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == _warmup.AGAIN
+
+
+def test_helpers_go_on_while_each_adds_kernels_and_the_command_goes_on_after(monkeypatch):
+    monkeypatch.delenv("OOC_WARMUP", raising=False)
+    monkeypatch.setattr(_warmup, "kernel_files_cached", lambda kernels: False)
+    rounds, counts = [], iter([10, 14, 20, 20])
+    monkeypatch.setattr(_warmup, "cached_kernel_count", lambda: next(counts))
+    plan = iter([_warmup.AGAIN, _warmup.AGAIN, 0])
+
+    def helper(cmd, env, end, stop):
+        rounds.append((cmd[3], env["OOC_WARMUP_RSS"], env["OOC_WARMUP"], os.path.isdir(cmd[5])))
+        return next(plan)
+
+    monkeypatch.setattr(_warmup, "_run_helper", helper)
+    args = argparse.Namespace(quiet=True)
+    assert _warmup.warm_up_first("ooc-train", ["s"], args, cap=1 << 30)
+    assert len(rounds) == 3 and all(r[0] == "ooc-train" and r[2] == "0" and r[3]
+                                    for r in rounds)
+    assert int(rounds[0][1]) < 1 << 30  # the cap less this process's RSS
+    # a helper that stops without caching a kernel more: the command compiles the rest
+    rounds.clear()
+    counts, plan = iter([10, 10]), iter([_warmup.AGAIN] * 5)
+    monkeypatch.setattr(_warmup, "cached_kernel_count", lambda: next(counts))
+    assert not _warmup.warm_up_first("ooc-train", ["s"], args, cap=1 << 30)
+    assert len(rounds) == 1
+
+
+def test_no_warm_up_where_cached_switched_off_on_dask_or_for_other_commands(monkeypatch):
+    ran = []
+    monkeypatch.setattr(_warmup, "_run_helper", lambda *a: ran.append(a) or 0)
+    args = argparse.Namespace(quiet=True, workers=None, scheduler=None)
+    monkeypatch.setattr(_warmup, "kernel_files_cached", lambda kernels: True)
+    assert not _warmup.warm_up_first("ooc-train", [], args, cap=1 << 30)
+    monkeypatch.setattr(_warmup, "kernel_files_cached", lambda kernels: False)
+    monkeypatch.setenv("OOC_WARMUP", "0")
+    assert not _warmup.warm_up_first("ooc-train", [], args, cap=1 << 30)
+    monkeypatch.delenv("OOC_WARMUP")
+    assert not _warmup.warm_up_first("ooc-predict", [], args, cap=1 << 30)
+    assert not _warmup.warm_up_first("ooc-train", [], argparse.Namespace(quiet=True, workers=2),
+                                  cap=1 << 30)
+    assert not ran
+    assert _warmup.warm_up_first("ooc-train", [], args, cap=1 << 30) and len(ran) == 1
