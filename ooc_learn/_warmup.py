@@ -44,7 +44,8 @@ def kernel_files_cached(kernels) -> bool:
     """Whether numba's cache files of these ``(module, name)`` kernels exist beside their
     source and are newer than it, told without importing them (numba itself and the kernel
     modules take ~80 MiB: this runs before a capped command decides to warm up). Where numba
-    keeps its cache elsewhere (``NUMBA_CACHE_DIR``) or a source cannot be found: True."""
+    keeps its cache elsewhere (``NUMBA_CACHE_DIR``, or a package folder this user cannot
+    write: numba's user-wide cache) or a source cannot be found: True."""
     import importlib.util
     import os
     import sys
@@ -61,6 +62,8 @@ def kernel_files_cached(kernels) -> bool:
         except (ImportError, AttributeError, TypeError, StopIteration, ValueError):
             return True
         cache = os.path.join(os.path.dirname(src), "__pycache__")
+        if not os.access(cache if os.path.isdir(cache) else os.path.dirname(src), os.W_OK):
+            return True  # numba caches in the user's folder instead: not told here
         try:
             found = [f for f in os.listdir(cache)
                      if f.startswith(f"{leaf}.{name}-") and f.endswith(f".{tag}.nbi")]

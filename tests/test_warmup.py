@@ -45,6 +45,11 @@ def test_kernel_files_are_told_cached_by_their_index_files_and_dates(tmp_path, m
     assert _warmup.kernel_files_cached(kernels)
     os.utime(src, (4_000_000_000, 4_000_000_000))  # the source changed after the cache
     assert not _warmup.kernel_files_cached(kernels)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # numba's user-wide cache
+    assert _warmup.kernel_files_cached(kernels)
+    monkeypatch.undo()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not _warmup.kernel_files_cached(kernels)
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # cache elsewhere: not told
     assert _warmup.kernel_files_cached(kernels)
 
