@@ -84,20 +84,20 @@ AGAIN = 75
 
 
 def cached_kernel_count() -> int:
-    """numba index files in the caches beside the package's modules (a helper round that
-    added none made no progress)."""
+    """numba index files in the caches beside the package's modules (a helper that added none
+    made no progress)."""
+    import importlib.util
     import os
 
     import ooc_learn
 
-    root = os.path.dirname(os.path.abspath(ooc_learn.__file__))
-    roots = {root, os.path.join(os.path.dirname(root), "storage"),
-             os.path.join(os.path.dirname(root), "index"),
-             os.path.join(root, "storage"), os.path.join(root, "index")}
+    dirs = list(ooc_learn.__path__)
+    for package in ("ooc_learn.storage", "ooc_learn.index"):  # their own folders (package-dir)
+        dirs += importlib.util.find_spec(package).submodule_search_locations
     count = 0
-    for r in roots:
-        for dirpath, _, files in os.walk(r):
-            if dirpath.endswith("__pycache__"):
+    for top in {os.path.abspath(d) for d in dirs}:
+        for dirpath, _, files in os.walk(top):
+            if os.path.basename(dirpath) == "__pycache__":
                 count += sum(f.endswith(".nbi") for f in files)
     return count
 
@@ -106,7 +106,7 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
     """On a first run of ``prog`` under ``--memory`` (its main kernels not in numba's cache),
     run it first on the head of its input in helper processes (:mod:`ooc_learn.cli.warmup`)
     and wait, so that its kernels load from the cache within the cap. numba's compiler keeps
-    what it compiled resident (a helper compiling all of ``ooc-train``'s kernels reached 332
+    what it compiled resident (a helper compiling all of ``ooc-train``'s kernels reached ~340
     MiB), so each helper stops once its RSS reaches the cap less this process's RSS
     (``cap``, bytes; exit ``AGAIN``) and the next goes on from the cache, until one ends
     (``WARM_UP_ROUNDS`` at most, and only while each adds kernels to the cache): the command
@@ -115,7 +115,9 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
     nor with ``OOC_WARMUP=0``; ``stop`` (the command's signal state) ends the wait."""
     import json
     import os
+    import shutil
     import sys
+    import tempfile
     import time
 
     if (prog not in WARM_UP or os.environ.get("OOC_WARMUP", "1") == "0"
@@ -133,9 +135,6 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
         from ooc_learn.storage.resources import current_rss_bytes
 
         env["OOC_WARMUP_RSS"] = str(max(0, cap - (current_rss_bytes() or 0)))
-    import shutil
-    import tempfile
-
     end = time.monotonic() + WARM_UP_TIMEOUT
     done = cached_kernel_count()
     for _ in range(WARM_UP_ROUNDS):
@@ -155,8 +154,8 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
 
 
 def _run_helper(cmd, env, end: float, stop) -> int | None:
-    """Run one helper to its end; None where it could not start, was stopped (``end``
-    passed, or a signal came) or failed."""
+    """Run one helper to its end and return its exit status; None where it could not start
+    or was stopped (``end`` passed, or a signal came)."""
     import subprocess
     import time
 
