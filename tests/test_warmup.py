@@ -72,6 +72,24 @@ def test_a_source_head_keeps_its_first_lines_and_format(tmp_path):
     assert helper._source_head("-", out) is None  # standard input cannot be cut
 
 
+def test_heads_of_wide_data_stop_at_their_byte_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(helper, "HEAD_BYTES", 1000)
+    row = ",".join(["0.5"] * 100) + "\n"  # 400 bytes a line
+    src = tmp_path / "wide.csv"
+    src.write_text("label," + ",".join(f"f{i}" for i in range(99)) + "\n" + row * 50)
+    out = tmp_path / "heads"
+    out.mkdir()
+    head = helper._source_head(str(src), out).read_bytes()
+    text = src.read_bytes()
+    assert text.startswith(head) and head.endswith(b"\n")
+    assert 1000 <= len(head) < 1000 + len(row) and head.count(b"\n") == 3
+    np.save(tmp_path / "X.npy", np.zeros((50, 100), np.float32))  # 400 bytes a row
+    assert np.load(helper._source_head(str(tmp_path / "X.npy"), out)).shape == (2, 100)
+    store = _store(tmp_path / "s", n=500, d=100, blocks=1, index=False)
+    with open_store(helper._store_head(store, tmp_path / "h")) as head_store:
+        assert head_store.n_samples == 64  # 64 rows at least, HEAD_BYTES allowing fewer
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_the_train_head_keeps_layout_task_folds_and_reads_no_further(tmp_path, sparse):
     store = _store(tmp_path / "s", sparse=sparse)

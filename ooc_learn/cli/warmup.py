@@ -17,11 +17,15 @@ from ooc_learn._warmup import AGAIN
 HEAD_ROWS = 6000
 HEAD_FEATURES = 32
 HEAD_LINES = 4000
+# ... and of wide data no more than this many bytes (at least 64 rows of a store, 2 lines or
+# rows of a source): 6,000 rows of 100,000 dense features would be 2.4 GB
+HEAD_BYTES = 16 << 20
 
 
 def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = None) -> Path:
-    """The first HEAD_ROWS rows of the store at ``path`` (its first HEAD_FEATURES features)
-    as a store at ``out``, indexed where the store is (``index`` None) or as asked."""
+    """The first HEAD_ROWS rows (HEAD_BYTES at most) of the store at ``path``, its first
+    HEAD_FEATURES features, as a store at ``out``, indexed where the store is (``index``
+    None) or as asked."""
     import numpy as np
 
     from ooc_learn.index.orderer import forest_orderer
@@ -29,7 +33,7 @@ def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = No
     from ooc_learn.storage.store import open_store
 
     with open_store(path) as st:
-        n = min(HEAD_ROWS, st.n_samples)
+        n = min(HEAD_ROWS, st.n_samples, max(64, HEAD_BYTES // st.estimated_bytes(1)))
         X, y, _ = st.read_range(0, n, ids=False, stored_labels=True)
         task, indexed, blocks = st.stored_task, st.has_index, st.n_blocks
     X = X[:, :HEAD_FEATURES]
@@ -43,7 +47,8 @@ def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = No
 
 def _source_head(path: str, tmp: Path) -> Path | None:
     """The first HEAD_LINES lines of a text source (decompressed) or HEAD_ROWS rows of a
-    .npy, in ``tmp`` under the source's name; None for what cannot be cut (stdin, idx, .npz)."""
+    .npy, HEAD_BYTES at most, in ``tmp`` under the source's name; None for what cannot be cut
+    (stdin, idx, .npz)."""
     from ooc_learn.storage.sniff import detect_format
     from ooc_learn.storage.source_io import open_binary
 
@@ -58,25 +63,26 @@ def _source_head(path: str, tmp: Path) -> Path | None:
         import numpy as np
 
         a = np.load(path, mmap_mode="r")
+        rows = min(HEAD_ROWS, max(2, HEAD_BYTES // max(1, a[:1].nbytes)))
         np.save(out if out.suffix == ".npy" else out.with_suffix(".npy"),
-                np.ascontiguousarray(a[:HEAD_ROWS]))
+                np.ascontiguousarray(a[:rows]))
         return out if out.suffix == ".npy" else out.with_suffix(".npy")
     if fmt not in ("libsvm", "csv"):
         return None
     with open_binary(path) as f, open(out, "wb") as g:
-        lines = 0
-        while lines < HEAD_LINES:
+        lines = written = 0
+        while lines < HEAD_LINES and (written < HEAD_BYTES or lines < 2):
             chunk = f.read(1 << 20)
             if not chunk:
                 break
-            n = chunk.count(b"\n")
-            if lines + n >= HEAD_LINES:  # up to the HEAD_LINES-th line's end
-                cut = -1
-                for _ in range(HEAD_LINES - lines):
-                    cut = chunk.index(b"\n", cut + 1)
-                chunk = chunk[: cut + 1]
-            g.write(chunk)
-            lines += n
+            end, pos = len(chunk), -1  # the chunk up to the end of the line that ends the head
+            while (pos := chunk.find(b"\n", pos + 1)) >= 0:
+                lines += 1
+                if lines >= HEAD_LINES or (written + pos + 1 >= HEAD_BYTES and lines >= 2):
+                    end = pos + 1
+                    break
+            g.write(chunk[:end])
+            written += end
     return out
 
 
