@@ -40,18 +40,34 @@ FIRST_RUN_KERNELS = {
 
 
 
+def numba_cache_dir(source: str) -> str:
+    """Where numba caches the kernels of the module file ``source``, as its cache locators
+    decide (``numba.core.caching``): under ``NUMBA_CACHE_DIR`` where set; else the module's
+    ``__pycache__`` where this user can write it; else numba's user-wide cache folder. Both
+    of the latter name the module's folder by its name and the SHA-1 of its path."""
+    import hashlib
+    import os
+
+    folder = os.path.dirname(os.path.abspath(source))
+    sub = f"{os.path.basename(folder)}_{hashlib.sha1(folder.encode()).hexdigest()}"
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return os.path.join(os.environ["NUMBA_CACHE_DIR"], sub)
+    tree = os.path.join(folder, "__pycache__")
+    if os.access(tree if os.path.isdir(tree) else folder, os.W_OK):
+        return tree
+    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(user, "numba", sub)
+
+
 def kernel_files_cached(kernels) -> bool:
-    """Whether numba's cache files of these ``(module, name)`` kernels exist beside their
-    source and are newer than it, told without importing them (numba itself and the kernel
-    modules take ~80 MiB: this runs before a capped command decides to warm up). Where numba
-    keeps its cache elsewhere (``NUMBA_CACHE_DIR``, or a package folder this user cannot
-    write: numba's user-wide cache) or a source cannot be found: True."""
+    """Whether numba's cache files of these ``(module, name)`` kernels exist and are newer
+    than their sources, told without importing them (numba itself and the kernel modules
+    take ~80 MiB: this runs before a capped command decides to warm up). Where a source
+    cannot be found: True (nothing is done then)."""
     import importlib.util
     import os
     import sys
 
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return True
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
     for module, name in kernels:
         package, _, leaf = module.rpartition(".")
@@ -61,9 +77,7 @@ def kernel_files_cached(kernels) -> bool:
                        if os.path.exists(os.path.join(d, leaf + ".py")))
         except (ImportError, AttributeError, TypeError, StopIteration, ValueError):
             return True
-        cache = os.path.join(os.path.dirname(src), "__pycache__")
-        if not os.access(cache if os.path.isdir(cache) else os.path.dirname(src), os.W_OK):
-            return True  # numba caches in the user's folder instead: not told here
+        cache = numba_cache_dir(src)
         try:
             found = [f for f in os.listdir(cache)
                      if f.startswith(f"{leaf}.{name}-") and f.endswith(f".{tag}.nbi")]
@@ -84,7 +98,7 @@ AGAIN = 75
 
 
 def cached_kernel_count() -> int:
-    """numba index files in the caches beside the package's modules (a helper that added none
+    """numba index files in the caches of the package's modules (a helper that added none
     made no progress)."""
     import importlib.util
     import os
@@ -94,11 +108,18 @@ def cached_kernel_count() -> int:
     dirs = list(ooc_learn.__path__)
     for package in ("ooc_learn.storage", "ooc_learn.index"):  # their own folders (package-dir)
         dirs += importlib.util.find_spec(package).submodule_search_locations
+    caches = set()
+    for top in dirs:
+        for dirpath, dirnames, files in os.walk(top):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            if any(f.endswith(".py") for f in files):
+                caches.add(numba_cache_dir(os.path.join(dirpath, "x.py")))
     count = 0
-    for top in {os.path.abspath(d) for d in dirs}:
-        for dirpath, _, files in os.walk(top):
-            if os.path.basename(dirpath) == "__pycache__":
-                count += sum(f.endswith(".nbi") for f in files)
+    for cache in caches:
+        try:
+            count += sum(f.endswith(".nbi") for f in os.listdir(cache))
+        except OSError:
+            pass
     return count
 
 

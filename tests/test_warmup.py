@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,13 +46,33 @@ def test_kernel_files_are_told_cached_by_their_index_files_and_dates(tmp_path, m
     assert _warmup.kernel_files_cached(kernels)
     os.utime(src, (4_000_000_000, 4_000_000_000))  # the source changed after the cache
     assert not _warmup.kernel_files_cached(kernels)
-    monkeypatch.setattr(os, "access", lambda path, mode: False)  # numba's user-wide cache
+    os.utime(src, (1_000_000, 1_000_000))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nc"))  # numba's cache elsewhere:
+    assert not _warmup.kernel_files_cached(kernels)  # the in-tree file is not numba's now
+    moved = Path(_warmup.numba_cache_dir(str(src)))
+    moved.mkdir(parents=True)
+    (moved / index.name).write_bytes(b"x")
     assert _warmup.kernel_files_cached(kernels)
-    monkeypatch.undo()
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert not _warmup.kernel_files_cached(kernels)
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # cache elsewhere: not told
-    assert _warmup.kernel_files_cached(kernels)
+
+
+def test_the_cache_folder_is_where_numba_puts_it(tmp_path, monkeypatch):
+    """Against numba's own locators, for a kernel of the package."""
+    from numba.core import caching
+
+    from ooc_learn.solvers import _kernels
+
+    func = _kernels.dcd_solve.py_func
+    src = func.__code__.co_filename
+    assert _warmup.numba_cache_dir(src) == caching.InTreeCacheLocator(
+        func, src).get_cache_path()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(caching.config, "CACHE_DIR", str(tmp_path))
+    assert _warmup.numba_cache_dir(src) == caching.UserProvidedCacheLocator(
+        func, src).get_cache_path()
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # a folder numba cannot write
+    assert _warmup.numba_cache_dir(src) == caching.UserWideCacheLocator(
+        func, src).get_cache_path()
 
 
 def test_a_source_head_keeps_its_first_lines_and_format(tmp_path):
