@@ -202,3 +202,31 @@ def test_no_warm_up_where_cached_switched_off_on_dask_or_for_other_commands(monk
                                   cap=1 << 30)
     assert not ran
     assert _warmup.warm_up_first("ooc-train", [], args, cap=1 << 30) and len(ran) == 1
+
+
+def test_a_first_run_under_a_cap_compiles_in_helpers_and_stays_within_it(tmp_path,
+                                                                          monkeypatch):
+    """End to end, numba's cache empty (a fresh NUMBA_CACHE_DIR): the command says it
+    compiles first, its peak RSS (and each helper's: the wrapper reads the largest) is within
+    --memory, and its kernels are in the cache after. In-process, the same first run of
+    ooc-train on a9a peaked at 297-304 MiB under --memory 300M (session 45)."""
+    from ooc_learn.storage.measure import (memory_cgroup_available, run_in_memory_cgroup,
+                                           run_measured)
+
+    store = _store(tmp_path / "s", n=20000, d=20, blocks=4)
+    cache = tmp_path / "numba-cache"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    monkeypatch.delenv("OOC_WARMUP", raising=False)
+    cap = 300 << 20
+    cmd = [sys.executable, "-c",
+           "import sys; from ooc_learn.cli import train_main; sys.exit(train_main())",
+           store, "-o", str(tmp_path / "m.npz"), "--memory", str(cap)]
+    if memory_cgroup_available()[0]:
+        r = run_in_memory_cgroup(cmd, cap + (64 << 20), drop_caches=False, timeout=600)
+        assert r["oom_kills"] == 0
+    else:
+        r = run_measured(cmd, timeout=600)
+    assert r["rc"] == 0, r["stderr"]
+    assert "compiling kernels first" in r["stderr"]
+    assert r["peak_rss_bytes"] <= cap, (r["peak_rss_bytes"] - cap) / 2**20
+    assert _warmup.kernel_files_cached(_warmup.FIRST_RUN_KERNELS["ooc-train"])
