@@ -130,8 +130,10 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
     what it compiled resident (a helper compiling all of ``ooc-train``'s kernels reached ~340
     MiB), so each helper stops once its RSS reaches the cap less this process's RSS
     (``cap``, bytes; exit ``AGAIN``) and the next goes on from the cache, until one ends
-    (``WARM_UP_ROUNDS`` at most, and only while each adds kernels to the cache): the command
-    and its helper stay within ``--memory`` together. Returns whether the warm-up ran to
+    (``WARM_UP_ROUNDS`` at most): the command and its helper stay within ``--memory``
+    together. Where a helper added no kernel (one kernel needs more than the share: the
+    index search's ~250 MiB), a last one runs without the limit, before this process holds
+    any data. Returns whether the warm-up ran to
     its end. Not with Dask (``--workers``, ``--scheduler``: the workers compile their own),
     nor with ``OOC_WARMUP=0``; ``stop`` (the command's signal state) ends the wait."""
     import json
@@ -158,18 +160,26 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
         env["OOC_WARMUP_RSS"] = str(max(0, cap - (current_rss_bytes() or 0)))
     end = time.monotonic() + WARM_UP_TIMEOUT
     done = cached_kernel_count()
-    for _ in range(WARM_UP_ROUNDS):
+
+    def run_once():
         folder = tempfile.mkdtemp(prefix="ooc-warmup-")
         try:
-            rc = _run_helper([sys.executable, "-m", "ooc_learn.cli.warmup", prog,
-                              json.dumps(list(argv)), folder], env, end, stop)
+            return _run_helper([sys.executable, "-m", "ooc_learn.cli.warmup", prog,
+                                json.dumps(list(argv)), folder], env, end, stop)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    for _ in range(WARM_UP_ROUNDS):
+        rc = run_once()
         if rc != AGAIN:
             return rc == 0
         now = cached_kernel_count()
-        if now <= done:  # the share holds no kernel more: the command compiles the rest
-            return False
+        if now <= done:
+            # the share holds no kernel more: one last helper without it, while this process
+            # is still small (compiled here, the kernel would join the data under the cap:
+            # the 10x setting's index search took over 10 minutes so, at 256 MiB under 224M)
+            env.pop("OOC_WARMUP_RSS", None)
+            return run_once() == 0
         done = now
     return False
 

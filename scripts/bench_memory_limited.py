@@ -20,7 +20,8 @@ The memory-limited scenario, built here end to end:
 * ours: ``ooc-ingest`` (a store per setting), ``ooc-train`` with ``ibcd`` (exact stop),
   ``ibcd`` in the paper's setting (``--truncate 1 --sample-eps 0.05``), ``dcd``, ``bm``,
   ``pegasos`` (each with ``--test test.npy``), ``ooc-predict`` of the ibcd model, TreeCV
-  10-fold of Pegasos (``ooc-train --cv 10``) and ``SparseRLS.fit(store)`` (Python API).
+  10-fold of Pegasos (``ooc-train --cv 10``) and ``SparseRLS.fit(store)`` (Python API);
+  by name only (``--only ibcd-first``), the exact stop's first run with numba's cache empty.
 * peers, in the same cgroup: scikit-learn ``SGDClassifier(hinge, alpha=1/(C n))``
   ``partial_fit`` over 10,000-row chunks of the memory-mapped ``train.npy`` (chunk order
   permuted per epoch, 3 epochs); Vowpal Wabbit (``vowpalwabbit`` package): a text file written
@@ -45,6 +46,7 @@ Usage::
     python scripts/bench_memory_limited.py --rows 60000    # both settings, ~7.5 min (dcd
                                                            # in the 10x setting: 216 s of it)
     python scripts/bench_memory_limited.py --setting 10x --only ingest,ibcd,sgd
+    python scripts/bench_memory_limited.py --only ibcd,ibcd-first   # a fresh install's first run
     python scripts/bench_memory_limited.py --json-out bench_out/memory_limited.json
 """
 
@@ -55,6 +57,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,6 +82,8 @@ SHIFTS = ([(1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (1, -1), (-1, 1), (-1, -1)]
 VERSIONS = [(0, 0)] + SHIFTS
 RUNS = ("ingest", "ibcd", "ibcd-paper", "dcd", "bm", "pegasos", "predict", "treecv", "rls",
         "sgd", "vw-convert", "vw")
+# asked for by name only (--only): a first run, numba's cache empty (NUMBA_CACHE_DIR fresh)
+OPT_IN = ("ibcd-first",)
 DATA_FORMAT = 1
 
 
@@ -469,7 +474,7 @@ def run_setting(runner: Runner, setting: str, only: set[str], data_meta: dict) -
     common = ["--memory", mem, "--quiet", "--json"]
     fresh = store_meta.exists() and json.loads(store_meta.read_text()) == data_meta
     needs_store = only & {"ibcd", "ibcd-paper", "dcd", "bm", "pegasos", "predict", "treecv",
-                          "rls"}
+                          "rls", "ibcd-first"}
     if "ingest" in only or (needs_store and not fresh):
         store_meta.unlink(missing_ok=True)
         r = runner.run("ingest", setting, _ooc("ooc-ingest") + [
@@ -490,6 +495,13 @@ def run_setting(runner: Runner, setting: str, only: set[str], data_meta: dict) -
             model = models / f"{setting}-{name}.npz"
             model.unlink(missing_ok=True)
             runner.run(name, setting, train_cmd + ["-o", str(model)] + extra)
+    if "ibcd-first" in only:
+        # what a fresh install's first run costs: numba compiles every kernel (the command's
+        # helpers first, within --memory: ooc_learn._warmup); the RSS column is the largest of
+        # the command and its helpers
+        with tempfile.TemporaryDirectory(prefix="numba-cache-", dir=a.work) as cache:
+            runner.run("ibcd-first", setting, ["env", f"NUMBA_CACHE_DIR={cache}"] + train_cmd
+                       + ["-o", str(models / f"{setting}-ibcd-first.npz"), "--solver", "ibcd"])
     if "predict" in only:
         # the exact-stop model, else the sampled rule's (the exact stop may not finish
         # within --timeout)
@@ -659,10 +671,10 @@ def main(argv=None) -> int:
     only = set(RUNS) | {"liblinear"}
     if args.only:
         only = {s.strip() for s in args.only.split(",") if s.strip()}
-        unknown = only - set(RUNS) - {"liblinear"}
+        unknown = only - set(RUNS) - set(OPT_IN) - {"liblinear"}
         if unknown:
             raise SystemExit(f"--only: unknown runs {sorted(unknown)}; "
-                             f"choose from {', '.join(RUNS)}, liblinear")
+                             f"choose from {', '.join(RUNS + OPT_IN)}, liblinear")
     args.work.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     data_meta = prepare_data(args)

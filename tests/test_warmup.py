@@ -170,7 +170,8 @@ def test_helpers_go_on_while_each_adds_kernels_and_the_command_goes_on_after(mon
     plan = iter([_warmup.AGAIN, _warmup.AGAIN, 0])
 
     def helper(cmd, env, end, stop):
-        rounds.append((cmd[3], env["OOC_WARMUP_RSS"], env["OOC_WARMUP"], os.path.isdir(cmd[5])))
+        rounds.append((cmd[3], env.get("OOC_WARMUP_RSS"), env["OOC_WARMUP"],
+                       os.path.isdir(cmd[5])))
         return next(plan)
 
     monkeypatch.setattr(_warmup, "_run_helper", helper)
@@ -179,12 +180,12 @@ def test_helpers_go_on_while_each_adds_kernels_and_the_command_goes_on_after(mon
     assert len(rounds) == 3 and all(r[0] == "ooc-train" and r[2] == "0" and r[3]
                                     for r in rounds)
     assert int(rounds[0][1]) < 1 << 30  # the cap less this process's RSS
-    # a helper that stops without caching a kernel more: the command compiles the rest
+    # a helper that stops without caching a kernel more: a last one without the limit
     rounds.clear()
-    counts, plan = iter([10, 10]), iter([_warmup.AGAIN] * 5)
+    counts, plan = iter([10, 10]), iter([_warmup.AGAIN, 0])
     monkeypatch.setattr(_warmup, "cached_kernel_count", lambda: next(counts))
-    assert not _warmup.warm_up_first("ooc-train", ["s"], args, cap=1 << 30)
-    assert len(rounds) == 1
+    assert _warmup.warm_up_first("ooc-train", ["s"], args, cap=1 << 30)
+    assert len(rounds) == 2 and rounds[1][1] is None
 
 
 def test_no_warm_up_where_cached_switched_off_on_dask_or_for_other_commands(monkeypatch):
