@@ -23,8 +23,8 @@ HEAD_BYTES = 16 << 20
 
 
 def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = None) -> Path:
-    """The first HEAD_ROWS rows (HEAD_BYTES at most) of the store at ``path``, their
-    HEAD_FEATURES features of the largest sums of squares, as a store at ``out``, indexed where the store is (``index``
+    """The first HEAD_ROWS rows (HEAD_BYTES at most) of the store at ``path``, its first
+    HEAD_FEATURES features, as a store at ``out``, indexed where the store is (``index``
     None) or as asked."""
     import numpy as np
 
@@ -36,14 +36,7 @@ def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = No
         n = min(HEAD_ROWS, st.n_samples, max(64, HEAD_BYTES // st.estimated_bytes(1)))
         X, y, _ = st.read_range(0, n, ids=False, stored_labels=True)
         task, layout, indexed, blocks = st.stored_task, st.layout, st.has_index, st.n_blocks
-    if X.shape[1] > HEAD_FEATURES:
-        # the features with the most weight in these rows (an image's first ones are its
-        # blank border: a head of them left IBCD no problem to solve, and Newton's method
-        # and S's compaction were first compiled in the command, beside its data)
-        sparse = hasattr(X, "tocsr")
-        weight = (np.asarray(X.multiply(X).sum(axis=0)).ravel() if sparse
-                  else np.einsum("ij,ij->j", X, X, dtype=np.float64))
-        X = X[:, np.sort(np.argsort(-weight, kind="stable")[:HEAD_FEATURES])]
+    X = X[:, :HEAD_FEATURES]
     if not hasattr(X, "tocsr"):
         X = np.ascontiguousarray(X)
     index = indexed if index is None else index
