@@ -7,29 +7,9 @@ with kernels.
 
 from __future__ import annotations
 
-from ooc_learn._warmup import FIRST_RUN_KERNELS
+# whether numba's cache holds a kernel: told from its files, where numba's locators put them
+from ooc_learn._warmup import FIRST_RUN_KERNELS, kernel_files_cached as kernels_cached
 from ooc_learn.storage.jit import PENDING, track_helper
-
-
-def kernels_cached(kernels) -> bool:
-    """Whether numba's cache holds code of these ``(module, name)`` kernels for their current
-    source (True where that cannot be told: nothing is said then)."""
-    import importlib
-
-    for module, name in kernels:
-        if (module, name) in _SEEN_CACHED:  # once in the cache, it stays there
-            continue
-        try:
-            dispatcher = getattr(importlib.import_module(module), name)
-            if not dispatcher._cache._cache_file._load_index():  # {} when absent or stale
-                return False
-        except Exception:  # numba's internals moved: assume cached
-            return True
-        _SEEN_CACHED.add((module, name))
-    return True
-
-
-_SEEN_CACHED: set = set()  # kernels found in the cache (each index file read once)
 
 
 def _array(dtype: str, ndim: int = 1):
