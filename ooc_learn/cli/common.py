@@ -95,10 +95,9 @@ def _run_command(prog, parser, body, argv, stop) -> int:
     limit_allocator_retention()
     from ooc_learn._warmup import warm_up_first  # before numba loads (ooc_learn._jit's does)
 
-    memory_given = (getattr(args, "memory", None) is not None
-                    or bool(os.environ.get("OOC_MEMORY")))
+    cap = getattr(args, "memory", None) or os.environ.get("OOC_MEMORY") or None
+    memory_given = cap is not None
     if memory_given:  # a first run's kernels compiled before the work, outside this process
-        cap = getattr(args, "memory", None) or os.environ.get("OOC_MEMORY")
         try:
             cap = parse_size(cap)
         except Exception:  # a bad size: the command's own check names it, at once

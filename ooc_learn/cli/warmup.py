@@ -87,11 +87,18 @@ def _source_head(path: str, tmp: Path) -> Path | None:
     return out
 
 
-def _prepare_train(args, tmp: Path) -> bool:
+def _plain_store(path) -> bool:
+    """Whether ``path`` is a store whose head can be cut (not a sharded one)."""
     from ooc_learn.storage.sharded import is_sharded_store
     from ooc_learn.storage.store import is_store
 
-    if is_sharded_store(args.store) or not is_store(args.store):
+    return is_store(path) and not is_sharded_store(path)
+
+
+def _prepare_train(args, tmp: Path) -> bool:
+    from ooc_learn.storage.store import is_store
+
+    if not _plain_store(args.store):
         return False
     k = int(args.cv) if args.cv is not None and str(args.cv).isdigit() else 1
     args.store = str(_store_head(args.store, tmp / "head.store", min_blocks=k))
@@ -128,10 +135,7 @@ def _prepare_ingest(args, tmp: Path) -> bool:
 
 
 def _prepare_index(args, tmp: Path) -> bool:
-    from ooc_learn.storage.sharded import is_sharded_store
-    from ooc_learn.storage.store import is_store
-
-    if is_sharded_store(args.store) or not is_store(args.store):
+    if not _plain_store(args.store):
         return False
     args.store = str(_store_head(args.store, tmp / "head.store", index=False))
     return True
