@@ -27,18 +27,18 @@ def _signature(kernel: str) -> tuple:
     from numba.core import types as t
 
     A1, A2 = _array, (lambda dtype: _array(dtype, 2))
+    f64, i64, b1 = t.float64, t.int64, t.boolean
+    rows = (A2("float32"), A1("int64"), A1("int32"), A1("float32"))  # kernel_args(X), no flag
+    query = t.Tuple((A1("float64"), f64, A1("float64"), f64, b1, f64, f64, f64, b1, f64, f64))
+    picks = t.Tuple((A1("int64"), A1("int64"), A1("uint8"), A1("uint8"), A1("int32"), b1,
+                     A1("int64"), i64, i64, b1, b1))
+    values = t.Tuple((A2("float32"), A1("int64"), A1("int32"), A1("float32"), A1("float32"),
+                      A1("float64")))                                     # IBCD's
     if kernel == "build_tree_kernel":
         return (A2("float32"), A1("int64"), A1("int32"), A1("float32"), t.boolean,
                 A1("float32"), t.int64, t.int64, t.int64, A2("float32"))
     if kernel == "bbf_run":  # its bundles are plain tuples (index/kernel_args.py)
-        f64, i64, b1 = t.float64, t.int64, t.boolean
-        return (A1("float64"), A2("int64"), i64,
-                t.Tuple((A1("float64"), f64, A1("float64"), f64, b1, f64, f64, f64, b1, f64,
-                         f64)),                                                   # Query
-                t.Tuple((A1("int64"), A1("int64"), A1("uint8"), A1("uint8"), A1("int32"), b1,
-                         A1("int64"), i64, i64, b1, b1)),                         # Picks
-                t.Tuple((A2("float32"), A1("int64"), A1("int32"), A1("float32"),
-                         A1("float32"), A1("float64"))),                # Values (IBCD's)
+        return (A1("float64"), A2("int64"), i64, query, picks, values,
                 t.Tuple((A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("int64"),
                          A1("int64"), A1("int32"), A1("int64"), A1("int64"), A1("bool"),
                          A1("int64"), A1("float32"), A1("float32"), A1("float32"))),  # NodeArrays
@@ -48,6 +48,18 @@ def _signature(kernel: str) -> tuple:
                                     A1("float32")))),                             # row list
                 t.Tuple((i64, f64, f64)),                                         # Stops
                 A1("int64"), A1("int64"))
+    if kernel == "scan_leaf":
+        return (*rows, b1, A1("float32"), i64, i64, i64, query, picks, values)
+    if kernel == "rows_tdot":
+        return (*rows, b1, f64, A1("int64"), A1("float64"), A1("float64"))
+    if kernel == "seen_rehash":
+        return (A1("int64"), A1("int64"))
+    if kernel == "compact_dense":
+        return (A2("float32"), A1("int64"))
+    if kernel == "compact_csr":
+        return (A1("int64"), A1("int32"), A1("float32"), A1("int64"))
+    if kernel == "dense_row_stats":
+        return (A2("float32"), A1("float64"))
     raise KeyError(kernel)
 
 
@@ -55,9 +67,28 @@ def _signature(kernel: str) -> tuple:
 # kernel each, about half of the command's first-run compilation (ingest: the parser here,
 # the index's tree builder there; train: dual CD, the node decoder and the row lists here,
 # the index search there)
-AHEAD = {
+AHEAD = ("build_tree_kernel", "bbf_run")
+# What a capped first run's helpers (ooc_learn.cli.warmup) compile by signature before the
+# command's run on the head of its input: kernels that run only at scale, so that the head's
+# run does not reach them and the command compiled them beside its data (the 10x setting's
+# first run peaked 6.6 MiB over its cap so, session 45): Newton's products (S of 8 (d + 1)
+# rows), the capped search's leaf scan, the frontier's seen set growing, the active set's
+# compaction, and the reading of .npy arrays larger than the ingest buffer (a source, or
+# ooc-train's --test)
+AT_SCALE = {
+    "ooc-train": ("rows_tdot", "scan_leaf", "seen_rehash", "compact_dense", "compact_csr",
+                  "dense_row_stats"),
+    "ooc-ingest": ("dense_row_stats",),
+}
+MODULES = {
     "build_tree_kernel": "ooc_learn.index._build_kernels",
     "bbf_run": "ooc_learn.index._search_kernels",
+    "scan_leaf": "ooc_learn.index._search_kernels",
+    "seen_rehash": "ooc_learn.index._frontier_kernels",
+    "rows_tdot": "ooc_learn.solvers._kernels",
+    "compact_dense": "ooc_learn.solvers.ibcd.active_set",
+    "compact_csr": "ooc_learn.solvers.ibcd.active_set",
+    "dense_row_stats": "ooc_learn.storage._parse_kernels",
 }
 HELPER_ROOM = 1 << 30  # memory free for a helper (it peaks at ~250 MiB) or none is started
 
@@ -65,7 +96,7 @@ HELPER_ROOM = 1 << 30  # memory free for a helper (it peaks at ~250 MiB) or none
 def _dispatcher(kernel: str):
     import importlib
 
-    return getattr(importlib.import_module(AHEAD[kernel]), kernel)
+    return getattr(importlib.import_module(MODULES[kernel]), kernel)
 
 
 def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
@@ -98,7 +129,7 @@ def compile_ahead(kernels, *, memory_given: bool) -> list[str]:
         if (os.cpu_count() or 1) < 2:
             return []
     todo = [k for k in kernels if k not in PENDING
-            and not kernels_cached(((AHEAD[k], k),))]
+            and not kernels_cached(((MODULES[k], k),))]
     if not todo:
         return []
     try:
@@ -115,6 +146,14 @@ def _compile(kernels) -> None:
     """The helper's work: compile each kernel for the commands' signature (cached)."""
     for kernel in kernels:
         _dispatcher(kernel).compile(_signature(kernel))
+
+
+def compile_at_scale(prog: str) -> list[str]:
+    """Compile into numba's cache those of ``prog``'s ``AT_SCALE`` kernels it does not hold;
+    returns them."""
+    todo = [k for k in AT_SCALE.get(prog, ()) if not kernels_cached(((MODULES[k], k),))]
+    _compile(todo)
+    return todo
 
 
 def announce_first_run(prog: str, memory_given: bool = False) -> bool:

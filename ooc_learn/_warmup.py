@@ -17,7 +17,9 @@ task; the source's format) and is small: ``HEAD_ROWS`` rows of the store's first
 ``HEAD_FEATURES`` features (:mod:`ooc_learn.cli.warmup`) (so that Newton's rule, 8 (d + 1) rows of the active set, is met
 and its kernels compile too), or a source's first ``HEAD_LINES`` lines. Where the input cannot
 be cut so (standard input, idx, .npz, a sharded store) nothing is run, and the command
-compiles as before. The helpers write into a folder the command removes after each.
+compiles as before. Kernels that run only at scale (Newton's, the capped search's leaf scan,
+the active set's compaction, a large .npy's direct read) are not reached on the head: the
+helper compiles them by signature first (``ooc_learn._jit.AT_SCALE``). The helpers write into a folder the command removes after each.
 
 This module is the command's side (:func:`warm_up_first`); it runs before numba is imported
 and imports nothing heavy (numba's import alone is ~65 MiB of the command's RSS, which the

@@ -74,20 +74,44 @@ def test_a_cold_cache_is_told_and_a_warm_one_is_not(tmp_path, monkeypatch, capsy
 
 # ---- compiling ahead in a helper process (README command 1's first run) -------------------
 def test_the_helpers_signatures_are_the_ones_the_commands_use(tmp_path):
-    """The helper compiles each kernel for a fixed signature: a stale one would compile code
-    nobody calls (and the command would compile its own, slower than no helper)."""
+    """The helpers compile kernels for fixed signatures (``_jit.AHEAD``, and ``AT_SCALE`` in
+    a capped first run's warm-up): a stale one would compile code nobody calls, and the
+    command would compile its own (beside its data, under its cap). Each is reached here as
+    the commands reach it: IBCD on a dense and a CSR store (Newton's products, the active
+    set's compaction as rows leave it), the capped index search that reads leaf rows, and a
+    capped ingest of a .npy."""
+    import scipy.sparse as sp
+
     import ooc_learn._jit as jit
+    from ooc_learn.index.forest import open_forest
+    from ooc_learn.storage.store import open_store
 
     rng = np.random.default_rng(1)
     X = rng.normal(size=(600, 8)).astype(np.float32)
-    y = np.where(X[:, 0] > 0, 1.0, -1.0)
-    for sparse in (False, True):
-        rows = __import__("scipy.sparse").sparse.csr_matrix(X) if sparse else X
-        store = ooc_learn.ingest_arrays(rows, y, tmp_path / f"s{sparse}", n_blocks=2,
+    Xs = sp.random(3000, 60, density=0.1, random_state=1, format="csr", dtype=np.float32)
+    for name, rows, y in (("dense", X, np.where(X[:, 0] > 0, 1.0, -1.0)),
+                          ("csr", Xs, np.where(Xs @ np.random.default_rng(1).normal(size=60)
+                                               > 0, 1.0, -1.0))):
+        store = ooc_learn.ingest_arrays(rows, y, tmp_path / name, n_blocks=2,
                                         build_index=True)
-        ooc_learn.train(store, solver="ibcd", init_sample=100)
+        assert store.layout == name
+        for s in (None, 1.0):
+            ooc_learn.train(store, solver="ibcd", init_sample=100, s=s)
         store.close()
-    for kernel in jit.AHEAD:
+    # a store 7x the cap: the search reads leaf rows through the Python loop (scan_leaf),
+    # and a bounded search's seen set grows past its first table
+    big = rng.normal(size=(40000, 8)).astype(np.float32)
+    ooc_learn.ingest_arrays(big, np.where(big[:, 0] > 0, 1.0, -1.0), tmp_path / "big",
+                            n_blocks=2, build_index=True).close()
+    with open_store(tmp_path / "big", memory="1M") as store, open_forest(store) as forest:
+        found = forest.query(rng.normal(size=9), n=2000, s=1.0, bounded=True,
+                             with_rows=True)
+        assert len(found.rows) == 2000 and found.X.shape == (2000, 8)
+    # a .npy larger than the ingest's buffer is read by row position (ingest_direct)
+    np.save(tmp_path / "big.npy", np.column_stack([np.sign(big[:, :1]), big]))
+    ooc_learn.ingest([str(tmp_path / "big.npy")], tmp_path / "direct", label_column=0,
+                     memory="1M", build_index=False).close()
+    for kernel in {*jit.AHEAD, *(k for ks in jit.AT_SCALE.values() for k in ks)}:
         dispatcher = jit._dispatcher(kernel)
         assert jit._signature(kernel) in dispatcher.signatures, (
             f"{kernel} is called with {dispatcher.signatures}; update _jit._signature")
@@ -97,8 +121,8 @@ def test_a_helper_fills_the_cache_for_the_next_call(tmp_path):
     import os
 
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    check = ("from ooc_learn._jit import kernels_cached, AHEAD; "
-             "print(kernels_cached([(AHEAD['build_tree_kernel'], 'build_tree_kernel')]))")
+    check = ("from ooc_learn._jit import kernels_cached, MODULES; "
+             "print(kernels_cached([(MODULES['build_tree_kernel'], 'build_tree_kernel')]))")
     before = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
                             text=True, check=True).stdout.strip()
     subprocess.run([sys.executable, "-m", "ooc_learn._jit", "build_tree_kernel"], env=env,

@@ -209,7 +209,7 @@ def test_a_first_run_under_a_cap_compiles_in_helpers_and_stays_within_it(tmp_pat
                                                                           monkeypatch):
     """End to end, numba's cache empty (a fresh NUMBA_CACHE_DIR): the command says it
     compiles first, its peak RSS (and each helper's: the wrapper reads the largest) is within
-    --memory, and its kernels are in the cache after. In-process, the same first run of
+    --memory, and its kernels are in the cache after, those the run never reaches too. In-process, the same first run of
     ooc-train on a9a peaked at 297-304 MiB under --memory 300M (session 45)."""
     from ooc_learn.storage.measure import (memory_cgroup_available, run_in_memory_cgroup,
                                            run_measured)
@@ -231,3 +231,8 @@ def test_a_first_run_under_a_cap_compiles_in_helpers_and_stays_within_it(tmp_pat
     assert "compiling kernels first" in r["stderr"]
     assert r["peak_rss_bytes"] <= cap, (r["peak_rss_bytes"] - cap) / 2**20
     assert _warmup.kernel_files_cached(_warmup.FIRST_RUN_KERNELS["ooc-train"])
+    # and the kernels that run only at scale, which neither the head's run nor the command's
+    # on this small store reaches (the capped search's leaf scan, a .npy's direct ingest)
+    from ooc_learn._jit import AT_SCALE, MODULES
+
+    assert _warmup.kernel_files_cached([(MODULES[k], k) for k in AT_SCALE["ooc-train"]])

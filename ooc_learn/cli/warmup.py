@@ -175,8 +175,8 @@ def _watch_rss(limit: int) -> None:
 
 
 def main(prog: str, argv: list[str], folder: str) -> int:
-    """Run ``prog argv`` on the head of its input, in ``folder`` (the caller's to remove);
-    0 when it ran, 3 when the input cannot be cut, 1 when the run failed (the command then
+    """Run ``prog argv`` on the head of its input, in ``folder`` (the caller's to remove),
+    after compiling the kernels the head does not reach (``_jit.AT_SCALE``); 0 when it ran, 3 when the input cannot be cut, 1 when the run failed (the command then
     compiles what is left itself). ``OOC_WARMUP_RSS``: the RSS, in bytes, past which it
     stops (:func:`_watch_rss`)."""
     from ooc_learn.storage.resources import limit_allocator_retention
@@ -188,6 +188,11 @@ def main(prog: str, argv: list[str], folder: str) -> int:
     args = parser.parse_args(argv)
     if not prepare(args, Path(folder)):
         return 3
+    # first, what the head's run does not reach: here they are compiled within the share,
+    # where after the run they could fall to the last helper, the one without a limit
+    from ooc_learn._jit import compile_at_scale
+
+    compile_at_scale(prog)
     args.memory, args.quiet, args.json, args.verbose = None, True, False, False
     body(args)
     return 0

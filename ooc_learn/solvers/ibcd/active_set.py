@@ -358,9 +358,9 @@ class ActiveSet:
             # and as large as S's share of the cap)
             k = keep.size
             if self.sparse:
-                self.nnz = int(_compact_csr(self.indptr, self.indices, self.data, keep))
+                self.nnz = int(compact_csr(self.indptr, self.indices, self.data, keep))
             else:
-                _compact_dense(self.Xbuf, keep)
+                compact_dense(self.Xbuf, keep)
             self.rows[:k], self.y[:k], self.sqn[:k], self.alpha[:k] = rows, y, sqn, alpha
             self.m = k
             return
@@ -442,7 +442,7 @@ def _read_file(folder: Path, sparse: bool, d: int, indptr: np.ndarray, a: int, b
 
 
 @njit(cache=True)
-def _compact_dense(X, keep):
+def compact_dense(X, keep):
     """Rows ``keep`` (ascending) of X moved to its first ``len(keep)`` rows, in place."""
     d = X.shape[1]
     for i in range(keep.shape[0]):
@@ -453,7 +453,7 @@ def _compact_dense(X, keep):
 
 
 @njit(cache=True)
-def _compact_csr(indptr, indices, data, keep):
+def compact_csr(indptr, indices, data, keep):
     """CSR rows ``keep`` (ascending) moved to the front of the buffers, in place; returns
     the new nnz (``indptr[:len(keep) + 1]`` rewritten: row r >= i is read before row i is
     written, and values only move forward)."""
