@@ -17,7 +17,7 @@ import lmdb
 import numpy as np
 
 from ooc_learn.storage.arrays import kernel_args, rows_one_by_one
-from ooc_learn.storage.budget import MemoryBudget
+from ooc_learn.storage.budget import MemoryBudget, holds_rows
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError
 
@@ -34,6 +34,11 @@ ROOT_SHARE = 8
 # frontier entries (heap positions 0..READ_AHEAD-1, near the next ones popped) whose leaf
 # reads start together when the search waits for one (``will_need``)
 READ_AHEAD = 16
+# Where not None, whether the search runs its compiled loop over the whole cached store,
+# instead of the rule (the cap holds the store's rows): a capped first run's warm-up helper
+# sets False where the command's cap does not hold them (ooc_learn.cli.warmup), so that its
+# run on the head of the store compiles the kernels the command calls
+HOLDS_DATA: bool | None = None
 # bytes one cache entry costs beyond its arrays' data (key and value tuples, dict slot), and
 # per array its ndarray header: small leaves make many small entries (the memory promise)
 _ENTRY_OVERHEAD = 400
@@ -137,10 +142,11 @@ class ForestView:
         self.cache = LRUCache(self.budget, cache_bytes, name="index rows")
         self.node_cache = self.roots = None
         try:
-            # the numba loop only where the cap holds the data (rows at about _row_bytes
-            # each): capped runs keep the Python loop, records decoded one by one, uncached
+            # the numba loop only where the cap holds the data (rows at 4 (d + 3) bytes,
+            # _row_bytes's first estimate): capped runs keep the Python loop, records decoded one by one, uncached
             # (with it, capped IBCD runs took other paths and read more, not understood yet)
-            holds_data = self.budget.limit >= self.n_samples * self._row_bytes
+            holds_data = (holds_rows(self.budget.limit, self.n_samples, self.n_features)
+                          if HOLDS_DATA is None else HOLDS_DATA)
             self.node_cache = Resident(
                 self.budget, n_nodes=[h.n_nodes for h in self.headers],
                 n_samples=self.n_samples, block_offsets=self.block_offsets,

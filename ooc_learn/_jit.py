@@ -8,7 +8,7 @@ with kernels.
 from __future__ import annotations
 
 # whether numba's cache holds a kernel: told from its files, where numba's locators put them
-from ooc_learn._warmup import FIRST_RUN_KERNELS, kernel_files_cached as kernels_cached
+from ooc_learn._warmup import kernel_files_cached as kernels_cached
 from ooc_learn.storage.jit import PENDING, track_helper
 
 
@@ -156,15 +156,15 @@ def compile_at_scale(prog: str) -> list[str]:
     return todo
 
 
-def announce_first_run(prog: str, memory_given: bool = False) -> bool:
-    """Print "compiling kernels (first run only)" on stderr when ``prog``'s main kernels are
-    not in numba's cache, and under a cap of the user's (whose helpers, ``_warmup``, could
-    not compile them within it) that the compiler's memory is beyond it; return whether it
-    did. ``ooc-train a9a.store --memory 200M`` in a fresh checkout peaked at 265 MiB, then at
-    153 MiB from the cache (session 44)."""
+def announce_first_run(prog: str, kernels, memory_given: bool = False) -> bool:
+    """Print "compiling kernels (first run only)" on stderr when one of this run's main
+    ``kernels`` (``_warmup.first_run_kernels``) is not in numba's cache, and under a cap of
+    the user's (whose helpers, ``_warmup``, could not compile them within it) that the
+    compiler's memory is beyond it; return whether it did. ``ooc-train a9a.store --memory
+    200M`` in a fresh checkout peaked at 265 MiB, then at 153 MiB from the cache (session
+    44)."""
     import sys
 
-    kernels = FIRST_RUN_KERNELS.get(prog)
     if not kernels or kernels_cached(kernels):
         return False
     cap = ("; the cap left the helpers no room for them, and numba's compiler takes up to "

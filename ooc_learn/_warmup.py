@@ -12,6 +12,12 @@ compiling all of ``ooc-train``'s kernels reaches ~340 MiB (numba keeps each), so
 once its RSS passes the cap less the command's RSS, and the next goes on from the cache (the
 10x run above: 13 helpers, then 213.9 MiB and 198 s).
 
+Whether a run is a first run is told by its own main kernels (:func:`first_run_kernels`):
+an IBCD run under a cap that does not hold the store runs the index search in Python and never
+calls its compiled loop, so its helpers run the head's search in Python too (the compiled
+loop alone took ~250 MiB to compile: in the 320 MiB cgroup the last helper thrashed for
+minutes over a kernel the command never called).
+
 The helper's input keeps what decides the kernels' types (the store's layout, label kind and
 task; the source's format) and is small: ``HEAD_ROWS`` rows of the store's first
 ``HEAD_FEATURES`` features (:mod:`ooc_learn.cli.warmup`) (so that Newton's rule, 8 (d + 1) rows of the active set, is met
@@ -30,16 +36,90 @@ as ``python -m ooc_learn.cli.warmup PROG ARGV_JSON FOLDER``.
 from __future__ import annotations
 
 
-# The kernels whose first compilation dominates a command's first run (seconds each on a
-# 2-core machine): while any of them has no code in numba's cache, the command says so
-FIRST_RUN_KERNELS = {
-    "ooc-ingest": (("ooc_learn.storage._parse_kernels", "parse_libsvm"),
-                   ("ooc_learn.index._build_kernels", "build_tree_kernel")),
-    "ooc-index": (("ooc_learn.index._build_kernels", "build_tree_kernel"),),
-    "ooc-train": (("ooc_learn.index._search_kernels", "bbf_run"),
-                  ("ooc_learn.solvers._kernels", "dcd_solve")),
+# The kernels whose first compilation dominates a run (seconds each on a 2-core machine):
+# while one of a run's (first_run_kernels) has no code in numba's cache, the run is a first run
+_SEARCH = ("ooc_learn.index._search_kernels", "bbf_run")       # the compiled search loop
+_LEAF_SCAN = ("ooc_learn.index._search_kernels", "scan_leaf")  # the search loop in Python
+_DUAL_CD = ("ooc_learn.solvers._kernels", "dcd_solve")
+_TREE = ("ooc_learn.index._build_kernels", "build_tree_kernel")
+_DCD_EPOCH = ("ooc_learn.solvers._kernels", "dcd_epoch")        # a pass over blocks
+_SOLVER_KERNELS = {  # ooc-train's other solvers (IBCD, dcd, regression: first_run_kernels)
+    "bm": (_DCD_EPOCH, _DUAL_CD),
+    "pegasos": (("ooc_learn.solvers._kernels", "pegasos_pass"),),
+    "cocoa": (("ooc_learn.solvers._kernels", "cocoa_epoch"),),
 }
+_PARSERS = {"libsvm": ("ooc_learn.storage._parse_kernels", "parse_libsvm"),
+            "csv": ("ooc_learn.storage._parse_kernels", "parse_csv")}
 
+
+def _store_meta(path) -> dict | None:
+    """A plain store's ``meta.json`` (n_samples, n_features, task), or None."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(path, "meta.json")) as fh:
+            meta = json.load(fh)
+        return meta if meta.get("format") == "ooc-learn-store" else None
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _text_format(path: str) -> str | None:
+    """"libsvm" or "csv" for a text source, told from its first data line (without the
+    parsers' module, which loads numba); None for arrays and what cannot be read."""
+    import bz2
+    import gzip
+    import lzma
+    import re
+
+    if path == "-" or path.endswith((".npy", ".npz")) or "ubyte" in path or ".idx" in path:
+        return None
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(
+        path[path.rfind("."):], open)
+    try:
+        with opener(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except (OSError, EOFError, ValueError, lzma.LZMAError):
+        return None
+    for line in head.splitlines()[:-1] or head.splitlines():
+        line = line.strip()
+        if line and not line.startswith(b"#"):
+            return "libsvm" if re.search(rb"(^|\s)\d+:\S", line) else "csv"
+    return None
+
+
+def first_run_kernels(prog: str, args=None, cap: int | None = None) -> tuple:
+    """The main kernels of this run of ``prog`` (``(module, name)`` pairs), by what decides
+    them: an ingest's source format and index, ooc-train's solver and task, and for IBCD
+    the index search's loop: compiled where the cap (``cap`` bytes, or the default
+    ``--memory``) holds the store's rows
+    (``storage.budget.holds_rows``), in Python otherwise. A run whose kernels are all in
+    numba's cache is not a first run (an IBCD run under a cap never calls the compiled loop:
+    requiring it, every capped run would have warmed up again)."""
+    if prog == "ooc-index":
+        return (_TREE,)
+    if prog == "ooc-ingest":
+        fmt = getattr(args, "format", "auto")
+        formats = ({fmt} if fmt in _PARSERS else
+                   {_text_format(str(s)) for s in getattr(args, "sources", ())})
+        index = () if getattr(args, "no_index", False) else (_TREE,)
+        return tuple(_PARSERS[f] for f in sorted(formats - {None})) + index
+    if prog != "ooc-train":
+        return ()
+    meta = _store_meta(getattr(args, "store", None))
+    solver = getattr(args, "solver", None)
+    if meta is not None and meta.get("task") == "regression":
+        return (("ooc_learn.solvers._kernels", "svr_epoch"),) if solver == "dcd" else ()
+    if solver == "dcd":  # one block: LIBLINEAR's whole loop in one call; else pass by pass
+        return (_DUAL_CD if meta is not None and meta.get("n_blocks") == 1 else _DCD_EPOCH,)
+    if solver not in (None, "ibcd"):
+        return _SOLVER_KERNELS.get(solver, ())
+    from ooc_learn.storage.budget import default_memory_bytes, holds_rows
+
+    held = meta is None or holds_rows(default_memory_bytes() if cap is None else cap,
+                                      int(meta["n_samples"]), int(meta["n_features"]))
+    return (_SEARCH if held else _LEAF_SCAN, _DUAL_CD)
 
 
 def numba_cache_dir(source: str) -> str:
@@ -145,10 +225,11 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
     import tempfile
     import time
 
+    kernels = first_run_kernels(prog, args, cap)
     if (prog not in WARM_UP or os.environ.get("OOC_WARMUP", "1") == "0"
             or getattr(args, "workers", None) is not None
             or getattr(args, "scheduler", None) is not None
-            or kernel_files_cached(FIRST_RUN_KERNELS[prog])):
+            or kernel_files_cached(kernels)):
         return False
     if not getattr(args, "quiet", False):
         print(f"{prog}: compiling kernels first, on the head of the input in a helper "
@@ -156,6 +237,11 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
               "cache)...", file=sys.stderr, flush=True)
     env = dict(os.environ, OOC_WARMUP="0", OOC_COMPILE_AHEAD="0")
     env.pop("OOC_MEMORY", None)
+    if _LEAF_SCAN in kernels:
+        # the command's search runs in Python (the cap does not hold the store's rows): so
+        # does the head's, which the cap would hold (the compiled loop, ~250 MiB to compile,
+        # is never called)
+        env["OOC_WARMUP_SEARCH_LOOP"] = "python"
     if cap is not None:
         from ooc_learn.storage.resources import current_rss_bytes
 

@@ -71,6 +71,14 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
+def holds_rows(limit: int, n_samples: int, n_features: int) -> bool:
+    """Whether a cap of ``limit`` bytes holds ``n_samples`` rows of ``n_features`` at the
+    index search's first estimate of a row (4 (d + 3) bytes): where it does, the search runs
+    its compiled loop (``index.view``); a capped first run's warm-up asks the same before
+    numba is loaded (``ooc_learn._warmup``)."""
+    return limit >= n_samples * 4.0 * (n_features + 3)
+
+
 def parse_size(text, *, what: str = "--memory") -> int:
     """Parse ``'512M'``, ``'2G'``, ``'1.5GiB'``, ``'1048576'`` (bytes) into a byte count.
 

@@ -53,9 +53,10 @@ def test_training_compiles_nothing_numba_cannot_cache(tmp_path):
 
 def test_a_cold_cache_is_told_and_a_warm_one_is_not(tmp_path, monkeypatch, capsys):
     """The first run says it compiles (README command 1 spent ~25 s compiling, silently)."""
-    check = ("from ooc_learn._jit import kernels_cached, FIRST_RUN_KERNELS; "
+    check = ("from ooc_learn._jit import kernels_cached; "
+             "from ooc_learn._warmup import _SEARCH, _DUAL_CD; "
              "from ooc_learn.storage.jit import start_jit; "
-             "print(kernels_cached(FIRST_RUN_KERNELS['ooc-train']), end=' '); start_jit(); "
+             "print(kernels_cached([_SEARCH, _DUAL_CD]), end=' '); start_jit(); "
              "print(kernels_cached([('ooc_learn.storage.jit', '_plus_one')]))")
     env = dict(__import__("os").environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,

@@ -139,6 +139,102 @@ def test_the_train_head_keeps_layout_task_folds_and_reads_no_further(tmp_path, s
     assert args.output == str(work / "model.h5") and args.jobs == 1
 
 
+def test_a_runs_main_kernels_follow_its_source_solver_and_search_loop(tmp_path):
+    """What decides whether a run is a first run: its own main kernels (an IBCD run under a
+    cap that does not hold the store never calls the compiled search loop; a dcd run never
+    calls IBCD's: requiring those, such runs warmed up again every time)."""
+    first = _warmup.first_run_kernels
+    tree, search, leaf, dual = _warmup._TREE, _warmup._SEARCH, _warmup._LEAF_SCAN, \
+        _warmup._DUAL_CD
+    (tmp_path / "a.svm").write_text("# comment\n1 1:0.5 3:2\n-1 2:1\n")
+    (tmp_path / "a.csv").write_text("y,a,b\n1,0.5,2\n")
+    with gzip.open(tmp_path / "a.svm.gz", "wt") as fh:
+        fh.write("+1 4:1e-3\n")
+    ingest = argparse.Namespace(format="auto", no_index=False)
+    for sources, parsers in ((["a.svm"], ["parse_libsvm"]), (["a.csv"], ["parse_csv"]),
+                             (["a.svm.gz", "a.csv"], ["parse_csv", "parse_libsvm"]),
+                             (["x.npy"], [])):
+        ingest.sources = [str(tmp_path / f) for f in sources]
+        assert first("ooc-ingest", ingest) == tuple(
+            ("ooc_learn.storage._parse_kernels", k) for k in parsers) + (tree,)
+    ingest.format, ingest.no_index = "csv", True
+    assert first("ooc-ingest", ingest) == (_warmup._PARSERS["csv"],)
+    assert first("ooc-index", argparse.Namespace(store="s")) == (tree,)
+
+    store = _store(tmp_path / "s", n=3000, d=10, blocks=3)
+    rows = 3000 * 4 * (10 + 3)  # the search's estimate of the store's rows
+    train = argparse.Namespace(store=store, solver=None)
+    assert first("ooc-train", train, rows) == (search, dual)
+    assert first("ooc-train", train, rows - 1) == (leaf, dual)
+    assert first("ooc-train", argparse.Namespace(store="missing", solver="ibcd"), 1) == (
+        search, dual)
+    train.solver = "dcd"
+    assert first("ooc-train", train, rows) == (_warmup._DCD_EPOCH,)
+    train.solver = "pegasos"
+    assert first("ooc-train", train)[0][1] == "pegasos_pass"
+    reg = tmp_path / "r"
+    X = np.random.default_rng(0).normal(size=(200, 3)).astype(np.float32)
+    ooc_learn.ingest_arrays(X, X[:, 0], reg, task="regression", build_index=False).close()
+    assert first("ooc-train", argparse.Namespace(store=str(reg), solver=None)) == ()
+    assert first("ooc-train", argparse.Namespace(store=str(reg), solver="dcd"))[0][1] == \
+        "svr_epoch"
+
+
+CALLED = r"""
+import importlib, json, sys
+from ooc_learn import _warmup
+from ooc_learn.cli import ingest_main, train_main
+from ooc_learn.cli.ingest import ingest_command
+from ooc_learn.cli.train import train_command
+from ooc_learn.index import view
+
+def called(kernel):
+    module, name = kernel
+    return bool(getattr(importlib.import_module(module), name).signatures)
+
+out = []
+for prog, argv, cap, python_loop in json.loads(sys.argv[1]):
+    parser = (train_command() if prog == "ooc-train" else ingest_command())[0]
+    kernels = _warmup.first_run_kernels(prog, parser.parse_args(argv), cap)
+    view.HOLDS_DATA = False if python_loop else None
+    rc = (train_main if prog == "ooc-train" else ingest_main)(argv + ["--quiet"])
+    out.append([prog, rc, [k[1] for k in kernels if not called(k)],
+                called(_warmup._SEARCH)])
+print(json.dumps(out))
+"""
+
+
+def test_the_main_kernels_named_are_the_ones_the_run_calls(tmp_path):
+    """Each run of a fresh process (kernels from numba's cache) calls the kernels
+    first_run_kernels names for it; the Python search loop (the warm-up helper's run on the
+    head of a store the command's cap does not hold) never calls the compiled one."""
+    store = _store(tmp_path / "s", n=4000, d=10, blocks=3)
+    (tmp_path / "a.svm").write_text("".join(f"{(-1) ** i} 1:{i % 7} 3:0.5\n"
+                                            for i in range(300)))
+    (tmp_path / "a.csv").write_text("".join(f"{i % 2},{i % 7},0.5\n" for i in range(300)))
+    out = tmp_path / "m.npz"
+    # each kernel is checked in a process where no earlier run called it
+    batches = [
+        [["ooc-train", [store, "-o", str(out)], 1, True],       # capped: the Python loop
+         ["ooc-train", [store, "-o", str(out)], None, False],   # the compiled loop
+         ["ooc-train", [store, "-o", str(out), "--solver", "pegasos"], None, False]],
+        [["ooc-train", [store, "-o", str(out), "--solver", "dcd"], None, False],
+         ["ooc-ingest", [str(tmp_path / "a.svm"), "-o", str(tmp_path / "i1")], None, False],
+         ["ooc-ingest", [str(tmp_path / "a.csv"), "-o", str(tmp_path / "i2"),
+                         "--label-column", "0"], None, False]],
+    ]
+    for batch in batches:
+        run = subprocess.run([sys.executable, "-c", CALLED, json.dumps(batch)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        results = json.loads(run.stdout.strip().splitlines()[-1])
+        for (prog, rc, not_called, search_called), (_, argv, cap, python_loop) in zip(
+                results, batch):
+            assert rc == 0 and not_called == [], (prog, argv, not_called)
+        if batch is batches[0]:
+            assert [r[3] for r in results] == [False, True, True]
+
+
 def _train_args(argv):
     from ooc_learn.cli.train import _train_parser
 
@@ -230,7 +326,8 @@ def test_a_first_run_under_a_cap_compiles_in_helpers_and_stays_within_it(tmp_pat
     assert r["rc"] == 0, r["stderr"]
     assert "compiling kernels first" in r["stderr"]
     assert r["peak_rss_bytes"] <= cap, (r["peak_rss_bytes"] - cap) / 2**20
-    assert _warmup.kernel_files_cached(_warmup.FIRST_RUN_KERNELS["ooc-train"])
+    assert _warmup.kernel_files_cached(_warmup.first_run_kernels(
+        "ooc-train", argparse.Namespace(store=store, solver=None), cap))
     # and the kernels that run only at scale, which neither the head's run nor the command's
     # on this small store reaches (the capped search's leaf scan, a .npy's direct ingest)
     from ooc_learn._jit import AT_SCALE, MODULES

@@ -93,7 +93,7 @@ def _run_command(prog, parser, body, argv, stop) -> int:
     from ooc_learn.storage.resources import limit_allocator_retention
 
     limit_allocator_retention()
-    from ooc_learn._warmup import warm_up_first  # before numba loads (ooc_learn._jit's does)
+    from ooc_learn._warmup import first_run_kernels, warm_up_first  # before numba loads
 
     cap = getattr(args, "memory", None) or os.environ.get("OOC_MEMORY") or None
     memory_given = cap is not None
@@ -104,10 +104,11 @@ def _run_command(prog, parser, body, argv, stop) -> int:
             cap = None
         if cap is not None:
             warm_up_first(prog, sys.argv[1:] if argv is None else argv, args, stop, cap=cap)
+    kernels = first_run_kernels(prog, args, cap)
     from ooc_learn._jit import announce_first_run, compile_ahead
 
     if not getattr(args, "quiet", False):
-        announce_first_run(prog, memory_given)
+        announce_first_run(prog, kernels, memory_given)
     compile_ahead(ahead_kernels(prog, args), memory_given=memory_given)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)

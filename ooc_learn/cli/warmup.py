@@ -193,6 +193,10 @@ def main(prog: str, argv: list[str], folder: str) -> int:
     from ooc_learn._jit import compile_at_scale
 
     compile_at_scale(prog)
+    if os.environ.get("OOC_WARMUP_SEARCH_LOOP") == "python":
+        from ooc_learn.index import view
+
+        view.HOLDS_DATA = False  # as the command's (see ooc_learn._warmup.first_run_kernels)
     args.memory, args.quiet, args.json, args.verbose = None, True, False, False
     body(args)
     return 0
