@@ -143,8 +143,9 @@ class ForestView:
         self.node_cache = self.roots = None
         try:
             # the numba loop only where the cap holds the data (rows at 4 (d + 3) bytes,
-            # _row_bytes's first estimate): capped runs keep the Python loop, records decoded one by one, uncached
-            # (with it, capped IBCD runs took other paths and read more, not understood yet)
+            # _row_bytes's first estimate): capped runs keep the Python loop, records
+            # decoded one by one, uncached (with it, capped IBCD runs took other paths and
+            # read more, not understood yet)
             holds_data = (holds_rows(self.budget.limit, self.n_samples, self.n_features)
                           if HOLDS_DATA is None else HOLDS_DATA)
             self.node_cache = Resident(

@@ -8,6 +8,7 @@ with kernels.
 from __future__ import annotations
 
 # whether numba's cache holds a kernel: told from its files, where numba's locators put them
+from ooc_learn._warmup import KERNEL_MODULES as MODULES
 from ooc_learn._warmup import kernel_files_cached as kernels_cached
 from ooc_learn.storage.jit import PENDING, track_helper
 
@@ -79,16 +80,6 @@ AT_SCALE = {
     "ooc-train": ("rows_tdot", "scan_leaf", "seen_rehash", "compact_dense", "compact_csr",
                   "dense_row_stats"),
     "ooc-ingest": ("dense_row_stats",),
-}
-MODULES = {
-    "build_tree_kernel": "ooc_learn.index._build_kernels",
-    "bbf_run": "ooc_learn.index._search_kernels",
-    "scan_leaf": "ooc_learn.index._search_kernels",
-    "seen_rehash": "ooc_learn.index._frontier_kernels",
-    "rows_tdot": "ooc_learn.solvers._kernels",
-    "compact_dense": "ooc_learn.solvers.ibcd.active_set",
-    "compact_csr": "ooc_learn.solvers.ibcd.active_set",
-    "dense_row_stats": "ooc_learn.storage._parse_kernels",
 }
 HELPER_ROOM = 1 << 30  # memory free for a helper (it peaks at ~250 MiB) or none is started
 

@@ -20,12 +20,12 @@ minutes over a kernel the command never called).
 
 The helper's input keeps what decides the kernels' types (the store's layout, label kind and
 task; the source's format) and is small: ``HEAD_ROWS`` rows of the store's first
-``HEAD_FEATURES`` features (:mod:`ooc_learn.cli.warmup`) (so that Newton's rule, 8 (d + 1) rows of the active set, is met
-and its kernels compile too), or a source's first ``HEAD_LINES`` lines. Where the input cannot
-be cut so (standard input, idx, .npz, a sharded store) nothing is run, and the command
-compiles as before. Kernels that run only at scale (Newton's, the capped search's leaf scan,
-the active set's compaction, a large .npy's direct read) are not reached on the head: the
-helper compiles them by signature first (``ooc_learn._jit.AT_SCALE``). The helpers write into a folder the command removes after each.
+``HEAD_FEATURES`` features (:mod:`ooc_learn.cli.warmup`), or a source's first ``HEAD_LINES``
+lines. Where the input cannot be cut so (standard input, idx, .npz, a sharded store) nothing
+is run, and the command compiles as before. Kernels that run only at scale (Newton's, the
+capped search's leaf scan, the active set's compaction, a large .npy's direct read) are not
+reached on the head: the helper compiles them by signature first
+(``ooc_learn._jit.AT_SCALE``). The helpers write into a folder the command removes after each.
 
 This module is the command's side (:func:`warm_up_first`); it runs before numba is imported
 and imports nothing heavy (numba's import alone is ~65 MiB of the command's RSS, which the
@@ -36,20 +36,41 @@ as ``python -m ooc_learn.cli.warmup PROG ARGV_JSON FOLDER``.
 from __future__ import annotations
 
 
+# Where the kernels named here live (numba's cache files are told by module and name)
+KERNEL_MODULES = {
+    "bbf_run": "ooc_learn.index._search_kernels",       # the compiled search loop
+    "scan_leaf": "ooc_learn.index._search_kernels",     # a leaf's rows, the loop in Python
+    "seen_rehash": "ooc_learn.index._frontier_kernels",
+    "build_tree_kernel": "ooc_learn.index._build_kernels",
+    "dcd_solve": "ooc_learn.solvers._kernels",
+    "dcd_epoch": "ooc_learn.solvers._kernels",          # a pass over blocks
+    "pegasos_pass": "ooc_learn.solvers._kernels",
+    "cocoa_epoch": "ooc_learn.solvers._kernels",
+    "svr_epoch": "ooc_learn.solvers._kernels",
+    "rows_tdot": "ooc_learn.solvers._kernels",
+    "compact_dense": "ooc_learn.solvers.ibcd.active_set",
+    "compact_csr": "ooc_learn.solvers.ibcd.active_set",
+    "parse_libsvm": "ooc_learn.storage._parse_kernels",
+    "parse_csv": "ooc_learn.storage._parse_kernels",
+    "dense_row_stats": "ooc_learn.storage._parse_kernels",
+}
+
+
+def _kernel(name: str) -> tuple[str, str]:
+    return KERNEL_MODULES[name], name
+
+
 # The kernels whose first compilation dominates a run (seconds each on a 2-core machine):
 # while one of a run's (first_run_kernels) has no code in numba's cache, the run is a first run
-_SEARCH = ("ooc_learn.index._search_kernels", "bbf_run")       # the compiled search loop
-_LEAF_SCAN = ("ooc_learn.index._search_kernels", "scan_leaf")  # the search loop in Python
-_DUAL_CD = ("ooc_learn.solvers._kernels", "dcd_solve")
-_TREE = ("ooc_learn.index._build_kernels", "build_tree_kernel")
-_DCD_EPOCH = ("ooc_learn.solvers._kernels", "dcd_epoch")        # a pass over blocks
+_SEARCH, _LEAF_SCAN = _kernel("bbf_run"), _kernel("scan_leaf")
+_DUAL_CD, _DCD_EPOCH, _TREE = _kernel("dcd_solve"), _kernel("dcd_epoch"), _kernel(
+    "build_tree_kernel")
 _SOLVER_KERNELS = {  # ooc-train's other solvers (IBCD, dcd, regression: first_run_kernels)
     "bm": (_DCD_EPOCH, _DUAL_CD),
-    "pegasos": (("ooc_learn.solvers._kernels", "pegasos_pass"),),
-    "cocoa": (("ooc_learn.solvers._kernels", "cocoa_epoch"),),
+    "pegasos": (_kernel("pegasos_pass"),),
+    "cocoa": (_kernel("cocoa_epoch"),),
 }
-_PARSERS = {"libsvm": ("ooc_learn.storage._parse_kernels", "parse_libsvm"),
-            "csv": ("ooc_learn.storage._parse_kernels", "parse_csv")}
+_PARSERS = {"libsvm": _kernel("parse_libsvm"), "csv": _kernel("parse_csv")}
 
 
 def _store_meta(path) -> dict | None:
@@ -110,7 +131,7 @@ def first_run_kernels(prog: str, args=None, cap: int | None = None) -> tuple:
     meta = _store_meta(getattr(args, "store", None))
     solver = getattr(args, "solver", None)
     if meta is not None and meta.get("task") == "regression":
-        return (("ooc_learn.solvers._kernels", "svr_epoch"),) if solver == "dcd" else ()
+        return (_kernel("svr_epoch"),) if solver == "dcd" else ()
     if solver == "dcd":  # one block: LIBLINEAR's whole loop in one call; else pass by pass
         return (_DUAL_CD if meta is not None and meta.get("n_blocks") == 1 else _DCD_EPOCH,)
     if solver not in (None, "ibcd"):

@@ -305,8 +305,9 @@ def test_a_first_run_under_a_cap_compiles_in_helpers_and_stays_within_it(tmp_pat
                                                                           monkeypatch):
     """End to end, numba's cache empty (a fresh NUMBA_CACHE_DIR): the command says it
     compiles first, its peak RSS (and each helper's: the wrapper reads the largest) is within
-    --memory, and its kernels are in the cache after, those the run never reaches too. In-process, the same first run of
-    ooc-train on a9a peaked at 297-304 MiB under --memory 300M (session 45)."""
+    --memory, and its kernels are in the cache after, those the run never reaches too.
+    In-process, the same first run of ooc-train on a9a peaked at 297-304 MiB under --memory
+    300M (session 45)."""
     from ooc_learn.storage.measure import (memory_cgroup_available, run_in_memory_cgroup,
                                            run_measured)
 

@@ -176,7 +176,8 @@ def _watch_rss(limit: int) -> None:
 
 def main(prog: str, argv: list[str], folder: str) -> int:
     """Run ``prog argv`` on the head of its input, in ``folder`` (the caller's to remove),
-    after compiling the kernels the head does not reach (``_jit.AT_SCALE``); 0 when it ran, 3 when the input cannot be cut, 1 when the run failed (the command then
+    after compiling the kernels the head does not reach (``_jit.AT_SCALE``); 0 when it ran,
+    3 when the input cannot be cut, 1 when the run failed (the command then
     compiles what is left itself). ``OOC_WARMUP_RSS``: the RSS, in bytes, past which it
     stops (:func:`_watch_rss`)."""
     from ooc_learn.storage.resources import limit_allocator_retention
