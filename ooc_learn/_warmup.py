@@ -47,6 +47,7 @@ KERNEL_MODULES = {
     "pegasos_pass": "ooc_learn.solvers._kernels",
     "cocoa_epoch": "ooc_learn.solvers._kernels",
     "svr_epoch": "ooc_learn.solvers._kernels",
+    "decision_range": "ooc_learn.learners._kernels",    # the incremental learners' scores
     "rows_tdot": "ooc_learn.solvers._kernels",
     "compact_dense": "ooc_learn.solvers.ibcd.active_set",
     "compact_csr": "ooc_learn.solvers.ibcd.active_set",
@@ -128,6 +129,11 @@ def first_run_kernels(prog: str, args=None, cap: int | None = None) -> tuple:
         return tuple(_PARSERS[f] for f in sorted(formats - {None})) + index
     if prog != "ooc-train":
         return ()
+    if getattr(args, "cv", None) is not None and (
+            getattr(args, "learner", None) is not None
+            or getattr(args, "cv_method", None) in ("tree", "standard")
+            or getattr(args, "solver", None) == "pegasos"):  # CV of an incremental learner
+        return (_kernel("decision_range"),)
     meta = _store_meta(getattr(args, "store", None))
     solver = getattr(args, "solver", None)
     if meta is not None and meta.get("task") == "regression":

@@ -172,6 +172,10 @@ def test_a_runs_main_kernels_follow_its_source_solver_and_search_loop(tmp_path):
     assert first("ooc-train", train, rows) == (_warmup._DCD_EPOCH,)
     train.solver = "pegasos"
     assert first("ooc-train", train)[0][1] == "pegasos_pass"
+    for cv in (dict(solver="pegasos"), dict(solver=None, cv_method="tree"),
+               dict(solver=None, learner="lsqsgd")):  # TreeCV / k-fold of a learner
+        assert first("ooc-train", argparse.Namespace(store=store, cv=5, **cv)) == (
+            _warmup._kernel("decision_range"),)
     reg = tmp_path / "r"
     X = np.random.default_rng(0).normal(size=(200, 3)).astype(np.float32)
     ooc_learn.ingest_arrays(X, X[:, 0], reg, task="regression", build_index=False).close()
@@ -219,6 +223,7 @@ def test_the_main_kernels_named_are_the_ones_the_run_calls(tmp_path):
          ["ooc-train", [store, "-o", str(out)], None, False],   # the compiled loop
          ["ooc-train", [store, "-o", str(out), "--solver", "pegasos"], None, False]],
         [["ooc-train", [store, "-o", str(out), "--solver", "dcd"], None, False],
+         ["ooc-train", [store, "--cv", "3", "--cv-method", "tree"], None, False],
          ["ooc-ingest", [str(tmp_path / "a.svm"), "-o", str(tmp_path / "i1")], None, False],
          ["ooc-ingest", [str(tmp_path / "a.csv"), "-o", str(tmp_path / "i2"),
                          "--label-column", "0"], None, False]],
