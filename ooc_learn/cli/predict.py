@@ -33,6 +33,9 @@ def _predict_parser() -> argparse.ArgumentParser:
     return p
 
 
+WRITE_ROWS = 8192  # predictions formatted at a time (their lines: ~80 bytes each)
+
+
 def _predict_body(args):
     import contextlib
 
@@ -76,27 +79,27 @@ def _predict_body(args):
                 dv = dv[np.arange(dv.shape[0]), k]
             dec.append(dv)
             ys.append(y)
-        ids, dec, ys = np.concatenate(ids), np.concatenate(dec), np.concatenate(ys)
+        # one array at a time: each block list is let go before the next is joined
+        ids = np.concatenate(ids)
+        dec = np.concatenate(dec)
+        ys = np.concatenate(ys)
         pred = (np.concatenate(pred) if pred else np.zeros(dec.size, np.intp)
                 if model.regression else (dec > 0).astype(np.intp))
-    order = np.argsort(ids)
-    ids, dec, ys, pred = ids[order], dec[order], ys[order], pred[order]
-    labels = dec if model.regression else model.classes_[pred]
     names = model.meta.get("label_map", {}).get("names")
     if model.regression:
-        shown = [f"{v:.9g}" for v in labels.tolist()]
-    else:  # a class as the source wrote it: its name, or 9, not 9.0
+        texts = None
+    else:  # a class as the source wrote it: its name, or 9, not 9.0 (one text a class)
         from ooc_learn.model import class_text
 
-        text = {c: class_text(c, names) for c in model.classes_.tolist()}
-        shown = [text[c] for c in labels.tolist()]
+        texts = np.array([class_text(c, names) for c in model.classes_.tolist()], dtype=object)
     out = {"model": args.model, "data": args.data, "n_samples": int(ids.size),
            "labelled": not unlabeled}
     if unlabeled:  # predictions alone: nothing to score them against (classes: counted)
         accuracy = None
         if not model.regression:
-            names, counts = np.unique(np.asarray(shown), return_counts=True)
-            out["predicted"] = {str(c): int(k) for c, k in zip(names, counts)}
+            counts = np.bincount(pred, minlength=texts.size)
+            out["predicted"] = {str(t): int(k) for t, k in sorted(zip(texts.tolist(), counts))
+                                if k}
     elif model.regression:
         from ooc_learn.model import error_figures
 
@@ -104,7 +107,7 @@ def _predict_body(args):
         out.update(rmse=err["rmse"], mae=err["mae"], r2=err["r2"])
         accuracy = None
     elif model.multiclass:
-        accuracy = float(np.mean(labels.astype(np.float64) == ys))
+        accuracy = float(np.mean(model.classes_[pred].astype(np.float64) == ys))
         classes = np.asarray(model.classes_, dtype=np.float64)  # sorted, as ingest lists them
         truth = np.minimum(np.searchsorted(classes, ys), classes.size - 1)
         known = classes[truth] == ys
@@ -120,9 +123,16 @@ def _predict_body(args):
     out["output"] = args.output
 
     def write(fh):
+        """The rows in source order, a slice of them formatted at a time (never a Python
+        object per row of the whole set)."""
         fh.write(PREDICTIONS_HEADER)
-        for i, lab, dv in zip(ids, shown, dec):
-            fh.write(f"{i},{lab},{dv:.9g}\n")
+        order = np.argsort(ids, kind="stable")
+        for a in range(0, order.size, WRITE_ROWS):
+            at = order[a:a + WRITE_ROWS]
+            shown = ([f"{v:.9g}" for v in dec[at].tolist()] if texts is None
+                     else texts[pred[at]].tolist())
+            fh.write("".join(f"{i},{lab},{dv:.9g}\n" for i, lab, dv in zip(
+                ids[at].tolist(), shown, dec[at].tolist())))
 
     if to_stdout:  # the CSV on stdout, the summary on stderr (unless --quiet)
         try:
