@@ -54,6 +54,8 @@ KERNEL_MODULES = {
     "parse_libsvm": "ooc_learn.storage._parse_kernels",
     "parse_csv": "ooc_learn.storage._parse_kernels",
     "dense_row_stats": "ooc_learn.storage._parse_kernels",
+    "_fail": "ooc_learn.storage._parse_kernels",         # compiled as the parsers load
+    "_plus_one": "ooc_learn.storage.jit",               # numba's set-up (start_jit)
 }
 
 
@@ -121,6 +123,11 @@ def first_run_kernels(prog: str, args=None, cap: int | None = None) -> tuple:
     requiring it, every capped run would have warmed up again)."""
     if prog == "ooc-index":
         return (_TREE,)
+    if prog == "ooc-predict":  # numba's set-up and a store's reader, or a text's parser
+        data = str(getattr(args, "data", ""))
+        fmt = None if _store_meta(data) is not None else _text_format(data)
+        return (_kernel("_plus_one"), _kernel("_fail")) + (
+            (_PARSERS[fmt],) if fmt in _PARSERS else ())
     if prog == "ooc-ingest":
         fmt = getattr(args, "format", "auto")
         formats = ({fmt} if fmt in _PARSERS else
@@ -199,7 +206,7 @@ def kernel_files_cached(kernels) -> bool:
 
 
 # the commands that warm up on a first run under a cap
-WARM_UP = ("ooc-ingest", "ooc-index", "ooc-train")
+WARM_UP = ("ooc-ingest", "ooc-index", "ooc-train", "ooc-predict")
 WARM_UP_TIMEOUT = 900.0  # seconds in all; past it the helper is stopped and the command compiles
 WARM_UP_ROUNDS = 24  # helpers at most (each compiles until its RSS reaches its share)
 # the helper's exit status when its RSS reached its share: a fresh one goes on from the cache

@@ -139,6 +139,24 @@ def test_the_train_head_keeps_layout_task_folds_and_reads_no_further(tmp_path, s
     assert args.output == str(work / "model.h5") and args.jobs == 1
 
 
+def test_the_predict_head_keeps_every_feature_and_writes_in_the_helpers_folder(tmp_path):
+    from ooc_learn.cli.predict import predict_command
+
+    store = _store(tmp_path / "s", n=9000, d=40)
+    work = tmp_path / "w"
+    work.mkdir()
+    args = predict_command()[0].parse_args(["m.npz", store, "-o", str(tmp_path / "p.csv")])
+    assert helper._prepare_predict(args, work)
+    with open_store(args.data) as head:  # the model's input: all 40 features
+        assert head.n_features == 40 and head.n_samples == helper.HEAD_ROWS
+    assert args.output == str(work / "predictions.csv") and args.model == "m.npz"
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:0.5\n" * 5000)
+    args = predict_command()[0].parse_args(["m.npz", str(src), "-o", "-"])
+    assert helper._prepare_predict(args, work) and args.output is None
+    assert sum(1 for _ in open(args.data)) == helper.HEAD_LINES
+
+
 def test_a_runs_main_kernels_follow_its_source_solver_and_search_loop(tmp_path):
     """What decides whether a run is a first run: its own main kernels (an IBCD run under a
     cap that does not hold the store never calls the compiled search loop; a dcd run never
@@ -160,6 +178,10 @@ def test_a_runs_main_kernels_follow_its_source_solver_and_search_loop(tmp_path):
     ingest.format, ingest.no_index = "csv", True
     assert first("ooc-ingest", ingest) == (_warmup._PARSERS["csv"],)
     assert first("ooc-index", argparse.Namespace(store="s")) == (tree,)
+    start = (_warmup._kernel("_plus_one"), _warmup._kernel("_fail"))
+    assert first("ooc-predict", argparse.Namespace(data=str(tmp_path / "a.svm.gz"))) == (
+        start + (_warmup._PARSERS["libsvm"],))
+    assert first("ooc-predict", argparse.Namespace(data=str(tmp_path / "x.npy"))) == start
 
     store = _store(tmp_path / "s", n=3000, d=10, blocks=3)
     rows = 3000 * 4 * (10 + 3)  # the search's estimate of the store's rows
@@ -182,13 +204,15 @@ def test_a_runs_main_kernels_follow_its_source_solver_and_search_loop(tmp_path):
     assert first("ooc-train", argparse.Namespace(store=str(reg), solver=None)) == ()
     assert first("ooc-train", argparse.Namespace(store=str(reg), solver="dcd"))[0][1] == \
         "svr_epoch"
+    assert first("ooc-predict", argparse.Namespace(data=store)) == start
 
 
 CALLED = r"""
 import importlib, json, sys
 from ooc_learn import _warmup
-from ooc_learn.cli import ingest_main, train_main
+from ooc_learn.cli import ingest_main, predict_main, train_main
 from ooc_learn.cli.ingest import ingest_command
+from ooc_learn.cli.predict import predict_command
 from ooc_learn.cli.train import train_command
 from ooc_learn.index import view
 
@@ -198,10 +222,13 @@ def called(kernel):
 
 out = []
 for prog, argv, cap, python_loop in json.loads(sys.argv[1]):
-    parser = (train_command() if prog == "ooc-train" else ingest_command())[0]
+    command, main = {"ooc-train": (train_command, train_main),
+                     "ooc-ingest": (ingest_command, ingest_main),
+                     "ooc-predict": (predict_command, predict_main)}[prog]
+    parser = command()[0]
     kernels = _warmup.first_run_kernels(prog, parser.parse_args(argv), cap)
     view.HOLDS_DATA = False if python_loop else None
-    rc = (train_main if prog == "ooc-train" else ingest_main)(argv + ["--quiet"])
+    rc = main(argv + ["--quiet"])
     out.append([prog, rc, [k[1] for k in kernels if not called(k)],
                 called(_warmup._SEARCH)])
 print(json.dumps(out))
@@ -216,12 +243,15 @@ def test_the_main_kernels_named_are_the_ones_the_run_calls(tmp_path):
     (tmp_path / "a.svm").write_text("".join(f"{(-1) ** i} 1:{i % 7} 3:0.5\n"
                                             for i in range(300)))
     (tmp_path / "a.csv").write_text("".join(f"{i % 2},{i % 7},0.5\n" for i in range(300)))
+    (tmp_path / "p.svm").write_text("".join(f"{(-1) ** i} 1:{i % 7} 10:0.5\n"
+                                            for i in range(300)))
     out = tmp_path / "m.npz"
     # each kernel is checked in a process where no earlier run called it
     batches = [
         [["ooc-train", [store, "-o", str(out)], 1, True],       # capped: the Python loop
          ["ooc-train", [store, "-o", str(out)], None, False],   # the compiled loop
-         ["ooc-train", [store, "-o", str(out), "--solver", "pegasos"], None, False]],
+         ["ooc-train", [store, "-o", str(out), "--solver", "pegasos"], None, False],
+         ["ooc-predict", [str(out), str(tmp_path / "p.svm")], None, False]],
         [["ooc-train", [store, "-o", str(out), "--solver", "dcd"], None, False],
          ["ooc-train", [store, "--cv", "3", "--cv-method", "tree"], None, False],
          ["ooc-ingest", [str(tmp_path / "a.svm"), "-o", str(tmp_path / "i1")], None, False],
@@ -237,7 +267,7 @@ def test_the_main_kernels_named_are_the_ones_the_run_calls(tmp_path):
                 results, batch):
             assert rc == 0 and not_called == [], (prog, argv, not_called)
         if batch is batches[0]:
-            assert [r[3] for r in results] == [False, True, True]
+            assert [r[3] for r in results] == [False, True, True, True]
 
 
 def _train_args(argv):
@@ -299,7 +329,7 @@ def test_no_warm_up_where_cached_switched_off_on_dask_or_for_other_commands(monk
     monkeypatch.setenv("OOC_WARMUP", "0")
     assert not _warmup.warm_up_first("ooc-train", [], args, cap=1 << 30)
     monkeypatch.delenv("OOC_WARMUP")
-    assert not _warmup.warm_up_first("ooc-predict", [], args, cap=1 << 30)
+    assert not _warmup.warm_up_first("ooc-check", [], args, cap=1 << 30)
     assert not _warmup.warm_up_first("ooc-train", [], argparse.Namespace(quiet=True, workers=2),
                                   cap=1 << 30)
     assert not ran

@@ -176,5 +176,10 @@ def _confusion_text(classes, confusion) -> str:
     return "\n".join(lines)
 
 
+def predict_command():
+    """ooc-predict's parser and body (a first run's warm-up runs them: ``cli.warmup``)."""
+    return _predict_parser(), _predict_body
+
+
 def predict_main(argv=None) -> int:
     return run_command("ooc-predict", _predict_parser(), _predict_body, argv)

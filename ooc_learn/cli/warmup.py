@@ -22,10 +22,11 @@ HEAD_LINES = 4000
 HEAD_BYTES = 16 << 20
 
 
-def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = None) -> Path:
+def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = None,
+                all_features: bool = False) -> Path:
     """The first HEAD_ROWS rows (HEAD_BYTES at most) of the store at ``path``, its first
-    HEAD_FEATURES features, as a store at ``out``, indexed where the store is (``index``
-    None) or as asked."""
+    HEAD_FEATURES features (``all_features``: every one, as a model's input), as a store at
+    ``out``, indexed where the store is (``index`` None) or as asked."""
     import numpy as np
 
     from ooc_learn.index.orderer import forest_orderer
@@ -36,7 +37,7 @@ def _store_head(path, out: Path, *, min_blocks: int = 1, index: bool | None = No
         n = min(HEAD_ROWS, st.n_samples, max(64, HEAD_BYTES // st.estimated_bytes(1)))
         X, y, _ = st.read_range(0, n, ids=False, stored_labels=True)
         task, layout, indexed, blocks = st.stored_task, st.layout, st.has_index, st.n_blocks
-    X = X[:, :HEAD_FEATURES]
+    X = X if all_features else X[:, :HEAD_FEATURES]
     if not hasattr(X, "tocsr"):
         X = np.ascontiguousarray(X)
     index = indexed if index is None else index
@@ -141,12 +142,32 @@ def _prepare_index(args, tmp: Path) -> bool:
     return True
 
 
+def _prepare_predict(args, tmp: Path) -> bool:
+    if _plain_store(args.data):  # the model's features, every one
+        args.data = str(_store_head(args.data, tmp / "head.store", index=False,
+                                    all_features=True))
+    else:
+        src = _source_head(args.data, tmp)
+        if src is None:
+            return False
+        args.data = str(src)
+    if args.output not in (None, "-"):
+        args.output = str(tmp / "predictions.csv")
+    elif args.output == "-":
+        args.output = None
+    return True
+
+
 def _command(prog: str):
     """(parser, body, prepare) of ``prog``."""
     if prog == "ooc-train":
         from .train import train_command
 
         return (*train_command(), _prepare_train)
+    if prog == "ooc-predict":
+        from .predict import predict_command
+
+        return (*predict_command(), _prepare_predict)
     from .ingest import index_command, ingest_command
 
     if prog == "ooc-ingest":
