@@ -207,14 +207,20 @@ def test_index_build_and_prediction_on_a_store_4x_the_working_share_stay_within_
     cap = small_cap(INDEX + [tmp_path / "tiny", "--overwrite"] + q)
     peak = capped_peak_rss(INDEX + [tmp_path / "big", "--overwrite"] + q, cap)
     assert peak <= cap, (peak - cap) / 2**20
-    # a model trained on the tiny store predicts every row of the big one
+    _predict_big_under_the_tiny_cap(tmp_path)
+    assert sum(1 for _ in open(tmp_path / "p.csv")) == n + 1
+
+
+def _predict_big_under_the_tiny_cap(tmp_path):
+    """A model trained on ``tmp_path/tiny`` predicts every row of ``tmp_path/big`` into
+    ``p.csv`` under the least cap the tiny run takes: its peak RSS within it."""
+    q = ["--quiet"]
     child_peak_rss(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "m.npz", "--solver", "dcd"] + q)
     child_peak_rss(PREDICT + [tmp_path / "m.npz", tmp_path / "big"] + q)  # warm numba
     cap = small_cap(PREDICT + [tmp_path / "m.npz", tmp_path / "tiny"] + q)
     peak = capped_peak_rss(PREDICT + [tmp_path / "m.npz", tmp_path / "big", "-o",
                                       tmp_path / "p.csv"] + q, cap)
     assert peak <= cap, (peak - cap) / 2**20
-    assert sum(1 for _ in open(tmp_path / "p.csv")) == n + 1
 
 
 def test_predictions_of_many_narrow_rows_stay_within_the_cap(tmp_path, rng):
@@ -229,13 +235,7 @@ def test_predictions_of_many_narrow_rows_stay_within_the_cap(tmp_path, rng):
     y = np.where(X[:, 0] > 0, 1.0, -1.0)
     ingest_arrays(X, y, tmp_path / "big", build_index=False).close()
     ingest_arrays(X[:300], y[:300], tmp_path / "tiny", build_index=False).close()
-    q = ["--quiet"]
-    child_peak_rss(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "m.npz", "--solver", "dcd"] + q)
-    child_peak_rss(PREDICT + [tmp_path / "m.npz", tmp_path / "big"] + q)  # warm numba
-    cap = small_cap(PREDICT + [tmp_path / "m.npz", tmp_path / "tiny"] + q)
-    peak = capped_peak_rss(PREDICT + [tmp_path / "m.npz", tmp_path / "big", "-o",
-                                      tmp_path / "p.csv"] + q, cap)
-    assert peak <= cap, (peak - cap) / 2**20
+    _predict_big_under_the_tiny_cap(tmp_path)
     rows = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
     assert rows.shape == (n, 3) and np.array_equal(rows[:, 0], np.arange(n))
 
