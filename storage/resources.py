@@ -13,6 +13,7 @@ import glob
 import os
 import resource
 import sys
+import threading
 import time
 
 
@@ -30,12 +31,34 @@ def peak_rss_bytes() -> int:
     return int(ru if sys.platform == "darwin" else ru * 1024)
 
 
+# /proc/self/statm kept open and re-read with pread (1.7 us a reading against 12.5 us for an
+# open, read and close: the budget reads the RSS at every reservation, 2-4 % of a capped
+# run's samples); reopened in a forked child, whose inherited descriptor reads the parent
+_STATM = {"fd": -1, "pid": -1}
+_STATM_LOCK = threading.Lock()
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _statm_fd() -> int:
+    pid = os.getpid()
+    if _STATM["pid"] != pid:
+        with _STATM_LOCK:
+            if _STATM["pid"] != pid:
+                fd = os.open("/proc/self/statm", os.O_RDONLY)
+                if _STATM["fd"] >= 0:
+                    try:
+                        os.close(_STATM["fd"])
+                    except OSError:
+                        pass
+                _STATM["fd"], _STATM["pid"] = fd, pid
+    return _STATM["fd"]
+
+
 def current_rss_bytes() -> int:
     """Resident set size of this process now (0 where it cannot be read)."""
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        return int(os.pread(_statm_fd(), 128, 0).split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError, AttributeError):
         try:
             import psutil
 

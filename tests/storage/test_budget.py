@@ -305,3 +305,34 @@ def test_reserve_shrinking_halves_to_what_fits_and_refuses_below_its_floor():
     assert budget.used == used
     assert budget.reserve_shrinking(1000, lambda j: 8 * j, 8, must=False) == 8
     assert budget.used == used + 64
+
+
+def test_the_rss_reading_follows_allocations_and_a_forked_child_reads_its_own():
+    """current_rss_bytes keeps /proc/self/statm open (re-read with pread): a forked child,
+    whose inherited descriptor would read its parent, reopens it."""
+    import os
+
+    import numpy as np
+
+    from ooc_learn.storage.resources import current_rss_bytes
+
+    before = current_rss_bytes()
+    x = np.ones(16 << 20 >> 3)  # 16 MiB, touched
+    grown = current_rss_bytes() - before
+    assert 15 << 20 <= grown <= 20 << 20
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: 32 MiB more than the parent, read as its own
+        try:
+            base = current_rss_bytes()
+            y = np.ones(32 << 20 >> 3)
+            os.write(w, str(current_rss_bytes() - base + 0 * int(y[0])).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    child = int(os.read(r, 64))
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert 31 << 20 <= child <= 40 << 20
+    assert current_rss_bytes() - before < 24 << 20  # not the child's pages
+    del x
