@@ -115,12 +115,12 @@ def _text_format(path: str) -> str | None:
 
 def first_run_kernels(prog: str, args=None, cap: int | None = None) -> tuple:
     """The main kernels of this run of ``prog`` (``(module, name)`` pairs), by what decides
-    them: an ingest's source format and index, ooc-train's solver and task, and for IBCD
-    the index search's loop: compiled where the cap (``cap`` bytes, or the default
-    ``--memory``) holds the store's rows
-    (``storage.budget.holds_rows``), in Python otherwise. A run whose kernels are all in
-    numba's cache is not a first run (an IBCD run under a cap never calls the compiled loop:
-    requiring it, every capped run would have warmed up again)."""
+    them: an ingest's or a prediction's source format, the index, ooc-train's solver, task
+    and CV method, and for IBCD the index search's loop: compiled where the cap (``cap``
+    bytes, or the default ``--memory``) holds the store's rows (``storage.budget.holds_rows``),
+    in Python otherwise. A run whose kernels are all in numba's cache is not a first run (an
+    IBCD run under a cap that does not hold the store never calls the compiled loop:
+    requiring it, every such run would have warmed up again)."""
     if prog == "ooc-index":
         return (_TREE,)
     if prog == "ooc-predict":  # numba's set-up and a store's reader, or a text's parser
