@@ -205,6 +205,11 @@ def kernel_files_cached(kernels) -> bool:
     return True
 
 
+def searches_index(args) -> bool:
+    """Whether this ``ooc-train`` run searches the store's index (IBCD's queries)."""
+    return bool({_SEARCH, _LEAF_SCAN} & set(first_run_kernels("ooc-train", args)))
+
+
 # the commands that warm up on a first run under a cap
 WARM_UP = ("ooc-ingest", "ooc-index", "ooc-train", "ooc-predict")
 WARM_UP_TIMEOUT = 900.0  # seconds in all; past it the helper is stopped and the command compiles

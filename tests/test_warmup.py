@@ -137,6 +137,15 @@ def test_the_train_head_keeps_layout_task_folds_and_reads_no_further(tmp_path, s
     # the test file's parsers compiled on its head, not scored against the cut features
     assert args.test is None and (work / "test-head.store").exists()
     assert args.output == str(work / "model.h5") and args.jobs == 1
+    # a run that does not search the index gets a head without one (building it loaded the
+    # tree builder's kernels into every helper: a TreeCV first run in the 10x setting took
+    # 494.7 s, its helpers stalled then thrashing; 45.4 s since)
+    for other in (["--cv", "5", "--cv-method", "tree"], ["--solver", "dcd"]):
+        (work / "head.store").rename(work / f"old{len(other)}")
+        args = _train_args([store, "-o", str(tmp_path / "m.h5"), *other])
+        assert helper._prepare_train(args, work)
+        with open_store(args.store) as head:
+            assert not head.has_index
 
 
 def test_the_predict_head_keeps_every_feature_and_writes_in_the_helpers_folder(tmp_path):

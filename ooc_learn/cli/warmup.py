@@ -99,10 +99,15 @@ def _plain_store(path) -> bool:
 def _prepare_train(args, tmp: Path) -> bool:
     from ooc_learn.storage.store import is_store
 
+    from ooc_learn._warmup import searches_index
+
     if not _plain_store(args.store):
         return False
     k = int(args.cv) if args.cv is not None and str(args.cv).isdigit() else 1
-    args.store = str(_store_head(args.store, tmp / "head.store", min_blocks=k))
+    # the head indexed only for IBCD: building its index loads the tree builder's kernels
+    # into every helper (a TreeCV first run's helpers stalled on them in the 10x setting)
+    args.store = str(_store_head(args.store, tmp / "head.store", min_blocks=k,
+                                 index=None if searches_index(args) else False))
     if args.test is not None:
         if is_store(args.test):
             args.test = str(_store_head(args.test, tmp / "test.store", index=False))
