@@ -81,10 +81,12 @@ def _store_meta(path) -> dict | None:
     import json
     import os
 
+    from ooc_learn.storage.format import FORMAT_NAME, META_FILE
+
     try:
-        with open(os.path.join(path, "meta.json")) as fh:
+        with open(os.path.join(path, META_FILE)) as fh:
             meta = json.load(fh)
-        return meta if meta.get("format") == "ooc-learn-store" else None
+        return meta if meta.get("format") == FORMAT_NAME else None
     except (OSError, TypeError, ValueError, AttributeError):
         return None
 
@@ -244,7 +246,8 @@ def cached_kernel_count() -> int:
     return count
 
 
-def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -> bool:
+def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None,
+                  kernels=None) -> bool:
     """On a first run of ``prog`` under ``--memory`` (its main kernels not in numba's cache),
     run it first on the head of its input in helper processes (:mod:`ooc_learn.cli.warmup`)
     and wait, so that its kernels load from the cache within the cap. numba's compiler keeps
@@ -256,7 +259,8 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
     index search's ~250 MiB), a last one runs without the limit, before this process holds
     any data. Returns whether the warm-up ran to
     its end. Not with Dask (``--workers``, ``--scheduler``: the workers compile their own),
-    nor with ``OOC_WARMUP=0``; ``stop`` (the command's signal state) ends the wait."""
+    nor with ``OOC_WARMUP=0``; ``stop`` (the command's signal state) ends the wait;
+    ``kernels``: the run's :func:`first_run_kernels` where the caller has them."""
     import json
     import os
     import shutil
@@ -264,11 +268,12 @@ def warm_up_first(prog: str, argv, args, stop=None, *, cap: int | None = None) -
     import tempfile
     import time
 
-    kernels = first_run_kernels(prog, args, cap)
     if (prog not in WARM_UP or os.environ.get("OOC_WARMUP", "1") == "0"
             or getattr(args, "workers", None) is not None
-            or getattr(args, "scheduler", None) is not None
-            or kernel_files_cached(kernels)):
+            or getattr(args, "scheduler", None) is not None):
+        return False
+    kernels = first_run_kernels(prog, args, cap) if kernels is None else kernels
+    if kernel_files_cached(kernels):
         return False
     if not getattr(args, "quiet", False):
         print(f"{prog}: compiling kernels first, on the head of the input in a helper "

@@ -59,17 +59,19 @@ def any_text(paths) -> bool:
                for p in paths)
 
 
-def ahead_kernels(prog: str, args) -> list[str]:
-    """The large kernel of ``prog``'s run that a helper process can compile in parallel on a
-    first run (see ``_jit.compile_ahead``): the tree builder of an indexed ingest, the index
-    search of IBCD."""
-    if prog == "ooc-ingest" and not getattr(args, "no_index", False):
-        return ["build_tree_kernel"]
-    if prog == "ooc-train" and getattr(args, "solver", None) in (None, "ibcd") \
-            and getattr(args, "workers", None) is None \
-            and getattr(args, "scheduler", None) is None:
-        return ["bbf_run"]
-    return []
+def ahead_kernels(prog: str, args, kernels=None) -> list[str]:
+    """The large kernels of ``prog``'s run that a helper process can compile in parallel on
+    a first run (see ``_jit.compile_ahead``): those of its main kernels
+    (``kernels``, else ``_warmup.first_run_kernels``) in ``_jit.AHEAD``, the tree builder of
+    an indexed ingest, the compiled index search of IBCD. None on Dask (the workers compile
+    their own)."""
+    from ooc_learn._jit import AHEAD
+    from ooc_learn._warmup import first_run_kernels
+
+    if getattr(args, "workers", None) is not None or getattr(args, "scheduler", None) is not None:
+        return []
+    kernels = first_run_kernels(prog, args) if kernels is None else kernels
+    return [name for _, name in kernels if name in AHEAD]
 
 
 def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv=None) -> int:
@@ -102,14 +104,15 @@ def _run_command(prog, parser, body, argv, stop) -> int:
             cap = parse_size(cap)
         except Exception:  # a bad size: the command's own check names it, at once
             cap = None
-        if cap is not None:
-            warm_up_first(prog, sys.argv[1:] if argv is None else argv, args, stop, cap=cap)
-    kernels = first_run_kernels(prog, args, cap)
+    kernels = first_run_kernels(prog, args, cap)  # this run's main kernels (file reads)
+    if cap is not None:
+        warm_up_first(prog, sys.argv[1:] if argv is None else argv, args, stop, cap=cap,
+                      kernels=kernels)
     from ooc_learn._jit import announce_first_run, compile_ahead
 
     if not getattr(args, "quiet", False):
         announce_first_run(prog, kernels, memory_given)
-    compile_ahead(ahead_kernels(prog, args), memory_given=memory_given)
+    compile_ahead(ahead_kernels(prog, args, kernels), memory_given=memory_given)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format=f"{prog}: %(message)s", stream=sys.stderr)
     said: list[str] = []

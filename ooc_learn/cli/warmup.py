@@ -97,9 +97,8 @@ def _plain_store(path) -> bool:
 
 
 def _prepare_train(args, tmp: Path) -> bool:
-    from ooc_learn.storage.store import is_store
-
     from ooc_learn._warmup import searches_index
+    from ooc_learn.storage.store import is_store
 
     if not _plain_store(args.store):
         return False
