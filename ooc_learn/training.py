@@ -219,7 +219,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
             w, bias=bias, classes=classes, solver=solver, loss=loss, C=C, s=s,
             eps=eps, block_solver=block_solver if solver == "ibcd" else None,
             store=str(st.path), store_fingerprint=st.fingerprint(),
-            label_map=st.label_map, zero_based=st.metadata.get("zero_based"),
+            label_map=st.label_map, zero_based=st.libsvm_base,
             feature_names=st.metadata.get("feature_names"),
             label_name=st.metadata.get("label_name"), stats=stats)
     finally:
@@ -319,7 +319,7 @@ def train_regression(st, *, solver=None, loss=None, C=1.0, epsilon=0.0, bias=1.0
     return LinearModel.from_weights(
         w, bias=bias, classes=None, solver=solver, loss=loss, C=C, epsilon=epsilon, eps=eps,
         task="regression", store=str(st.path), store_fingerprint=st.fingerprint(),
-        label_map=st.label_map, zero_based=st.metadata.get("zero_based"),
+        label_map=st.label_map, zero_based=st.libsvm_base,
         feature_names=st.metadata.get("feature_names"),
         label_name=st.metadata.get("label_name"), stats=stats)
 

@@ -199,7 +199,8 @@ def store_metadata(p: Parsed, shape: Shape, *, task, label_map, seed, positive_l
         "label_map": label_map, "sources": p.sources, "formats": sorted(p.formats),
         "feature_names": p.feature_names,  # a CSV header's, where every source has it
         "label_name": p.label_name if p.feature_names else None,  # its label column's
-        "zero_based": shape.base == 0, "nnz": int(p.nnz), "density": shape.density,
+        # a LIBSVM file's index base; columns (CSV, arrays) have none
+        "zero_based": shape.base == 0 if "libsvm" in p.formats else None, "nnz": int(p.nnz), "density": shape.density,
         "params": {"n_blocks": int(shape.n_blocks), "seed": int(seed), "layout": shape.layout,
                    "task": task, "positive_label": positive_label,
                    "n_features": n_features},

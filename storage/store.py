@@ -354,6 +354,17 @@ class Store:
     def label_map(self) -> dict:
         return self.metadata.get("label_map", {})
 
+    @property
+    def libsvm_base(self) -> bool | None:
+        """Whether the LIBSVM sources were read 0-based (True) or 1-based (False); None where
+        the store holds no LIBSVM source (a CSV's or an array's columns have no index base,
+        and a LIBSVM file scored against its model is read by its own, as ingest reads it)."""
+        md = self.metadata
+        if "libsvm" not in md.get("formats", ["libsvm"]):
+            return None
+        base = md.get("zero_based")
+        return None if base is None else bool(base)
+
     def fingerprint(self) -> str:
         """Identifies the data: the sources' digests and the shuffle parameters."""
         import hashlib

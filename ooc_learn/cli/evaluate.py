@@ -37,7 +37,7 @@ def eval_spec(model=None, store=None) -> dict:
                 "label_name": model.meta.get("label_name"), "what": "The model"}
     return {"n_features": store.n_features, "task": store.task,
             "positive": store.label_map.get("positive"), "label_map": store.label_map,
-            "zero_based": store.metadata.get("zero_based"),
+            "zero_based": store.libsvm_base,
             "feature_names": store.metadata.get("feature_names"),
             "label_name": store.metadata.get("label_name"),
             "what": f"The training store {store.path}"}
