@@ -54,12 +54,13 @@ __all__ = ["ingest", "ingest_arrays"]
 
 log = logging.getLogger(__name__)
 
-_FORMATS = ("auto", "libsvm", "csv", "npy", "npz")
+_FORMATS = ("auto", "libsvm", "csv", "npy", "npz", "idx")
 _LAYOUTS = ("auto", "dense", "csr")
 _TASKS = ("auto", "binary", "regression", "multiclass")
 
 
-def _check_params(*, fmt, layout, task, n_blocks, block_rows, zero_based, n_features):
+def _check_params(*, fmt, layout, task, n_blocks, block_rows, zero_based, n_features,
+                  seed=0):
     def bad(name, cond, got):
         raise ParameterError(f"The '{name}' parameter of ingest must be {cond}. "
                              f"Got {got!r} instead.")
@@ -74,7 +75,7 @@ def _check_params(*, fmt, layout, task, n_blocks, block_rows, zero_based, n_feat
         raise ParameterError("Give either 'n_blocks' (--blocks) or 'block_rows' (--block-rows), "
                              "not both.")
     for name, v, lo in (("n_blocks", n_blocks, 1), ("block_rows", block_rows, 1),
-                        ("n_features", n_features, 1)):
+                        ("n_features", n_features, 1), ("seed", seed, 0)):
         if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
                               or v < lo):
             bad(name, f"an integer >= {lo}", v)
@@ -165,7 +166,8 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     sources = [Path(s) for s in sources]
     out = Path(out)
     _check_params(fmt=format, layout=layout, task=task, n_blocks=n_blocks,
-                  block_rows=block_rows, zero_based=zero_based, n_features=n_features)
+                  block_rows=block_rows, zero_based=zero_based, n_features=n_features,
+                  seed=seed)
     if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
                                or not 1 <= shards <= 4096):
         raise ParameterError(f"The 'shards' parameter of ingest must be an int in 1..4096. "

@@ -104,7 +104,10 @@ def _run_command(prog, parser, body, argv, stop) -> int:
             cap = parse_size(cap)
         except Exception:  # a bad size: the command's own check names it, at once
             cap = None
-    kernels = first_run_kernels(prog, args, cap)  # this run's main kernels (file reads)
+    try:
+        kernels = first_run_kernels(prog, args, cap)  # this run's main kernels (file reads)
+    except OOCError:  # a bad OOC_MEMORY or input: the command's own checks name it, exit 2
+        kernels = ()
     if cap is not None:
         warm_up_first(prog, sys.argv[1:] if argv is None else argv, args, stop, cap=cap,
                       kernels=kernels)

@@ -218,7 +218,31 @@ def test_bad_flag_values_exit_2(tmp_path):
     assert r.returncode == 2 and "--memory" in r.stderr
     r = run_ingest(src, "-o", tmp_path / "s", "--blocks", "0")
     assert r.returncode == 2 and "n_blocks" in r.stderr
+    r = run_ingest(src, "-o", tmp_path / "s", "--seed", "-1")  # was numpy's ValueError
+    assert r.returncode == 2 and "'seed'" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svm"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1"])
+def test_a_bad_OOC_MEMORY_is_refused_by_every_command(tmp_path, monkeypatch, capsys, value):
+    # ooc-train read it first in its first-run check and crashed there (a traceback, exit 1;
+    # nothing on stdout under --json); the others refused it
+    from ooc_learn.cli import index_main, predict_main, train_main
+
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
+    monkeypatch.setenv("OOC_MEMORY", value)
+    capsys.readouterr()
+    for main, args in ((ingest_main, [str(src), "-o", str(tmp_path / "s2")]),
+                       (train_main, [str(tmp_path / "s"), "-o", str(tmp_path / "m2.npz")]),
+                       (predict_main, [str(tmp_path / "m.npz"), str(tmp_path / "s")]),
+                       (index_main, [str(tmp_path / "s"), "--overwrite"])):
+        assert main(args + ["--quiet", "--json"]) == 2, main
+        out = capsys.readouterr()
+        assert "OOC_MEMORY" in out.err and "OOC_MEMORY" in json.loads(out.out)["error"]
+    assert not (tmp_path / "s2").exists() and not (tmp_path / "m2.npz").exists()
 
 
 def test_ingest_error_carries_location(tmp_path):
@@ -326,6 +350,12 @@ def test_idx_source_ingests_and_trains(tmp_path, capsys):
     with open_store(tmp_path / "s") as st:
         assert (st.n_samples, st.n_features, st.task) == (400, 25, "multiclass")
         assert float(st.read_block(0)[0].max()) <= 1.0
+        X0 = stored_as_source_order(st)[0]
+    # --format idx, which --help lists, reads them the same (it was refused: exit 2)
+    assert ingest_main([str(tmp_path / "a-images-idx3-ubyte"), "-o", str(tmp_path / "f"),
+                        "--quiet", "--format", "idx"]) == 0
+    with open_store(tmp_path / "f") as st:
+        np.testing.assert_array_equal(stored_as_source_order(st)[0], X0)
 
 
 def test_ingest_reads_standard_input(tmp_path):
