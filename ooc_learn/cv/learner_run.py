@@ -112,6 +112,17 @@ class CVRun:
 
     # -- models and the budget ---------------------------------------------------------
     def new_model(self):
+        size = getattr(self.learner, "init_nbytes", None)
+        nb = None if size is None else size(self.source.d, self.source.n)
+        if nb is not None:
+            # asked before the model is made: one wider than the cap is refused with the
+            # figures (exit 2), not allocated (ExactLeastSquares' d^2 floats: 74.5 GiB at
+            # d = 100,000, numpy's MemoryError)
+            self.budget.reserve(
+                int(nb), f"model of {self.source.d:,} features ({self.learner!r})",
+                hint="or check the data for a stray large feature index (the store's "
+                     "feature count is its largest index)")
+            self.budget.release(int(nb))
         model = self.learner.init(self.source.d, self.source.n)
         self._hold(model)
         return model

@@ -58,7 +58,11 @@ class IncrementalLearner(Protocol):
         """Sum of per-row losses of ``model`` on ``(X, y)``."""
 
     def nbytes(self, model: Any) -> int:
-        """Memory one model takes (what a saved copy costs against the memory budget)."""
+        """Memory one model takes (what a saved copy costs against the memory budget).
+
+        A learner may also say ``init_nbytes(n_features, n_samples)``: what ``init``'s
+        model will take, asked before it is made, so that a model wider than the cap is
+        refused rather than allocated."""
 
 
 @runtime_checkable

@@ -74,6 +74,14 @@ class _FlatStateLearner:
     def nbytes(self, model: np.ndarray) -> int:
         return int(model.nbytes)
 
+    def init_nbytes(self, n_features: int, n_samples: int = 1) -> int:
+        """What ``init(n_features, n_samples)``'s model will take, known before it is made
+        (a CV run's budget refuses a model wider than its cap instead of allocating it)."""
+        return 8 * self._state_len(int(n_features))
+
+    def _state_len(self, d: int) -> int:
+        raise NotImplementedError
+
     def _check_init(self, n_features, n_samples):
         if int(n_features) < 1:
             raise ParameterError(
@@ -129,11 +137,14 @@ class Pegasos(_FlatStateLearner):
 
     def init(self, n_features: int, n_samples: int = 1) -> np.ndarray:
         self._check_init(n_features, n_samples)
-        state = np.zeros(K.PEG_HEAD + int(n_features))
+        state = np.zeros(self._state_len(int(n_features)))
         state[1] = 1.0
         state[3] = self.lam
         state[4] = 1.0 if self.project else 0.0
         return state
+
+    def _state_len(self, d):
+        return K.PEG_HEAD + d
 
     def _d_of(self, model):
         return model.shape[0] - K.PEG_HEAD
@@ -176,11 +187,14 @@ class LeastSquaresSGD(_FlatStateLearner):
     def init(self, n_features: int, n_samples: int) -> np.ndarray:
         self._check_init(n_features, n_samples)
         d = int(n_features)
-        state = np.zeros(K.LSQ_HEAD + 2 * d)
+        state = np.zeros(self._state_len(d))
         state[1] = 1.0
         state[4] = self.step if self.step is not None else 1.0 / math.sqrt(int(n_samples))
         state[5] = self.radius
         return state
+
+    def _state_len(self, d):
+        return K.LSQ_HEAD + 2 * d
 
     def _d_of(self, model):
         return (model.shape[0] - K.LSQ_HEAD) // 2
@@ -211,9 +225,12 @@ class ExactLeastSquares(_FlatStateLearner):
     def init(self, n_features: int, n_samples: int = 1) -> np.ndarray:
         self._check_init(n_features, n_samples)
         d = int(n_features)
-        state = np.zeros(K.EXACT_HEAD + d * d + d)
+        state = np.zeros(self._state_len(d))
         state[1] = self.ridge
         return state
+
+    def _state_len(self, d):
+        return K.EXACT_HEAD + d * d + d
 
     def _d_of(self, model):
         n = model.shape[0] - K.EXACT_HEAD

@@ -96,6 +96,12 @@ class OneVsRest:
     def nbytes(self, models: list) -> int:
         return int(sum(self.learner.nbytes(m) for m in models))
 
+    def init_nbytes(self, n_features: int, n_samples: int) -> int | None:
+        """The models ``init`` makes, before they are made (None where the learner cannot
+        say)."""
+        size = getattr(self.learner, "init_nbytes", None)
+        return None if size is None else len(self.classes) * int(size(n_features, n_samples))
+
     def __repr__(self):
         return f"OneVsRest({self.learner!r}, classes={self.classes.tolist()})"
 

@@ -122,6 +122,35 @@ def test_store_under_a_small_memory_cap(tmp_path, rng):
     assert small.stats["rows_read"] == big.stats["rows_read"]
 
 
+def test_a_model_wider_than_the_cap_is_refused_before_it_is_made(tmp_path, rng):
+    # ExactLeastSquares holds d^2 floats: at d = 100,000 (one stray feature index) 74.5 GiB,
+    # which init allocated before the budget was asked (numpy's MemoryError, or the OS's
+    # OOM killer); the budget now refuses it with the figures first
+    from ooc_learn.learners import LeastSquaresSGD
+    from ooc_learn.learners.one_vs_rest import OneVsRest
+    from ooc_learn.storage.errors import BudgetExceededError
+    from ooc_learn.storage.store import open_store
+
+    n, d = 300, 100_000
+    X = sp.random(n, 5, density=0.8, random_state=0, format="csr", dtype=np.float32)
+    X = sp.hstack([X, sp.csr_matrix((n, d - 5), dtype=np.float32)]).tocsr()
+    X[7, d - 1] = 1.0
+    y = np.where(rng.standard_normal(n) > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "wide.store", seed=0).close()
+    with open_store(tmp_path / "wide.store", memory="300M") as store:
+        used = store.budget.used
+        for cv in (tree_cv, kfold_cv):
+            with pytest.raises(BudgetExceededError, match=r"100,000 features.*74\.5G"):
+                cv(store, ExactLeastSquares(), 3)
+            assert store.budget.used == used
+        r = tree_cv(store, Pegasos(1e-3), 3)  # 0.8 MB a model: it runs
+        assert np.isfinite(r.fold_scores).all()
+    # what each learner says before init is what its model takes
+    for learner in (Pegasos(), LeastSquaresSGD(), ExactLeastSquares(),
+                    OneVsRest(Pegasos(), np.array([0.0, 1.0, 2.0]))):
+        assert learner.init_nbytes(37, 10) == learner.nbytes(learner.init(37, 10))
+
+
 def test_folds_inside_an_indexed_block_are_not_ranges_of_its_leaf_order(tmp_path, rng):
     # an indexed block keeps its rows in the metric tree's leaf order (clusters); folds cut
     # inside it take its rows in a fixed random order instead, and stay exact
