@@ -153,6 +153,8 @@ def _newton_hinge(X, y, alpha, w, *, C: float, bias: float, h: float, max_newton
         H.follow(band)
         g = q - C * zc
         s = H.solve(g)
+        if s is None:  # H lost its definiteness to rounding: the dual point at this u
+            break
         dec = float(g @ s)
         it += 1
         if not math.isfinite(dec) or dec <= tol * C * max(n, 1):
@@ -229,8 +231,10 @@ def _newton_windows(windows, take, y, alpha, w, *, C, bias, h, max_newton, tol):
     it, converged, since_build = 0, False, 0
     while it < max_newton:
         g = q - C * zc
-        s = sla.cho_solve(sla.cho_factor(H, lower=False, check_finite=False), g,
-                          check_finite=False)
+        factor = _factor(H)
+        if factor is None:  # as in newton_hinge: the dual point at this u
+            break
+        s = sla.cho_solve(factor, g, check_finite=False)
         dec = float(g @ s)
         it += 1
         if not math.isfinite(dec) or dec <= tol * C * max(n, 1):
@@ -370,14 +374,33 @@ class _Hessian:
         self.band = band
 
     def solve(self, g):
+        """H^-1 g, or None where H is not numerically positive definite even rebuilt from
+        its band (a C so large, ~1e14 and up, that the identity is lost beside C/(2h) Z^T Z
+        in float64): Newton's method stops there and dual CD goes on."""
         if self.factor is None:
-            self.factor = sla.cho_factor(self.H, lower=False, check_finite=False)
+            self.factor = _factor(self.H)
+            if self.factor is None and self.since_build:
+                # the rank-one updates' rounding: H again from its band
+                self.H = np.eye(self.d1)
+                self._add(self.band, self.scale)
+                self.since_build = 0
+                self.factor = _factor(self.H)
+            if self.factor is None:
+                return None
         return sla.cho_solve(self.factor, g, check_finite=False)
 
     def _add(self, rows, weight) -> None:
         """H += weight * sum over ``rows`` of [x, bias][x, bias]^T, upper triangle, by chunks."""
         *args, bias = self.args
         self.H = _syrk_rows(self.H, args, bias, rows, weight, self.d1)
+
+
+def _factor(H):
+    """H's Cholesky factor, or None where H is not (numerically) positive definite."""
+    try:
+        return sla.cho_factor(H, lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
 
 
 def applies(d: int, n: int | None = None) -> bool:

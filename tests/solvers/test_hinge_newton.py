@@ -158,6 +158,33 @@ def test_non_finite_margins_leave_alpha_and_w_as_they_came():
     np.testing.assert_array_equal(w, w0)
 
 
+def test_a_c_so_large_that_the_hessian_loses_its_definiteness_ends_approximate(tmp_path):
+    # at C ~ 1e14 and up the identity in H = I + C/(2h) Z^T Z is lost to float64's rounding
+    # beside the band's rows: Cholesky refused H and `ooc-train --C 1e14` ended in a
+    # LinAlgError traceback (exit 1), where dcd and bm end with the "approximate" warning.
+    # Newton's method now stops there at a feasible dual point and dual CD goes on
+    import ooc_learn
+    from ooc_learn.api import ingest_arrays
+    from ooc_learn.datasets import make_linear_classification
+
+    X, y, _ = make_linear_classification(2000, seed=0)
+    with ingest_arrays(X, y, tmp_path / "s", build_index=True) as store:
+        for C in (1e14, 1e20):
+            with pytest.warns(RuntimeWarning, match="approximate"):
+                m = ooc_learn.train(store, C=C)
+            assert np.isfinite(m.coef_).all() and m.score(X, y) > 0.8
+            assert m.meta["stats"]["converged"] is False  # it was True beside the warning
+    # the dual point Newton leaves where H fails at once (a band without full rank: the
+    # windows' solve factors H afresh every step)
+    Xd = X[:60].toarray()
+    alpha, w = np.zeros(60), np.zeros(51)
+    wins = lambda: iter([(0, 30, Xd[:30]), (30, 60, Xd[30:])])  # noqa: E731
+    st = newton_hinge_windows(wins, lambda pos: Xd[pos], y[:60], alpha, w, C=1e20, bias=1.0)
+    assert np.all((alpha >= 0) & (alpha <= 1e20)) and np.isfinite(w).all()
+    np.testing.assert_allclose(w, augmented(Xd).T @ (alpha * y[:60]),
+                               atol=1e-9 * max(1.0, np.abs(w).max()))
+
+
 @pytest.mark.parametrize("layout", ["dense", "csr"])
 def test_the_hessian_followed_by_rank_updates_solves_as_the_band_built_afresh(layout):
     # H follows the band by rank updates while fewer rows change than the band holds (else it

@@ -222,7 +222,10 @@ def _result(st, n_outer, converged, t0, rows_read0, bytes_read0) -> IBCDResult:
     if not stats.S_converged:
         why += "; the active set's dual CD stopped at its pass limit"
     out = stats.as_dict()
-    out.update(outer_iterations=n_outer, converged=converged, active_set=S.m,
+    # converged: the stop was met, not only the outer loop's (an S whose dual CD reached its
+    # pass limit leaves an approximate solution, and says so)
+    out.update(outer_iterations=n_outer, converged=converged and stats.S_converged,
+               active_set=S.m,
                stop_reason=why, n_sv=int(sv_rows.size),
                frozen_rows=st.n_frozen,
                rows_read=st.store.rows_read - rows_read0,
