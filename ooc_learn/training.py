@@ -10,6 +10,7 @@ import numpy as np
 
 from ooc_learn.model import LinearModel
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.labels import check_two_classes
 from ooc_learn.storage.store import open_data, open_store
 
 __all__ = ["train", "train_regression", "train_classes", "SOLVERS", "check_params",
@@ -193,6 +194,7 @@ def train(store, *, solver: str | None = None, loss: str | None = None, C: float
             raise ParameterError(f"train fits binary, multiclass and regression stores; "
                                  f"{st.path} holds a {st.task} task.",
                                  "Re-ingest it with --task binary, multiclass or regression.")
+        check_two_classes(st)
         t0 = time.perf_counter()
         rows0, bytes0 = st.rows_read, st.bytes_read
         model_bytes = model_state_bytes(solver, block_solver, st.n_features)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import IngestError
+from .errors import IngestError, ParameterError
 
 __all__ = ["LabelNames", "LabelTracker", "decide_task", "MULTICLASS_MAX_CLASSES"]
 
@@ -125,10 +125,13 @@ def decide_task(tracker: LabelTracker, task: str, positive_label, where: str = "
                 "Pick the positive class with --positive-label (one-vs-rest) or use "
                 "--task multiclass / regression.")
         if len(values) == 1:
-            pos = values[0] if values[0] in (-1.0, 1.0) else values[0]
+            # one class of a binary task (a test set, say): scored against a model, never
+            # trained on (:func:`check_two_classes`)
+            pos = values[0]
             neg = -1.0 if pos == 1.0 else None
-        else:
-            neg, pos = values
+            return ("binary", {"positive": pos, "negative": neg, "one_class": pos},
+                    lambda lab: np.where(lab == pos, 1.0, -1.0))
+        neg, pos = values
         return ("binary", {"positive": pos, "negative": neg},
                 lambda lab: np.where(lab == pos, 1.0, -1.0))
     if task == "multiclass":
@@ -171,3 +174,15 @@ def _decide_named(names, task: str, positive_label, where: str):
                 lambda lab: np.where(remap[lab.astype(np.int64)] == k - 1, 1.0, -1.0))
     return ("multiclass", {"classes": [float(c) for c in range(k)], "names": ordered},
             lambda lab: remap[lab.astype(np.int64)])
+
+
+def check_two_classes(store) -> None:
+    """Refuse to train on (or cross-validate) a binary store whose rows hold one class: a
+    classifier of one class scores 100 % on it and means nothing."""
+    one = store.label_map.get("one_class")
+    if store.task == "binary" and one is not None:
+        raise ParameterError(
+            f"Every row of {store.path} has the label {float(one):g}: a classifier needs "
+            "rows of both classes.",
+            "Train on data holding both classes (check the label column); a store of one "
+            "class serves as a test set (ooc-predict, --test).")

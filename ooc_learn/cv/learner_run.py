@@ -18,6 +18,7 @@ import numpy as np
 from ooc_learn.storage.arrays import stack_rows
 from ooc_learn.storage.budget import MemoryBudget, default_memory_bytes
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.labels import check_two_classes
 
 from ..learners.base import check_metric, kernel_arrays
 from ..learners.one_vs_rest import OneVsRest, for_labels
@@ -69,6 +70,8 @@ class CVRun:
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.source = make_source(data, perm_seed=self.rng if shuffle else None,
                                   block_rows=block_rows, caller=caller)
+        if self.source.is_store:
+            check_two_classes(data)
         # a learner of +1 / -1 labels on other labels (a multiclass store): a model per class
         learner = for_labels(learner, self.source)
         self.metric = check_metric(learner, metric, caller)

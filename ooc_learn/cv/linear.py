@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from ooc_learn.storage.errors import ParameterError
+from ooc_learn.storage.labels import check_two_classes
 
 from .fold_runs import cross_validate
 from .fold_task import FoldTask, check_cost
@@ -173,6 +174,7 @@ def check_task(st, caller: str) -> None:
         raise ParameterError(f"{caller} cross-validates binary, multiclass and regression "
                              f"stores; {st.path} holds a {st.task} task.",
                              "Re-ingest it with --task.")
+    check_two_classes(st)
 
 
 def _as_list(Cs, caller):

@@ -319,6 +319,34 @@ def test_one_label_value_is_refused_unless_the_task_is_given(tmp_path, capsys):
     assert ingest_main([str(ones), "-o", str(tmp_path / "o"), "--quiet"]) == 0
     with open_store(tmp_path / "o") as store:
         assert store.task == "binary"
+    assert "serves as a test set" in capsys.readouterr().err
+
+
+def test_a_store_of_one_class_is_scored_but_not_trained_on(tmp_path, capsys):
+    # it trained to a model of one class, "100.00 %" on itself and in CV, exit 0
+    from ooc_learn.cli import predict_main, train_main
+
+    rng = np.random.default_rng(5)
+    X = rng.random((80, 3))
+    y = np.where(X[:, 0] > 0.5, 1, -1)
+    both, ones = tmp_path / "both.svm", tmp_path / "ones.svm"
+    dump_svmlight_file(X, y, str(both), zero_based=False)
+    dump_svmlight_file(X[y > 0], y[y > 0], str(ones), zero_based=False)
+    for src, out in ((both, "b"), (ones, "o")):
+        assert ingest_main([str(src), "-o", str(tmp_path / out), "--quiet"]) == 0
+    assert train_main([str(tmp_path / "b"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
+    capsys.readouterr()
+    for extra in ([], ["--cv", "2"], ["--cv", "2", "--cv-method", "tree"],
+                  ["--cv", "2", "--learner", "pegasos"], ["--cv", "2", "--C-search"]):
+        args = [str(tmp_path / "o"), "--quiet"] + (extra or ["-o", str(tmp_path / "x.npz")])
+        assert train_main(args) == 2, extra
+        err = capsys.readouterr().err
+        assert "has the label 1: a classifier needs rows of both classes" in err
+    assert not (tmp_path / "x.npz").exists()
+    # as a test set it is scored (the model's accuracy on its positives)
+    assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "o"), "--quiet",
+                         "--json"]) == 0
+    assert 0.5 < json.loads(capsys.readouterr().out)["accuracy"] <= 1.0
 
 
 def test_csv_label_column_by_header_name_and_ambiguity(tmp_path, capsys):
