@@ -133,7 +133,42 @@ def open_eval_data(path, spec, budget, stack, *, labels: bool | None = True):
         raise ModelMismatchError(f"{spec['what']} is for a {spec['task']} task; {path} holds "
                                  f"a {data.task} task.",
                                  f"Ingest the evaluation data with --task {spec['task']}.")
+    if not unlabeled:
+        _warn_foreign_labels(spec, data.label_map, path)
     return data
+
+
+def _foreign_labels(model_map: dict, data_map: dict) -> tuple[list, str]:
+    """The labels of the data to score that are none of the model's classes, and how the
+    score counts them."""
+    def values(v):
+        return [] if v is None else [float(x) for x in (v if isinstance(v, list) else [v])]
+
+    if "classes" in model_map:  # multiclass
+        known = set(values(model_map["classes"]))
+        return (sorted(set(values(data_map.get("classes"))) - known),
+                "counted as errors and left out of the confusion matrix")
+    if model_map.get("one_vs_rest") or "positive" not in model_map:
+        return [], ""  # one class against every other label: any label is the rest
+    known = set(values(model_map.get("negative"))) | set(values(model_map["positive"]))
+    return (sorted(set(values(data_map.get("negative"))) - known),
+            f"scored as the negative class (the model's classes: "
+            f"{', '.join(f'{v:g}' for v in sorted(known))})")
+
+
+def _warn_foreign_labels(spec: dict, data_map: dict, path) -> None:
+    """Say where the rows to score carry labels the model never learned (a file of other
+    labels, or a model of other data): the score counts them, silently, as errors."""
+    if (spec.get("label_map") or {}).get("names"):
+        return  # class names: ingest maps them by name (and refuses unknown ones)
+    extra, how = _foreign_labels(spec.get("label_map") or {}, data_map or {})
+    if extra:
+        import warnings
+
+        shown = ", ".join(f"{v:g}" for v in extra[:8]) + (" ..." if len(extra) > 8 else "")
+        warnings.warn(f"{path} has labels that are not the model's classes ({shown}): its "
+                      f"rows so labelled are {how}. Is it the data the model was trained "
+                      f"for?", RuntimeWarning, stacklevel=3)
 
 
 def _probe_csv(path):

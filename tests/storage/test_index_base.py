@@ -107,3 +107,32 @@ def test_a_libsvm_file_scored_by_a_model_of_a_csv_is_read_by_its_own_base(tmp_pa
         assert "features" not in out.err  # no "has 13 features, the model 12"
         scores.append(json.loads(out.out)["accuracy"])
     assert scores[0] > 0.9 and scores[1] == scores[0]
+
+
+def test_labels_the_model_never_learned_are_named_when_scored(tmp_path, capsys):
+    # a 10-class model scoring a +-1 file said "accuracy 1.68 %" and dropped the -1 rows
+    # from its confusion matrix; a +-1 model scoring digits' 0..9 took every label but 1 as
+    # -1: both without a word
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    yb = np.where(y > 4, 1, -1)
+    files = {}
+    for name, labels in (("multi", y), ("bin", yb)):
+        for part, rows in (("train", slice(0, 1200)), ("test", slice(1200, None))):
+            files[name, part] = tmp_path / f"{name}.{part}.svm"
+            dump_svmlight_file(X[rows], labels[rows], str(files[name, part]),
+                               zero_based=False)
+        store, model = tmp_path / f"{name}.store", tmp_path / f"{name}.npz"
+        assert ingest_main([str(files[name, "train"]), "-o", str(store), "--quiet"]) == 0
+        assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    capsys.readouterr()
+    for model, test, said in (("multi", "bin", "(-1)"), ("bin", "multi", "(0, 2, 3, 4")):
+        assert predict_main([str(tmp_path / f"{model}.npz"), str(files[test, "test"]),
+                             "--quiet", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert any("not the model's classes " + said in w for w in out["warnings"]), out
+    for model in ("multi", "bin"):  # its own kind of labels: no warning
+        assert predict_main([str(tmp_path / f"{model}.npz"), str(files[model, "test"]),
+                             "--quiet", "--json"]) == 0
+        assert "warnings" not in json.loads(capsys.readouterr().out)
