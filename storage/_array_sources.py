@@ -20,8 +20,9 @@ from . import _parse_kernels as K
 from .errors import IngestError, NonFiniteError
 from .source_io import (IDX_TYPES, INDEX_SENTINEL, RawChunk, is_idx_head, label_index,
                         open_binary, read_full)
+from .sniff import NO_LABEL
 
-__all__ = ["iter_npy", "iter_npz", "iter_idx", "idx_labels_path"]
+__all__ = ["iter_npy", "iter_npz", "iter_idx", "idx_labels_path", "npy_width"]
 
 
 def _check_numeric(dtype, shape, path, what: str, ndim: int) -> None:
@@ -60,20 +61,29 @@ def _dense_chunk(labels, feats, row0: int, bytes_read: int, path) -> RawChunk:
 
 def iter_npy(path, chunk_bytes: int, label_column) -> Iterator[RawChunk]:
     p = os.fspath(path)
-    if isinstance(label_column, str):
+    if isinstance(label_column, str) and label_column != NO_LABEL:
         raise IngestError(f"label_column={label_column!r} is a name, but .npy columns have none",
                           "Pass the label column's number.", path=p)
     with open_binary(p) as f:
         reader = _NpyReader(f, p, "the .npy array", 2)  # checks dtype and shape first
         n, width = reader.shape
-        lab = label_index(p, label_column, None, width)
+        # NO_LABEL (rows to predict): every column a feature, the labels 0
+        lab = None if label_column == NO_LABEL else label_index(p, label_column, None, width)
         keep = [j for j in range(width) if j != lab]
         step = max(1, chunk_bytes // max(1, width * reader.dtype.itemsize))
         # read in order, a chunk at a time, compressed or not: a memory map would leave every
         # page it touched resident, beside the bucket buffers, under the memory cap
         for a in range(0, n, step):
             block = reader.read(min(step, n - a))
-            yield _dense_chunk(block[:, lab], block[:, keep], a, f.raw_tell(), p)
+            labels = np.zeros(block.shape[0]) if lab is None else block[:, lab]
+            yield _dense_chunk(labels, block[:, keep], a, f.raw_tell(), p)
+
+
+def npy_width(path) -> int:
+    """The columns of the rows of a 2-d ``.npy`` file (compressed or not), from its header."""
+    p = os.fspath(path)
+    with open_binary(p) as f:
+        return int(_NpyReader(f, p, "the .npy array", 2).shape[1])
 
 
 class _NpyReader:

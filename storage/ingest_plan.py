@@ -33,6 +33,15 @@ def dense_row_bytes(d: int) -> int:
     return 4 * d + 24
 
 
+class WiderThanAsked(IngestError):
+    """The sources have more features than ``n_features`` allows (``data``, ``asked``)."""
+
+    def __init__(self, data: int, asked: int):
+        super().__init__(f"The sources have {data} features but n_features={asked} was "
+                         f"given.", f"Pass --n-features {data} or larger.")
+        self.data, self.asked = data, asked
+
+
 class Shape:
     """The store's shape, decided from the pass-1 figures (also estimated after one chunk)."""
 
@@ -46,8 +55,7 @@ class Shape:
         d_data = max(p.max_index + 1 - base, p.n_columns or 0, 0)
         d = d_data if n_features is None else n_features
         if check and d < d_data:
-            raise IngestError(f"The sources have {d_data} features but n_features={d} was "
-                              f"given.", f"Pass --n-features {d_data} or larger.")
+            raise WiderThanAsked(d_data, d)
         d = max(d, d_data, 1)
         n = max(p.n, 1)
         self.base, self.d = base, d

@@ -25,14 +25,14 @@ from typing import Iterator
 
 import numpy as np
 
-from ._array_sources import iter_idx, iter_npy, iter_npz
+from ._array_sources import iter_idx, iter_npy, iter_npz, npy_width
 from .errors import IngestError, ParameterError
 from .labels import LabelNames
 from .sniff import csv_layout, detect_format, empty_source
 from .source_io import RawChunk, open_binary
 from .text_parser import iter_csv, iter_libsvm
 
-__all__ = ["iter_chunks", "FORMATS"]
+__all__ = ["iter_chunks", "FORMATS", "npy_width"]
 
 FORMATS = ("auto", "libsvm", "csv", "npy", "npz", "idx")
 

@@ -96,9 +96,15 @@ def open_eval_data(path, spec, budget, stack, *, labels: bool | None = True):
 
         fmt = detect_format(path)
         named = fmt == "libsvm"
-        if labels is False and fmt != "csv":
-            raise ModelMismatchError(f"--no-labels reads a CSV file without a label column; "
-                                     f"{path} is {fmt}.", "Drop --no-labels.")
+        if labels is False and fmt not in ("csv", "npy"):
+            raise ModelMismatchError(f"--no-labels reads a CSV or .npy file without a label "
+                                     f"column; {path} is {fmt}.", "Drop --no-labels.")
+        if fmt == "npy":  # no header: its width tells features alone from a label and them
+            unlabeled = _npy_unlabeled(path, spec, labels)
+            if unlabeled:
+                from ooc_learn.storage.sniff import NO_LABEL
+
+                kw, task = {"label_column": NO_LABEL}, "regression"
         layout = _probe_csv(path) if fmt == "csv" else None  # its head read once here
         if layout is not None:
             unlabeled = _check_csv_width(path, layout, spec, labels)
@@ -108,10 +114,18 @@ def open_eval_data(path, spec, budget, stack, *, labels: bool | None = True):
                 kw, task = {"label_column": NO_LABEL}, "regression"
             elif spec.get("label_name"):  # the training data's label column
                 kw["label_column"] = _label_of(layout, spec["label_name"])
-        data = stack.enter_context(ingest(
-            [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
-            n_features=None if named else spec["n_features"], task=task,
-            zero_based="auto" if base is None else bool(base), **kw))
+        from ooc_learn.storage.ingest_plan import WiderThanAsked
+
+        try:
+            data = stack.enter_context(ingest(
+                [path], Path(tmp) / "eval.store", build_index=False, memory=budget,
+                n_features=None if named else spec["n_features"], task=task,
+                zero_based="auto" if base is None else bool(base), **kw))
+        except WiderThanAsked as exc:  # its hint named ingest's --n-features
+            raise ModelMismatchError(
+                f"{spec['what']} has {spec['n_features']} features; {path} has "
+                f"{exc.data}.", "Score data of the model's feature space (the same columns), "
+                "or retrain on this data.") from None
         d = spec["n_features"]
         if named and data.n_features != d:
             if data.n_features > d:
@@ -184,6 +198,32 @@ def _probe_csv(path):
             return csv_layout(path, None, None, None)
     except Exception:
         return None
+
+
+def _npy_unlabeled(path, spec, labels) -> bool:
+    """Whether a ``.npy`` is read without labels: its rows the model's features alone (or
+    ``--no-labels``); with one column more, the first is the label (as ingest reads it).
+    Another width is refused before reading, as are features alone where a score needs
+    labels (``--test``)."""
+    from ooc_learn.storage.parsers import npy_width
+    from ooc_learn.storage.errors import ModelMismatchError
+
+    d, k = spec["n_features"], npy_width(path)
+    what = spec["what"][:1].lower() + spec["what"][1:]
+    if k == d and labels is not True:
+        return True
+    if k == d:
+        raise ModelMismatchError(
+            f"{path} has {k} columns, {what}'s features alone: a score needs the label too.",
+            f"Save {d + 1} columns, the label first (np.save(f, np.c_[y, X])), or predict "
+            f"its rows with ooc-predict.")
+    if labels is False or k != d + 1:
+        alone = "its features" if labels is False or k == d else "a label and its features"
+        raise ModelMismatchError(
+            f"{path} has {k} columns; read as {alone}, they do not fit {what}'s {d} features.",
+            f"Save rows of the model's {d} features (np.save(f, X)) to predict them, or "
+            f"{d + 1} columns, the label first, to score them.")
+    return False
 
 
 def _check_csv_width(path, layout, spec, labels) -> bool:

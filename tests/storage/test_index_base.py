@@ -136,3 +136,41 @@ def test_labels_the_model_never_learned_are_named_when_scored(tmp_path, capsys):
         assert predict_main([str(tmp_path / f"{model}.npz"), str(files[model, "test"]),
                              "--quiet", "--json"]) == 0
         assert "warnings" not in json.loads(capsys.readouterr().out)
+
+
+def test_a_npy_of_the_models_features_alone_is_predicted(tmp_path, capsys):
+    # np.save(f, X_test) of the model's width: its first column had been taken for labels
+    # (9 features and a wrong score, exit 0), and --no-labels was refused for .npy; a file
+    # of other width got a hint naming --n-features, which ooc-predict does not have
+    X, y = data(300, 4)
+    np.save(tmp_path / "train.npy", np.c_[y, X])
+    store, model = tmp_path / "s", tmp_path / "m.npz"
+    assert ingest_main([str(tmp_path / "train.npy"), "-o", str(store), "--quiet"]) == 0
+    assert train_main([str(store), "-o", str(model), "--quiet"]) == 0
+    np.save(tmp_path / "X.npy", X[:50])
+    np.save(tmp_path / "yX.npy", np.c_[y[:50], X[:50]])
+    np.save(tmp_path / "wide.npy", np.c_[y[:50], X[:50], X[:50]])
+    from ooc_learn.model import load_model
+
+    want = load_model(model).decision_function(X[:50].astype(np.float32))
+    for extra in ([], ["--no-labels"]):
+        out = tmp_path / "p.csv"
+        assert predict_main([str(model), str(tmp_path / "X.npy"), "--quiet", "-o", str(out)]
+                            + extra) == 0
+        got = np.loadtxt(out, delimiter=",", skiprows=1)
+        np.testing.assert_allclose(got[:, 2], want, rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert predict_main([str(model), str(tmp_path / "yX.npy"), "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] > 0.9
+    assert predict_main([str(model), str(tmp_path / "wide.npy"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "25 columns" in err and "--n-features" not in err
+    # to be scored (--test) the rows need their labels
+    assert train_main([str(store), "-o", str(tmp_path / "m2.npz"), "--quiet", "--test",
+                       str(tmp_path / "X.npy")]) == 2
+    assert "a score needs the label too" in capsys.readouterr().err
+    # a .npz (X and y) of another width is named as the model's mismatch
+    np.savez(tmp_path / "w.npz", X=np.c_[X[:50], X[:50]], y=y[:50])
+    assert predict_main([str(model), str(tmp_path / "w.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "The model has 12 features" in err and "--n-features" not in err
