@@ -218,7 +218,7 @@ class LinearSVC(ClassifierMixin, _LinearEstimator):
         self.temp_dir = temp_dir
 
     def _needs_index(self) -> bool:
-        return self.solver == "ibcd"
+        return self.solver in (None, "ibcd")  # None: train's default, IBCD
 
     def _train(self, store):
         from ooc_learn.training import train

@@ -302,3 +302,14 @@ def test_fit_of_a_memory_mapped_file_refuses_nan_as_a_value_error(tmp_path, memo
     # in memory, scikit-learn's own check refuses it as before
     with pytest.raises(ValueError, match="NaN"):
         LinearSVC(solver="pegasos").fit(X, y)
+
+
+def test_solver_none_is_the_default_solver_as_for_the_regressor():
+    # LinearSVC(solver=None) built its temporary store without the index IBCD (train's
+    # default) needs, and fit failed with an IndexStateError about that store
+    X, y = make_classification(300, 6, random_state=0)
+    a = LinearSVC(solver=None).fit(X, y)
+    b = LinearSVC().fit(X, y)
+    np.testing.assert_allclose(a.coef_, b.coef_)
+    with pytest.raises(ValueError, match="'solver' parameter"):
+        LinearSVC(solver="nope").fit(X, y)

@@ -57,6 +57,10 @@ def _info_body(args):
     from ooc_learn.storage.budget import format_size
     from ooc_learn.storage.store import open_store
 
+    if args.memory is not None:  # checked for a model too, which needs no budget
+        from ooc_learn.storage.budget import parse_size
+
+        parse_size(args.memory)
     if os.path.isfile(args.store):
         if is_model_file(args.store):
             return _model_info(args.store)

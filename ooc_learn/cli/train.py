@@ -16,6 +16,18 @@ from .common import add_common, any_text, command_budget, run_command
 from .evaluate import check_model_output, eval_spec, open_eval_data
 
 
+def _at_least_one(text: str) -> int:
+    """``--jobs``: an int >= 1 (argparse's error, exit 2, names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 (1: one at a time), got "
+                                         f"{text!r}")
+    return value
+
+
 def _train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ooc-train",
@@ -104,7 +116,7 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="draw the run (needs the [plot] extra, matplotlib): with --cv, CV "
                         "accuracy against C with each fold's score; else the objective, rows "
                         "read and (with --test, ibcd / bm) test error against seconds")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
+    p.add_argument("--jobs", type=_at_least_one, default=1, metavar="N",
                    help="on a multiclass store (every solver) train or cross-validate up to "
                         "N classes at once in threads, as many as --memory holds; with --cv "
                         "on a binary or regression store (dual CD solvers dcd, bm; SVR) run "

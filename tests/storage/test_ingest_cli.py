@@ -223,6 +223,24 @@ def test_bad_flag_values_exit_2(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svm"]
 
 
+def test_jobs_below_one_and_a_bad_memory_for_a_model_are_refused(tmp_path, capsys):
+    # --jobs 0 / -2 were taken without a word; ooc-info MODEL --memory abc exited 0
+    from ooc_learn.cli import train_main
+
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    for jobs in ("0", "-2"):
+        with pytest.raises(SystemExit) as e:
+            train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--jobs", jobs])
+        assert e.value.code == 2 and "--jobs" in capsys.readouterr().err
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
+    for bad in ("abc", "0"):
+        assert info_main([str(tmp_path / "m.npz"), "--memory", bad]) == 2
+        assert "--memory" in capsys.readouterr().err
+    assert info_main([str(tmp_path / "m.npz"), "--memory", "1G", "--quiet"]) == 0
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-1"])
 def test_a_bad_OOC_MEMORY_is_refused_by_every_command(tmp_path, monkeypatch, capsys, value):
     # ooc-train read it first in its first-run check and crashed there (a traceback, exit 1;
