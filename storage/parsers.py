@@ -93,6 +93,7 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
     if detected:
         fmt = detect_format(path)
     chunk_bytes = int(chunk_bytes)
+    _check_options_apply(path, fmt, label_column, delimiter, header)
     if fmt == "libsvm":
         gen = iter_libsvm(path, chunk_bytes, detected)
     elif fmt == "csv":
@@ -109,6 +110,23 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
     else:
         gen = iter_npz(path, chunk_bytes, tuple(npz_keys))
     return _nonempty(gen, path)
+
+
+def _check_options_apply(path, fmt, label_column, delimiter, header) -> None:
+    """Refuse a CSV option given for a source it does not apply to (it was ignored: a LIBSVM
+    file's label is always its first token)."""
+    given = [flag for flag, v, formats in (
+        ("--label-column (label_column=)", label_column, ("csv", "npy")),
+        ("--delimiter (delimiter=)", delimiter, ("csv",)),
+        ("--header / --no-header (header=)", header, ("csv",))) if v is not None
+        and fmt not in formats]
+    if given:
+        raise IngestError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
+                          f"to {'CSV' if 'label' not in given[0] else 'CSV and .npy'} "
+                          f"sources; this one is {fmt}",
+                          "Drop the option" + (" (a LIBSVM line's label is its first token)."
+                                               if fmt == "libsvm" else "."),
+                          path=os.fspath(path))
 
 
 def _nonempty(gen, path) -> Iterator[RawChunk]:

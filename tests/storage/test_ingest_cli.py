@@ -223,6 +223,18 @@ def test_bad_flag_values_exit_2(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svm"]
 
 
+def test_csv_options_on_a_libsvm_source_are_refused(tmp_path, capsys):
+    # --header and --label-column 2 were taken and ignored for a LIBSVM file
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
+    for flags in (["--header"], ["--no-header"], ["--label-column", "2"],
+                  ["--delimiter", ";"]):
+        assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"] + flags) == 2
+        err = capsys.readouterr().err
+        assert flags[0] in err and "this one is libsvm" in err and str(src) in err
+    assert not (tmp_path / "s").exists()
+
+
 def test_jobs_below_one_and_a_bad_memory_for_a_model_are_refused(tmp_path, capsys):
     # --jobs 0 / -2 were taken without a word; ooc-info MODEL --memory abc exited 0
     from ooc_learn.cli import train_main
