@@ -123,7 +123,12 @@ def check_store_target(out, *, overwrite: bool, sources=(), what: str = "output"
 
 def check_file_target(path, *, is_ours, kind: str = "model") -> None:
     """Refuse to write over an existing file that ``is_ours(path)`` does not recognise, or
-    into a folder that does not exist or cannot be written (before the work, not after)."""
+    into a folder that does not exist or cannot be written (before the work, not after).
+    A path that ends in a separator names a folder, not a file (``-o out/`` had written a
+    file named ``out``)."""
+    if str(path).endswith(os.sep) or (os.altsep and str(path).endswith(os.altsep)):
+        raise ParameterError(f"The output {path} names a folder; -o takes the {kind} file's "
+                             "path.", f"Name the file, e.g. -o {Path(path) / _default_name(kind)}.")
     path = Path(path)
     parent = path.parent.resolve()
     if not parent.is_dir():
@@ -139,6 +144,10 @@ def check_file_target(path, *, is_ours, kind: str = "model") -> None:
         raise StoreExistsError(
             f"The output {path} exists and is not an ooc-learn {kind} file: it is left as it is.",
             "Choose another -o path, or remove that file yourself.")
+
+
+def _default_name(kind: str) -> str:
+    return {"model": "model.npz", "predictions": "predictions.csv"}.get(kind, kind)
 
 
 # -- durable, atomic steps -----------------------------------------------------------------

@@ -337,3 +337,20 @@ def test_usage_errors_are_json_under_json(capsys):
     out = json.loads(captured.out)
     assert out["exit_code"] == 2 and "'squared'" in out["error"] and "--help" in out["hint"]
     assert "usage:" in captured.err
+
+
+def test_an_output_path_ending_in_a_separator_is_refused_before_the_work(tmp_path, capsys):
+    # `-o out/` (a folder that does not exist) had written a file named "out"
+
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "out") + os.sep
+    assert train_main([str(tmp_path / "s"), "-o", out, "--quiet"]) == 2
+    assert "names a folder" in capsys.readouterr().err
+    assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "s"), "-o", out,
+                         "--quiet"]) == 2
+    assert "names a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
