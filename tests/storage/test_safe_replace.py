@@ -341,7 +341,6 @@ def test_usage_errors_are_json_under_json(capsys):
 
 def test_an_output_path_ending_in_a_separator_is_refused_before_the_work(tmp_path, capsys):
     # `-o out/` (a folder that does not exist) had written a file named "out"
-
     src = tmp_path / "t.svm"
     src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
     assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
