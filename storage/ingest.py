@@ -244,14 +244,15 @@ def ingest_arrays(X, y, out, **kwargs) -> Store:
     name = kwargs.pop("_source_name", "<arrays>")  # what the store's metadata calls them
     # a memory-mapped .npy (np.load(..., mmap_mode="r")) is read from its file by row
     # position, as ingest reads the file itself: never through its mapping whole
-    return ingest([], out, _chunks=lambda: [(name, _array_chunks(X, y, chunk_rows))],
+    return ingest([], out, _chunks=lambda: [(name, _array_chunks(X, y, chunk_rows, name))],
                   _chunks_total=X.shape[0],
                   _files=[mapped] if mapped else None,
                   **kwargs)
 
 
-def _array_chunks(X, y, chunk_rows: int):
-    """RawChunk-like chunks from in-memory arrays (for :func:`ingest_arrays`); ``bytes_read``
+def _array_chunks(X, y, chunk_rows: int, name: str = "<arrays>"):
+    """RawChunk-like chunks from in-memory arrays (for :func:`ingest_arrays`; ``name``: what
+    a refusal calls them, the files' names where they came from files); ``bytes_read``
     counts rows, against ``_chunks_total`` = n."""
     from types import SimpleNamespace
 
@@ -266,7 +267,7 @@ def _array_chunks(X, y, chunk_rows: int):
         if bad is not None:  # as the file sources refuse it: the store holds finite values
             row, col = a + bad[0], bad[1]
             raise NonFiniteError(f"Row {row} of X holds {nonfinite_text(X[row, col])} (column "
-                                 f"{col}).", path="<arrays>")
+                                 f"{col}).", path=name)
         yield SimpleNamespace(
             labels=np.asarray(y[a:b], dtype=np.float64), indptr=Xc.indptr.astype(np.int64),
             indices=Xc.indices.astype(np.int64), values=Xc.data.astype(np.float32),

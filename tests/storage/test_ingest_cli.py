@@ -223,6 +223,19 @@ def test_bad_flag_values_exit_2(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svm"]
 
 
+def test_a_nan_in_a_npy_with_its_labels_beside_names_the_file(tmp_path, capsys):
+    # the refusal had named "<arrays>"
+    X = np.ones((40, 3))
+    X[17, 1] = np.nan
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", np.where(np.arange(40) % 2, 1, -1))
+    assert ingest_main([str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"), "-o",
+                        str(tmp_path / "s"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'X.npy'} (labels {tmp_path / 'y.npy'}): Row 17" in err
+    assert "<arrays>" not in err and not (tmp_path / "s").exists()
+
+
 def test_csv_options_on_a_libsvm_source_are_refused(tmp_path, capsys):
     # --header and --label-column 2 were taken and ignored for a LIBSVM file
     src = tmp_path / "t.svm"
