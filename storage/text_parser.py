@@ -210,6 +210,15 @@ class _TextParser:
             return IngestError(msg, hint, path=self.path, line=line)
         if status == K.E_MISSING:
             token = None
+            if self.delim and line_text.rstrip("\r").endswith(self.delim) and (
+                    col is not None and col == len(split_fields(line_text.rstrip("\r"),
+                                                                  self.delim))):
+                # the last field empty: a delimiter that ends the line (some exporters
+                # write one), not a missing value
+                msg = "the line ends with a delimiter (an empty last field)"
+                hint = ("Remove the delimiter at the end of each line (e.g. sed 's/" +
+                        ("\\t" if self.delim == "\t" else self.delim) + "$//'), or impute the "
+                        "missing last value.")
         if self.fmt == "libsvm" and status == K.E_TOKEN and token.startswith("qid"):
             msg = "malformed qid token; expected 'qid:' and an integer"
         error = (NonFiniteError if status in (K.E_LABEL_NONFINITE, K.E_VALUE_NONFINITE)

@@ -164,6 +164,19 @@ def re_search(pattern, text):
     return re.search(pattern, text) is not None
 
 
+def test_a_delimiter_at_the_end_of_each_line_is_named_as_such(tmp_path, capsys):
+    # it was "empty field (missing value)" with a hint to impute
+    src = tmp_path / "t.csv"
+    src.write_text("a,b,label,\n1,2,1,\n3,4,-1,\n5,6,1,\n")
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "line 2, column 4: the line ends with a delimiter" in err and "s/,$//" in err
+    mid = tmp_path / "m.csv"  # a value missing inside the line is still a missing value
+    mid.write_text("a,b,label\n1,2,1\n3,,-1\n5,6,1\n")
+    assert ingest_main([str(mid), "-o", str(tmp_path / "s"), "--quiet"]) == 2
+    assert "line 3, column 2: empty field (missing value)" in capsys.readouterr().err
+
+
 def test_csv_row_of_wrong_width(tmp_path):
     src = tmp_path / "bad.csv"
     src.write_text("y,a,b\n1,0.5,2\n0,1,2,3\n")
