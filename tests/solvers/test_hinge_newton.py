@@ -174,15 +174,24 @@ def test_a_c_so_large_that_the_hessian_loses_its_definiteness_ends_approximate(t
                 m = ooc_learn.train(store, C=C)
             assert np.isfinite(m.coef_).all() and m.score(X, y) > 0.8
             assert m.meta["stats"]["converged"] is False  # it was True beside the warning
-    # the dual point Newton leaves where H fails at once (a band without full rank: the
-    # windows' solve factors H afresh every step)
-    Xd = X[:60].toarray()
-    alpha, w = np.zeros(60), np.zeros(51)
-    wins = lambda: iter([(0, 30, Xd[:30]), (30, 60, Xd[30:])])  # noqa: E731
-    st = newton_hinge_windows(wins, lambda pos: Xd[pos], y[:60], alpha, w, C=1e20, bias=1.0)
-    assert np.all((alpha >= 0) & (alpha <= 1e20)) and np.isfinite(w).all()
-    np.testing.assert_allclose(w, augmented(Xd).T @ (alpha * y[:60]),
-                               atol=1e-9 * max(1.0, np.abs(w).max()))
+    # from a warm dual point (as IBCD's S comes to it), both the solve in memory and the
+    # one over windows (a spilled S) stop at a feasible dual point with w = Z^T alpha
+    Xd = X[:300].toarray().astype(np.float32)
+    yd = y[:300]
+    alpha0, w0 = np.zeros(300), np.zeros(51)
+    dcd_subproblem(Xd, yd, alpha0, w0, C=1e14, bias=1.0, max_iter=20)
+    for windows in (False, True):
+        alpha, w = alpha0.copy(), w0.copy()
+        if windows:
+            wins = lambda: iter([(0, 150, Xd[:150]), (150, 300, Xd[150:])])  # noqa: E731
+            res = newton_hinge_windows(wins, lambda pos: Xd[pos], yd, alpha, w, C=1e14,
+                                       bias=1.0)
+        else:
+            res = newton_hinge(Xd, yd, alpha, w, C=1e14, bias=1.0)
+        assert not res.converged
+        assert np.all((alpha >= 0) & (alpha <= 1e14)) and np.isfinite(w).all()
+        np.testing.assert_allclose(w, augmented(Xd).T @ (alpha * yd), rtol=1e-6,
+                                   atol=1e-6 * np.abs(w).max())
 
 
 @pytest.mark.parametrize("layout", ["dense", "csr"])
