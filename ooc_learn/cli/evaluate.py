@@ -218,7 +218,7 @@ def _npy_unlabeled(path, spec, labels) -> bool:
             f"Save {d + 1} columns, the label first (np.save(f, np.c_[y, X])), or predict "
             f"its rows with ooc-predict.")
     if labels is False or k != d + 1:
-        alone = "its features" if labels is False or k == d else "a label and its features"
+        alone = "its features" if labels is False else "a label and its features"
         raise ModelMismatchError(
             f"{path} has {k} columns; read as {alone}, they do not fit {what}'s {d} features.",
             f"Save rows of the model's {d} features (np.save(f, X)) to predict them, or "
