@@ -218,6 +218,13 @@ def _ingest_sources(args, budget):
 
 def _report(args, store):
     st = store.ingest_stats
+    one = store.label_map.get("one_class") if store.task == "binary" else None
+    if one is not None:
+        import warnings
+
+        warnings.warn(f"every row has the label {float(one):g}: the store serves as a test "
+                      "set (ooc-predict, --test); training on it is refused (one class).",
+                      RuntimeWarning, stacklevel=2)
     if args.shards is not None:
         out = {"store": str(store.path), "n_samples": store.n_samples,
                "n_features": store.n_features, "shards": [
@@ -238,14 +245,7 @@ def _report(args, store):
            "direct_passes": st["direct_passes"],
            "mb_per_second": round(st["bytes_in"] / 1e6 / max(st["seconds"], 1e-9), 2),
            "peak_rss_bytes": st["peak_rss_bytes"]}
-    one = store.label_map.get("one_class") if store.task == "binary" else None
     store.close()
-    if one is not None:
-        import warnings
-
-        warnings.warn(f"every row has the label {float(one):g}: the store serves as a test "
-                      "set (ooc-predict, --test); training on it is refused (one class).",
-                      RuntimeWarning, stacklevel=2)
     text = (f"{out['store']}: {out['n_samples']} rows x {out['n_features']} features, "
             f"{out['n_blocks']} blocks, {out['layout']}, {out['task']}"
             f"{', indexed' if out['has_index'] else ''} "

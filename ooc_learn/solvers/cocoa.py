@@ -396,6 +396,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
         round, seconds.
     """
     from ooc_learn.model import LinearModel
+    from ooc_learn.storage.labels import check_two_classes
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
     from ooc_learn.storage.store import open_data
 
@@ -417,6 +418,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
             raise ParameterError(f"CoCoA+ trains a binary store; {st.path} holds a {st.task} "
                                  "task.", "Train multiclass stores one class per task "
                                  "(--workers without --solver cocoa).")
+        check_two_classes(st)
         d = st.n_features
         classes = LinearModel.classes_from_label_map(st.label_map)
         label_map, fingerprint = st.label_map, st.fingerprint()

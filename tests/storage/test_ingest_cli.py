@@ -399,6 +399,15 @@ def test_a_store_of_one_class_is_scored_but_not_trained_on(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "has the label 1: a classifier needs rows of both classes" in err
     assert not (tmp_path / "x.npz").exists()
+    # CoCoA+ (a sharded store, or one cut into shards) refuses it before it asks the cluster
+    from ooc_learn.solvers.cocoa import train_cocoa
+    from ooc_learn.storage.errors import ParameterError
+
+    assert ingest_main([str(ones), "-o", str(tmp_path / "sh"), "--shards", "2",
+                        "--quiet"]) == 0
+    for store in (tmp_path / "o", tmp_path / "sh"):
+        with pytest.raises(ParameterError, match="a classifier needs rows of both classes"):
+            train_cocoa(str(store), client=None)
     # as a test set it is scored (the model's accuracy on its positives)
     assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "o"), "--quiet",
                          "--json"]) == 0
