@@ -408,6 +408,7 @@ def test_a_store_of_one_class_is_scored_but_not_trained_on(tmp_path, capsys):
     for store in (tmp_path / "o", tmp_path / "sh"):
         with pytest.raises(ParameterError, match="a classifier needs rows of both classes"):
             train_cocoa(str(store), client=None)
+    capsys.readouterr()
     # as a test set it is scored (the model's accuracy on its positives)
     assert predict_main([str(tmp_path / "m.npz"), str(tmp_path / "o"), "--quiet",
                          "--json"]) == 0
