@@ -28,9 +28,9 @@ def check_plot_target(path) -> None:
     if path.suffix.lower() not in FORMATS:
         raise ParameterError(f"--plot {path}: the file must end in {', '.join(FORMATS)}.",
                              "Name the picture e.g. cv.png.")
-    if not path.parent.resolve().is_dir():
-        raise ParameterError(f"--plot {path}: the folder {path.parent} does not exist.",
-                             "Create it, or write the plot elsewhere.")
+    from ooc_learn.storage.replace import check_folder_writable
+
+    check_folder_writable(path)  # it exists, and a file can be made there
     _pyplot()
 
 

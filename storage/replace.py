@@ -36,7 +36,7 @@ from .errors import ParameterError, StoreExistsError
 from .format import DATA_FILE, FORMAT_NAME, META_FILE, TMP_MARKER
 from .resources import process_gone, remove_dead_owned
 
-__all__ = ["check_store_target", "check_file_target", "replace_dir", "recover", "atomic_file",
+__all__ = ["check_store_target", "check_file_target", "check_folder_writable", "replace_dir", "recover", "atomic_file",
            "remove_stale", "temp_sibling", "is_store_dir", "fsync_tree", "fsync_dir"]
 
 _ASIDE = "-old"
@@ -92,13 +92,34 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
+def check_folder_writable(path: Path) -> None:
+    """Refuse, before the work, an output ``path`` whose folder does not exist or cannot be
+    written: a file is made there and removed (``os.access`` says yes to root for /proc, and
+    a read-only mount; the run then failed after the work, naming its temporary file)."""
+    import tempfile
+
+    parent = path.parent.resolve()
+    if not parent.is_dir():
+        raise ParameterError(f"The output {path}: the folder {path.parent} does not exist.",
+                             "Create it first, or choose another -o path.")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ooc-probe-", dir=parent)
+    except OSError as exc:
+        raise ParameterError(f"The output {path}: the folder {path.parent} cannot be written "
+                             f"({exc.strerror or exc}).", "Choose another -o path.") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def check_store_target(out, *, overwrite: bool, sources=(), what: str = "output") -> None:
     """Refuse an output directory that may not be replaced (exit 2, nothing touched).
 
-    A missing ``out`` is fine. An existing one needs ``overwrite`` and must be a store or an
-    empty directory, and must not hold (or be) any of ``sources``.
+    A missing ``out`` is fine where its folder can be written. An existing one needs
+    ``overwrite`` and must be a store or an empty directory, and must not hold (or be) any
+    of ``sources``.
     """
     out = Path(out)
+    check_folder_writable(out)
     for s in sources:
         if _inside(Path(s), out):
             raise StoreExistsError(
@@ -130,13 +151,7 @@ def check_file_target(path, *, is_ours, kind: str = "model") -> None:
         raise ParameterError(f"The output {path} names a folder; -o takes the {kind} file's "
                              "path.", f"Name the file, e.g. -o {Path(path) / _default_name(kind)}.")
     path = Path(path)
-    parent = path.parent.resolve()
-    if not parent.is_dir():
-        raise ParameterError(f"The output {path}: the folder {path.parent} does not exist.",
-                             "Create it first, or choose another -o path.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ParameterError(f"The output {path}: the folder {path.parent} cannot be "
-                             "written.", "Choose another -o path.")
+    check_folder_writable(path)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise StoreExistsError(f"The output {path} exists and is not a {kind} file.",
                                "Choose another -o path.")

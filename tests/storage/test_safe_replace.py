@@ -7,6 +7,7 @@ that the k-th of them kills the process (SIGKILL) before it happens, for every k
 completes."""
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -353,3 +354,28 @@ def test_an_output_path_ending_in_a_separator_is_refused_before_the_work(tmp_pat
                          "--quiet"]) == 2
     assert "names a folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_output_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys):
+    # os.access says yes to root for /proc: ooc-train trained first, then failed naming its
+    # temporary file (/proc/.m.npz.ooc-tmp-...), exit 2 after the work
+    from ooc_learn.cli import ingest_main, predict_main, train_main
+
+    src = tmp_path / "t.svm"
+    src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
+    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
+    capsys.readouterr()
+    for main, args in ((ingest_main, [str(src), "-o", "/proc/x.store"]),
+                       (train_main, [str(tmp_path / "s"), "-o", "/proc/m.npz"]),
+                       (train_main, [str(tmp_path / "s"), "-o", str(tmp_path / "m2.npz"),
+                                     "--spill-dir", "/proc"]),
+                       (predict_main, [str(tmp_path / "m.npz"), str(tmp_path / "s"), "-o",
+                                       "/proc/p.csv"])):
+        assert main(args + ["--quiet", "--json"]) == 2
+        out = capsys.readouterr()
+        # the check before the work speaks, not a failure after it
+        assert "ooc-tmp" not in out.err and "/proc" in json.loads(out.out)["error"]
+        assert "cannot be written" in out.err or "--spill-dir /proc" in out.err
+    assert not (tmp_path / "m2.npz").exists()
