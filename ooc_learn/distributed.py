@@ -77,12 +77,23 @@ def make_client(scheduler: str | None = None, workers: int | None = None, memory
     of noise)."""
     distributed = _dask()
     if scheduler is not None:
+        import re
+
+        port = re.search(r":(\d+)/?$", str(scheduler))
+        if port and not 0 < int(port.group(1)) < 65536:  # else a 20 s wait to say nothing
+            raise ParameterError(f"--scheduler {scheduler}: the port {port.group(1)} is not "
+                                 "one (1 to 65535).", "Give the address `dask scheduler` "
+                                 "prints, e.g. tcp://HOST:8786.")
         try:
             return distributed.Client(scheduler, timeout="20s"), None
         except OSError as exc:
             raise ParameterError(f"No Dask scheduler answers at {scheduler} ({exc}).",
                                  "Start one (dask scheduler), check the address, or use "
                                  "--workers N for a local cluster.") from None
+        except (ValueError, TypeError) as exc:  # not an address ("nonsense": no port)
+            raise ParameterError(f"--scheduler {scheduler} is not a Dask scheduler's address "
+                                 f"({exc}).", "Give it as tcp://HOST:PORT (the address "
+                                 "`dask scheduler` prints), or use --workers N.") from None
     from ooc_learn.storage.budget import parse_size
 
     import logging

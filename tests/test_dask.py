@@ -161,6 +161,19 @@ def test_no_dask_is_a_clear_refusal(stores, capsys, without_module):
     assert "ooc-learn[dask]" in capsys.readouterr().err
 
 
+def test_a_scheduler_address_that_cannot_be_one_is_refused_at_once(stores, capsys):
+    # "nonsense" (no port) ended in distributed's ValueError traceback, exit 1; a port
+    # beyond 65535 waited 20 s to say that no scheduler answers
+    import time
+
+    for address, said in (("nonsense", "is not a Dask scheduler's address"),
+                          ("tcp://127.0.0.1:99999", "the port 99999 is not one")):
+        t0 = time.perf_counter()
+        assert train_main([str(stores / "bin"), "--cv", "3", "--scheduler", address,
+                           "--quiet"]) == 2
+        assert said in capsys.readouterr().err and time.perf_counter() - t0 < 15
+
+
 def _primal(store_path, model, C, loss):
     from ooc_learn.storage.store import open_store
 
