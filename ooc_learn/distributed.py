@@ -42,16 +42,20 @@ for the run; ``--scheduler ADDRESS`` uses an existing one.
 
 from __future__ import annotations
 
+import contextlib
+
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
-           "stores_seen", "check_store_visible", "gather"]
+           "stores_seen", "check_store_visible", "gather", "result"]
 
 # the tasks' cap: this share of the memory at which Dask pauses the worker (see the module
 # docstring)
 PAUSE_MARGIN = 0.9
 # how often a task whose worker died is run again
 RETRIES = 2
+# seconds a wait for a task's result lasts between looks at a stop asked (Ctrl-C)
+STOP_POLL = 0.2
 
 
 def _dask():
@@ -62,6 +66,28 @@ def _dask():
                              "Install the dask extra: pip install 'ooc-learn[dask]' (or pip "
                              "install 'dask[distributed]').") from None
     return distributed
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while a local cluster starts its processes, which keep that (an ignored
+    signal stays ignored across exec, and Python then leaves it so): a terminal's Ctrl-C
+    reaches every process of its group, and the workers died of it mid-task (tracebacks,
+    tasks lost) while the command waited on them for ever. The command stops them as it
+    closes the cluster. (Blocking SIGINT instead, which would keep a Ctrl-C given meanwhile,
+    does not reach the workers: distributed starts them from its own thread.) A Ctrl-C in
+    the second or two the cluster takes to start is lost."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def make_client(scheduler: str | None = None, workers: int | None = None, memory=None, *,
@@ -99,11 +125,12 @@ def make_client(scheduler: str | None = None, workers: int | None = None, memory
     import logging
 
     limit = "auto" if memory is None else parse_size(memory)
-    cluster = distributed.LocalCluster(n_workers=int(workers), threads_per_worker=1,
-                                       processes=True, memory_limit=limit,
-                                       dashboard_address=":0",  # any free port
-                                       silence_logs=logging.ERROR if quiet_logs
-                                       else logging.WARNING)
+    with _sigint_ignored():  # the workers inherit it: a terminal's Ctrl-C is the command's
+        cluster = distributed.LocalCluster(n_workers=int(workers), threads_per_worker=1,
+                                           processes=True, memory_limit=limit,
+                                           dashboard_address=":0",  # any free port
+                                           silence_logs=logging.ERROR if quiet_logs
+                                           else logging.WARNING)
     client = distributed.Client(cluster)
     if prog is not None:
         client.register_plugin(_warning_lines(prog))
@@ -242,13 +269,27 @@ def shipped_path(client, path) -> str:
     return path
 
 
+def result(future):
+    """``future.result()``, waited for a moment at a time so that a stop asked meanwhile
+    (Ctrl-C, SIGTERM: :mod:`~ooc_learn.storage.stop`) is honoured: a command waiting on a
+    task of a cluster whose workers had died of the same Ctrl-C waited for ever."""
+    from ooc_learn.storage.stop import check_stop
+
+    while True:
+        check_stop()
+        try:
+            return future.result(timeout=STOP_POLL)
+        except TimeoutError:  # distributed's TimeoutError is this one
+            continue
+
+
 def gather(client, fn, args_list):
     """Run ``fn(*args)`` for each of ``args_list`` as tasks (each retried ``RETRIES`` times
     on another worker if its worker dies); yield the results in order."""
     futures = [client.submit(fn, *args, pure=False, retries=RETRIES) for args in args_list]
     try:
         for f in futures:
-            yield f.result()
+            yield result(f)
     finally:
         for f in futures:
             f.cancel()

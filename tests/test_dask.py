@@ -174,6 +174,39 @@ def test_a_scheduler_address_that_cannot_be_one_is_refused_at_once(stores, capsy
         assert said in capsys.readouterr().err and time.perf_counter() - t0 < 15
 
 
+def test_ctrl_c_on_a_local_cluster_stops_the_command_at_once(stores):
+    # a terminal's Ctrl-C reaches the whole process group: the local workers died of it
+    # mid-task (tracebacks), and the command waited on their tasks for ever (killed at
+    # 60 s). The workers now ignore it and the command's wait looks at the stop it asked
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", "import sys; from ooc_learn.cli import train_main; "
+           "sys.exit(train_main())", str(stores / "bin"), "--cv", "5", "--solver", "dcd",
+           "--C", ",".join(str(2.0 ** e) for e in range(-8, 12)), "--workers", "2",
+           "--quiet"]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:  # the workers are up and working
+        kids = subprocess.run(["pgrep", "-g", str(p.pid), "-f", "multiprocessing"],
+                              capture_output=True, text=True).stdout.split()
+        if len(kids) >= 3:  # the resource tracker and two workers
+            break
+        time.sleep(0.2)
+    time.sleep(2.0)
+    assert p.poll() is None, "the run ended before it could be interrupted"
+    t0 = time.time()
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        err = p.communicate(timeout=60)[1]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err[-2000:]
+    assert time.time() - t0 < 30
+    assert "interrupted" in err and "Traceback" not in err
+
+
 def _primal(store_path, model, C, loss):
     from ooc_learn.storage.store import open_store
 

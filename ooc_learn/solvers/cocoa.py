@@ -395,6 +395,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
         ``rows_found`` (rows the index queries brought into the sets), bytes shipped per
         round, seconds.
     """
+    from ooc_learn.distributed import result
     from ooc_learn.model import LinearModel
     from ooc_learn.storage.labels import check_two_classes
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
@@ -453,7 +454,7 @@ def train_cocoa(store, client, *, shards: int | None = None, C: float = 1.0,
                                   workers=placement[p][0],
                                   allow_other_workers=placement[p][1], pure=False)
                     for p in range(k)]
-            outs = [f.result() for f in futs]
+            outs = [result(f) for f in futs]  # a Ctrl-C honoured while it waits
             for f in futs:  # nothing of a finished round is kept on the cluster
                 f.release()
             lost = [p for p, o in enumerate(outs) if o.get("lost")]
