@@ -2,14 +2,19 @@
 command, a SIGINT / SIGTERM handler that ends the process quietly with 130 / 143 (nothing
 is written before the command runs; ``cli.common.run_command`` then takes the signals over
 for the work). Without it, a Ctrl-C in the first half second printed a KeyboardInterrupt
-traceback from the middle of an import."""
+traceback from the middle of an import. Once the command has finished, a late signal is
+left alone: the work is done and reported, and its exit code stands."""
 
 from __future__ import annotations
 
 import signal
+import sys
 
 
 def _quit(signum, frame):
+    common = sys.modules.get("ooc_learn.cli.common")
+    if common is not None and common.FINISHED["code"] is not None:
+        return  # the command has finished and said so: its exit code stands
     raise SystemExit(128 + signum)  # no traceback: Python prints nothing for SystemExit
 
 

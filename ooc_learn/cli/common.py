@@ -82,10 +82,19 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable, argv
     if not isinstance(stderr, _StderrGuard):
         sys.stderr = _StderrGuard(stderr)
     try:
-        return _run_command(prog, parser, body, argv, stop)
+        code = _run_command(prog, parser, body, argv, stop)
+        # the work is done and reported: a signal from here on (the console script's handler
+        # is back) no longer changes the exit code (a complete store exited 130)
+        FINISHED["code"] = code
+        return code
     finally:
         stop.restore()
         sys.stderr = stderr
+
+
+# the exit code of the command this process ran, once it has finished (``_entry``'s
+# handler leaves a later SIGINT / SIGTERM alone)
+FINISHED: dict = {"code": None}
 
 
 def _run_command(prog, parser, body, argv, stop) -> int:

@@ -121,6 +121,21 @@ def test_an_interrupt_while_the_command_loads_ends_it_quietly(tmp_path):
         assert not [p for p in tmp_path.iterdir() if ".ooc-tmp-" in p.name]
 
 
+def test_a_signal_after_the_command_has_finished_leaves_its_exit_code(tmp_path):
+    # a Ctrl-C after the store was in place and reported still exited 130 (the console
+    # script's handler was back): a script testing $? threw a complete store away
+    src = tmp_path / "t.svm"
+    src.write_text("+1 1:1 2:0.5\n-1 1:-1 3:2\n" * 50)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        code = (f"import os, signal, sys; from ooc_learn._entry import ingest_main; "
+                f"c = ingest_main(); os.kill(os.getpid(), {int(sig)}); sys.exit(c)")
+        out = tmp_path / f"s{int(sig)}"
+        r = subprocess.run([sys.executable, "-c", code, str(src), "-o", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f"{out}: 100 rows" in r.stdout and (out / "meta.json").exists()
+
+
 def test_a_stderr_reader_that_goes_away_does_not_cost_the_model(tmp_path):
     # `ooc-train ... 2>&1 | grep -m1 warning`: the warning's write found the pipe closed and
     # the run ended before saving, with no message
