@@ -12,8 +12,8 @@ import sys
 
 
 def _quit(signum, frame):
-    common = sys.modules.get("ooc_learn.cli.common")
-    if common is not None and common.FINISHED["code"] is not None:
+    finished = getattr(sys.modules.get("ooc_learn.cli.common"), "FINISHED", None)  # loaded?
+    if finished is not None and finished["code"] is not None:
         return  # the command has finished and said so: its exit code stands
     raise SystemExit(128 + signum)  # no traceback: Python prints nothing for SystemExit
 
