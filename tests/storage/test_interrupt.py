@@ -116,6 +116,8 @@ def test_an_interrupt_while_the_command_loads_ends_it_quietly(tmp_path):
         out, err = proc.communicate(timeout=60)
         if proc.returncode == 0:  # done before the signal came
             continue
+        if "init_import_site" in err:  # Python's own start, before any of ours (a busy box)
+            continue
         assert proc.returncode == 130, (delay, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, (delay, err)
         assert not [p for p in tmp_path.iterdir() if ".ooc-tmp-" in p.name]
