@@ -118,6 +118,25 @@ def _store_path(X):
     return open_store(X) if is_store_path(X) else None
 
 
+def _check_values(X) -> None:
+    """Refuse rows to score that hold text (numpy's UFuncTypeError from the product) or NaN
+    / infinite values (their decision value is NaN, and NaN > 0 is False: a confident
+    class for nothing), as ingest refuses them."""
+    from ooc_learn.storage.arrays import first_nonfinite
+    from ooc_learn.storage.errors import NonFiniteError
+
+    kind = (X.data if sp.issparse(X) else X).dtype.kind
+    if kind not in "biuf":
+        raise ParameterError(f"X must hold numbers. Got an array of dtype {X.dtype}.",
+                             "Encode text columns as numbers first (e.g. sklearn's "
+                             "OneHotEncoder).")
+    bad = first_nonfinite(X) if kind == "f" else None
+    if bad is not None:
+        raise NonFiniteError(f"Row {bad[0]} of X holds NaN or an infinite value (column "
+                             f"{bad[1]}).", "Remove or impute those values (e.g. sklearn's "
+                             "SimpleImputer).")
+
+
 class LinearModel:
     """A linear classifier ``sign(x^T coef_ + intercept_)``.
 
@@ -198,14 +217,24 @@ class LinearModel:
                 "Use the model with data ingested from the same feature space (same "
                 "--n-features), or retrain on this data.")
 
-    def _decision_arrays(self, X) -> np.ndarray:
+    def _decision_arrays(self, X, check: bool = True) -> np.ndarray:
+        """Decision values of the rows of an array or a sparse matrix; ``check``: refuse
+        values that are not numbers, NaN or infinite (a store's blocks hold finite numbers
+        already)."""
         if not sp.issparse(X):
             X = np.asarray(X)
+            if X.dtype.kind == "O":  # Python numbers (or text: refused below)
+                try:
+                    X = X.astype(np.float64)
+                except (TypeError, ValueError):
+                    pass
             if X.ndim == 1:
                 X = X.reshape(1, -1)
             if X.ndim != 2:
                 raise ParameterError(f"X must be 2-d. Got {X.ndim} dimensions.")
         self._check_features(X.shape[1])
+        if check:
+            _check_values(X)
         if self.multiclass:
             return np.asarray(X @ self.coef_.T, dtype=np.float64) + self.intercept_
         return np.asarray(X @ self.coef_, dtype=np.float64).ravel() + self.intercept_
@@ -214,7 +243,7 @@ class LinearModel:
         """Yield ``(decision_values, y, row_ids)`` for each block of a store, in order."""
         self._check_features(store.n_features)
         for X, y, row_ids in store.iter_blocks():
-            yield self._decision_arrays(X), y, row_ids
+            yield self._decision_arrays(X, check=False), y, row_ids
 
     def decision_function(self, X) -> np.ndarray:
         """``X coef_ + intercept_`` for an array, CSR matrix or store (store row order; a

@@ -143,3 +143,22 @@ def test_a_model_of_class_names_predicts_and_scores_names(tmp_path):
     with pytest.raises(ModelMismatchError, match="'cow'"):
         m.score(X[:3], ["cat", "dog", "cow"])
     assert load_model(m.save(tmp_path / "m.npz")).predict(X[:5]).tolist() == pred[:5].tolist()
+
+
+def test_rows_of_nan_or_text_are_refused_not_given_a_class():
+    # NaN's decision value is NaN, and NaN > 0 is False: predict said -1 for a row of NaN;
+    # text rows ended in numpy's UFuncTypeError
+    from ooc_learn.storage.errors import NonFiniteError
+
+    m = LinearModel.from_weights(np.array([1.0, -2.0, 0.5, 0.1]), bias=1.0,
+                                 classes=[-1.0, 1.0])
+    X = np.ones((3, 3))
+    X[2, 1] = np.nan
+    for bad in (X, sp.csr_matrix(X), np.where(X == 1, np.inf, 0.0)):
+        with pytest.raises(NonFiniteError, match="Row 2 of X|Row 0 of X"):
+            m.predict(bad)
+    with pytest.raises(ParameterError, match="must hold numbers"):
+        m.decision_function(np.array([["a", "b", "c"]]))
+    np.testing.assert_allclose(m.decision_function(np.array([[1, 2, 3]], dtype=object)),
+                               m.decision_function(np.array([[1.0, 2.0, 3.0]])))
+    assert m.predict(np.ones((2, 3), dtype=np.int64)).tolist() == [-1.0, -1.0]
