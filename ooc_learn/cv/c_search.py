@@ -68,7 +68,7 @@ def linear_c_search(store, k, *, C_min: float | None = None, C_max: float = 1024
                 "Least squares has its exact leave-one-out at a list of C in two passes: "
                 "--cv loo --C 0.01,0.1,1,10 (linear_cv_grid(store, 'loo', Cs))."
                 if st.task == "regression" else "Use --cv K, e.g. --cv 5.")
-        k = check_k(k, n, "linear_c_search")
+        k = check_k(k, n, "linear_c_search", loo=False)
         check_fold_count(st, k)
         regression = st.task == "regression"
         if C_min is None:

@@ -27,19 +27,21 @@ __all__ = ["check_k", "array_fold_bounds", "store_fold_bounds", "fold_of_positio
            "ArraySource", "StoreSource", "make_source"]
 
 
-def check_k(k, n: int, caller: str) -> int:
-    """``k`` as an int in [2, n]; ``"loo"`` means n. Raises :class:`ParameterError`."""
+def check_k(k, n: int, caller: str, *, loo: bool = True) -> int:
+    """``k`` as an int in [2, n]; ``"loo"`` means n (where the caller offers leave-one-out:
+    ``loo``; else its hints do not name it). Raises :class:`ParameterError`."""
+    want = "an int >= 2 or 'loo'" if loo else "an int >= 2"
+    usual = ("Use k=10 for 10-fold CV or k='loo' for leave-one-out." if loo
+             else "Use k=10 for 10-fold CV.")
     if isinstance(k, str):
-        if k.lower() == "loo":
+        if k.lower() == "loo" and loo:
             k = n
         else:
-            raise ParameterError(
-                f"The 'k' parameter of {caller} must be an int >= 2 or 'loo'. Got {k!r} "
-                f"instead.", "Use k=10 for 10-fold CV or k='loo' for leave-one-out.")
+            raise ParameterError(f"The 'k' parameter of {caller} must be {want}. Got {k!r} "
+                                 f"instead.", usual)
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise ParameterError(
-            f"The 'k' parameter of {caller} must be an int >= 2 or 'loo'. Got {k!r} instead.",
-            "Use k=10 for 10-fold CV or k='loo' for leave-one-out.")
+        raise ParameterError(f"The 'k' parameter of {caller} must be {want}. Got {k!r} "
+                             f"instead.", usual)
     k = int(k)
     if k < 2:
         raise ParameterError(
@@ -48,8 +50,9 @@ def check_k(k, n: int, caller: str) -> int:
     if k > n:
         raise ParameterError(
             f"The 'k' parameter of {caller} must be <= the number of rows ({n}). Got {k} "
-            f"instead.", "Folds of size 0 cannot be scored; use k='loo' (ooc-train: --cv "
-            "loo) for one row per fold.")
+            f"instead.", "Folds of size 0 cannot be scored; " + (
+                "use k='loo' (ooc-train: --cv loo) for one row per fold." if loo else
+                "use fewer folds."))
     return k
 
 

@@ -46,8 +46,10 @@ def linear_cv(store, k, *, solver: str | None = None, loss: str | None = None, C
     ----------
     store : Store or path
     k : int
-        Folds (2 <= k <= rows). Leave-one-out of a linear SVM this way would be n solves: use
-        TreeCV of an incremental learner, or the kernel SVM's exact LOO, for that.
+        Folds, 2 <= k <= max(rows / 2, blocks) (each fold is a full solve). Leave-one-out of
+        a linear SVM this way would be n solves: use TreeCV of an incremental learner, or the
+        kernel SVM's exact LOO, for that; least squares (a regression store, solver
+        "exact") takes ``k="loo"`` in closed form.
     solver, loss, C, s, bias, eps, max_outer, block_size, block_solver, init_sample,
     sample_eps, seed, memory, spill_dir
         As for :func:`ooc_learn.train` (``solver`` one of ``"ibcd"``, ``"dcd"``, ``"bm"``).
@@ -136,7 +138,7 @@ def linear_cv_grid(store, k, Cs, *, solver: str | None = None, loss: str | None 
                 "Use --cv K with K folds, or TreeCV (--cv-method tree) for leave-one-out"
                 + (" (least squares, --solver exact, has an exact one in two passes)."
                    if st.task == "regression" else "."))
-        k = check_k(k, st.n_samples, caller)
+        k = check_k(k, st.n_samples, caller, loo=False)  # least squares' LOO is above
         check_fold_count(st, k)
         if exact:
             for C in Cs:  # the checks of train_regression, before any work

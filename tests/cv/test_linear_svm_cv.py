@@ -284,6 +284,20 @@ def test_c_search_refusals(store, capsys):
         assert "--C-search" in capsys.readouterr().err
 
 
+def test_fold_count_refusals_do_not_offer_a_leave_one_out_they_refuse(store):
+    # k > n, and k = 2.5, said "use k='loo'", which the linear SVM's CV then refused
+    from ooc_learn.cv.c_search import linear_c_search
+    from ooc_learn.cv.linear import linear_cv
+    from ooc_learn.storage.errors import ParameterError
+
+    n = 1200
+    for fn, k in ((linear_cv, n + 1), (linear_cv, 2.5), (linear_cv, "x"),
+                  (linear_c_search, n + 1)):
+        with pytest.raises(ParameterError) as e:
+            fn(str(store), k)
+        assert "loo" not in str(e.value) + e.value.hint, (fn, k)
+
+
 def _makespan(tasks, threads):
     """The (fold, C) solves the busiest thread does when each free thread takes the next task."""
     import heapq
