@@ -47,7 +47,7 @@ import contextlib
 from ooc_learn.storage.errors import ParameterError
 
 __all__ = ["make_client", "n_workers", "task_budget", "keep_open", "shipped_path",
-           "stores_seen", "check_store_visible", "gather", "result"]
+           "stores_seen", "check_store_visible", "gather", "result", "check_open"]
 
 # the tasks' cap: this share of the memory at which Dask pauses the worker (see the module
 # docstring)
@@ -155,8 +155,18 @@ def _warning_lines(prog: str):
     return WarningLines()
 
 
+def check_open(client) -> None:
+    """Refuse a client that was closed (its calls ended in "RuntimeError: IOLoop is
+    closed")."""
+    if getattr(client, "status", None) in ("closing", "closed"):
+        raise ParameterError("The Dask client is closed.",
+                             "Pass an open Client (client=Client(...)), or client=None to "
+                             "run here.")
+
+
 def n_workers(client) -> int:
     """Worker threads the client's cluster has now (at least 1)."""
+    check_open(client)
     info = client.scheduler_info()
     return max(1, sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()))
 
@@ -247,6 +257,7 @@ def stores_seen(client, paths) -> dict:
 def check_store_visible(client, path) -> None:
     """Refuse, before any task, a store that some worker cannot see at ``path`` (tasks open
     the store by its path: one machine, or a file system the workers share)."""
+    check_open(client)
     path = str(path)
     addrs = set(client.scheduler_info()["workers"])
     blind = sorted(addrs - stores_seen(client, [path])[path])

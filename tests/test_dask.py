@@ -174,6 +174,26 @@ def test_a_scheduler_address_that_cannot_be_one_is_refused_at_once(stores, capsy
         assert said in capsys.readouterr().err and time.perf_counter() - t0 < 15
 
 
+def test_a_closed_client_is_refused_with_a_hint(stores):
+    # linear_cv(..., client=c) after c.close() ended in "RuntimeError: IOLoop is closed"
+    from ooc_learn.distributed import make_client
+    from ooc_learn.learners import Pegasos
+    from ooc_learn.storage.errors import ParameterError
+    from ooc_learn.storage.store import open_store
+    from ooc_learn.cv.treecv import tree_cv
+
+    c, cluster = make_client(workers=1)
+    c.close()
+    cluster.close()
+    with pytest.raises(ParameterError, match="client is closed"):
+        linear_cv_grid(str(stores / "bin"), 3, [1.0], solver="dcd", client=c)
+    with pytest.raises(ParameterError, match="client is closed"):
+        train(str(stores / "mc"), client=c)
+    with open_store(stores / "bin") as st, pytest.raises(ParameterError,
+                                                         match="client is closed"):
+        tree_cv(st, Pegasos(), 4, client=c)
+
+
 def test_ctrl_c_on_a_local_cluster_stops_the_command_at_once(stores):
     # a terminal's Ctrl-C reaches the whole process group: the local workers died of it
     # mid-task (tracebacks), and the command waited on their tasks for ever (killed at
