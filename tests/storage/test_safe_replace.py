@@ -340,13 +340,19 @@ def test_usage_errors_are_json_under_json(capsys):
     assert "usage:" in captured.err
 
 
-def test_an_output_path_ending_in_a_separator_is_refused_before_the_work(tmp_path, capsys):
-    # `-o out/` (a folder that does not exist) had written a file named "out"
+def _tiny_model(tmp_path, capsys):
+    """A four-row source, its store ``s`` and a model ``m.npz`` of it, in ``tmp_path``."""
     src = tmp_path / "t.svm"
     src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
     assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
     assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
     capsys.readouterr()
+    return src
+
+
+def test_an_output_path_ending_in_a_separator_is_refused_before_the_work(tmp_path, capsys):
+    # `-o out/` (a folder that does not exist) had written a file named "out"
+    _tiny_model(tmp_path, capsys)
     out = str(tmp_path / "out") + os.sep
     assert train_main([str(tmp_path / "s"), "-o", out, "--quiet"]) == 2
     assert "names a folder" in capsys.readouterr().err
@@ -360,13 +366,7 @@ def test_an_output_path_ending_in_a_separator_is_refused_before_the_work(tmp_pat
 def test_an_output_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys):
     # os.access says yes to root for /proc: ooc-train trained first, then failed naming its
     # temporary file (/proc/.m.npz.ooc-tmp-...), exit 2 after the work
-    from ooc_learn.cli import ingest_main, predict_main, train_main
-
-    src = tmp_path / "t.svm"
-    src.write_text("1 1:1\n-1 2:1\n1 1:2\n-1 2:3\n")
-    assert ingest_main([str(src), "-o", str(tmp_path / "s"), "--quiet"]) == 0
-    assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 0
-    capsys.readouterr()
+    src = _tiny_model(tmp_path, capsys)
     for main, args in ((ingest_main, [str(src), "-o", "/proc/x.store"]),
                        (train_main, [str(tmp_path / "s"), "-o", "/proc/m.npz"]),
                        (train_main, [str(tmp_path / "s"), "-o", str(tmp_path / "m2.npz"),
