@@ -26,9 +26,10 @@ def _predict_parser() -> argparse.ArgumentParser:
                    help="write 'row_id,label,decision' lines in source order (CSV); '-': "
                         "to stdout, the summary then on stderr")
     p.add_argument("--no-labels", action="store_true",
-                   help="the CSV file has no label column (every column a feature): "
-                        "predictions only, no score; a CSV whose header names the "
-                        "model's features alone is read so without it")
+                   help="the CSV or .npy file has no label column (every column a "
+                        "feature): predictions only, no score; a CSV whose header names "
+                        "the model's features alone, or a .npy of the model's width, is "
+                        "read so without it")
     add_common(p)
     return p
 
