@@ -13,6 +13,7 @@ through a temporary sibling and renamed, so a failed plot leaves no half-written
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ooc_learn.storage.errors import ParameterError
@@ -22,16 +23,35 @@ __all__ = ["check_plot_target", "plot_cv", "plot_training"]
 FORMATS = (".png", ".pdf", ".svg")
 
 
-def check_plot_target(path) -> None:
-    """Refuse, before any work, a plot file matplotlib cannot write or that cannot be made."""
-    path = Path(path)
+def check_plot_target(path, *, other_output=None) -> None:
+    """Refuse, before any work, a plot file matplotlib cannot write, that cannot be made, that
+    is the model's output too (``other_output``: one of the two was lost), or that exists and
+    is not a plot of ours (a file of the user's is never written over, as ``-o`` keeps it)."""
+    from ooc_learn.storage.replace import check_file_target
+
+    given, path = str(path), Path(path)
     if path.suffix.lower() not in FORMATS:
         raise ParameterError(f"--plot {path}: the file must end in {', '.join(FORMATS)}.",
                              "Name the picture e.g. cv.png.")
-    from ooc_learn.storage.replace import check_folder_writable
-
-    check_folder_writable(path)  # it exists, and a file can be made there
+    if other_output is not None and os.path.abspath(other_output) == os.path.abspath(path):
+        raise ParameterError(f"--plot {path} is the model's -o too: one would overwrite the "
+                             "other.", "Give the picture its own name, e.g. run.png.")
+    # a folder (or a name ending in a separator), one that cannot be written, a file not ours
+    check_file_target(given, is_ours=is_plot_file, kind="plot", flag="--plot")
     _pyplot()
+
+
+# written into every picture's metadata, and looked for before one is replaced
+MARK = "ooc-learn plot"
+
+
+def is_plot_file(path) -> bool:
+    """Whether ``path`` is a picture this module wrote (its metadata names :data:`MARK`)."""
+    try:
+        with open(path, "rb") as fh:
+            return MARK.encode() in fh.read(8 << 20)
+    except OSError:
+        return False
 
 
 def _pyplot():
@@ -52,7 +72,9 @@ def _save(fig, path) -> None:
 
     path = Path(path)
     with atomic_file(path) as tmp:
-        fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=120, bbox_inches="tight")
+        fmt = path.suffix[1:].lower()
+        key = "Description" if fmt == "png" else "Subject" if fmt == "pdf" else "Description"
+        fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight", metadata={key: MARK})
     _pyplot().close(fig)
 
 

@@ -36,8 +36,9 @@ from .errors import ParameterError, StoreExistsError
 from .format import DATA_FILE, FORMAT_NAME, META_FILE, TMP_MARKER
 from .resources import process_gone, remove_dead_owned
 
-__all__ = ["check_store_target", "check_file_target", "check_folder_writable", "replace_dir", "recover", "atomic_file",
-           "remove_stale", "temp_sibling", "is_store_dir", "fsync_tree", "fsync_dir"]
+__all__ = ["check_store_target", "check_file_target", "check_folder_writable", "replace_dir",
+           "recover", "atomic_file", "remove_stale", "temp_sibling", "is_store_dir",
+           "fsync_tree", "fsync_dir"]
 
 _ASIDE = "-old"
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -92,7 +93,7 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
-def check_folder_writable(path: Path) -> None:
+def check_folder_writable(path: Path, flag: str = "-o") -> None:
     """Refuse, before the work, an output ``path`` whose folder does not exist or cannot be
     written: a file is made there and removed (``os.access`` says yes to root for /proc, and
     a read-only mount; the run then failed after the work, naming its temporary file)."""
@@ -101,12 +102,12 @@ def check_folder_writable(path: Path) -> None:
     parent = path.parent.resolve()
     if not parent.is_dir():
         raise ParameterError(f"The output {path}: the folder {path.parent} does not exist.",
-                             "Create it first, or choose another -o path.")
+                             f"Create it first, or choose another {flag} path.")
     try:
         fd, probe = tempfile.mkstemp(prefix=".ooc-probe-", dir=parent)
     except OSError as exc:
         raise ParameterError(f"The output {path}: the folder {path.parent} cannot be written "
-                             f"({exc.strerror or exc}).", "Choose another -o path.") from None
+                             f"({exc.strerror or exc}).", f"Choose another {flag} path.") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -142,27 +143,29 @@ def check_store_target(out, *, overwrite: bool, sources=(), what: str = "output"
             "Choose another -o path, or empty or remove that folder yourself.")
 
 
-def check_file_target(path, *, is_ours, kind: str = "model") -> None:
+def check_file_target(path, *, is_ours, kind: str = "model", flag: str = "-o") -> None:
     """Refuse to write over an existing file that ``is_ours(path)`` does not recognise, or
     into a folder that does not exist or cannot be written (before the work, not after).
     A path that ends in a separator names a folder, not a file (``-o out/`` had written a
     file named ``out``)."""
     if str(path).endswith(os.sep) or (os.altsep and str(path).endswith(os.altsep)):
-        raise ParameterError(f"The output {path} names a folder; -o takes the {kind} file's "
-                             "path.", f"Name the file, e.g. -o {Path(path) / _default_name(kind)}.")
+        raise ParameterError(f"The output {path} names a folder; {flag} takes the {kind} file's "
+                             "path.", f"Name the file, e.g. {flag} "
+                             f"{Path(path) / _default_name(kind)}.")
     path = Path(path)
-    check_folder_writable(path)
+    check_folder_writable(path, flag)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise StoreExistsError(f"The output {path} exists and is not a {kind} file.",
-                               "Choose another -o path.")
+                               f"Choose another {flag} path.")
     if path.exists() and not is_ours(path):
         raise StoreExistsError(
             f"The output {path} exists and is not an ooc-learn {kind} file: it is left as it is.",
-            "Choose another -o path, or remove that file yourself.")
+            f"Choose another {flag} path, or remove that file yourself.")
 
 
 def _default_name(kind: str) -> str:
-    return {"model": "model.npz", "predictions": "predictions.csv"}.get(kind, kind)
+    return {"model": "model.npz", "predictions": "predictions.csv",
+            "plot": "plot.png"}.get(kind, kind)
 
 
 # -- durable, atomic steps -----------------------------------------------------------------

@@ -200,7 +200,8 @@ def _train_body(args):
                                  "Drop --plot for TreeCV and PEGASOS.")
         from ooc_learn.plots import check_plot_target
 
-        check_plot_target(args.plot)  # a bad name or a missing matplotlib: before the work
+        # a bad name, a file not ours, the model's -o, or no matplotlib: before the work
+        check_plot_target(args.plot, other_output=args.output)
     if args.cv is None:
         for flag, given in (("--cv-method", args.cv_method is not None),
                             ("--learner", args.learner is not None),

@@ -1,6 +1,7 @@
 """ooc-train --plot: a C search's and a training run's pictures, and the refusals before any
 work (a name matplotlib cannot write, matplotlib missing)."""
 
+import os
 import json
 
 import numpy as np
@@ -52,3 +53,28 @@ def test_plot_refusals_come_before_the_work(store, tmp_path, capsys, without_mod
                        str(tmp_path / "p.png"), "--quiet"]) == 2
     assert "ooc-learn[plot]" in capsys.readouterr().err
     assert not (tmp_path / "m.npz").exists()
+
+
+def test_a_plot_never_takes_the_models_file_a_users_file_or_a_folder(store, tmp_path,
+                                                                      capsys):
+    # `-o same.png --plot same.png` lost one of them (exit 0); --plot wrote over a user's
+    # thesis.pdf; --plot out.png where out.png is a folder failed after training (exit 1)
+    model = tmp_path / "m.npz"
+    same = tmp_path / "same.png"
+    thesis = tmp_path / "thesis.pdf"
+    thesis.write_text("my thesis")
+    (tmp_path / "out.png").mkdir()
+    for plot, out, said in ((same, same, "is the model's -o too"),
+                            (thesis, model, "is not an ooc-learn plot file"),
+                            (tmp_path / "out.png", model, "is not a plot file"),
+                            (str(tmp_path / "dir.png") + os.sep, model, "names a folder")):
+        assert train_main([str(store), "-o", str(out), "--plot", str(plot), "--quiet"]) == 2
+        assert said in capsys.readouterr().err
+        assert not model.exists() and not same.exists()
+    assert thesis.read_text() == "my thesis"
+    # a plot of ours is replaced by the next run's
+    run = tmp_path / "run.pdf"
+    for _ in range(2):
+        assert train_main([str(store), "-o", str(model), "--test", str(store), "--plot",
+                           str(run), "--quiet"]) == 0
+    assert run.read_bytes().startswith(b"%PDF")
