@@ -109,6 +109,20 @@ class ShardedStore:
     def n_blocks(self) -> int:
         return sum(int(s.get("n_blocks", 0)) for s in self.shards)
 
+    def shard_problems(self, k: int, store) -> list[str]:
+        """What differs between shard k's open ``store`` and the manifest's entry for it
+        (rows, features, fingerprint): a shard replaced by other data was read as if it
+        were the one listed (rows counted twice, a wrong score, exit 0)."""
+        s, out = self.shards[k], []
+        if "n_samples" in s and store.n_samples != int(s["n_samples"]):
+            out.append(f"{store.n_samples} rows where the manifest lists {s['n_samples']}")
+        if store.n_features != self.n_features:
+            out.append(f"{store.n_features} features where the manifest lists "
+                       f"{self.n_features}")
+        if s.get("fingerprint") and store.fingerprint() != s["fingerprint"]:
+            out.append("other data than the manifest names (its fingerprint differs)")
+        return [f"shard {k} ({self.shard_path(k)}): {p}" for p in out]
+
     def fingerprint(self) -> str:
         """One text naming every shard's fingerprint (a model records what it was fit on)."""
         return ";".join(str(s.get("fingerprint")) for s in self.shards)

@@ -325,12 +325,33 @@ class _Resized:
             yield X, y, ids
 
 
+def _check_shards(sharded, budget) -> None:
+    """Refuse, before any work, a sharded store whose shards are missing or are not the ones
+    its manifest lists (each shard's metadata read, not its rows): a shard replaced by
+    other data was scored as the one listed (its rows counted twice, exit 0)."""
+    from ooc_learn.storage.errors import StoreFormatError
+    from ooc_learn.storage.store import open_store
+
+    for k in range(sharded.n_shards):
+        path = sharded.shard_path(k)
+        if not path.is_dir():
+            raise StoreFormatError(f"Shard {k} of {sharded.path} is missing ({path}).",
+                                   "Put it back, or ingest the source again with --shards.")
+        with open_store(path, memory=budget) as st:
+            problems = sharded.shard_problems(k, st)
+        if problems:
+            raise StoreFormatError(f"The sharded store {sharded.path}: {problems[0]}.",
+                                   "Put the listed shard back, or ingest the source again "
+                                   "with --shards.")
+
+
 class _ShardsInTurn:
     """A sharded store read as one for scoring and prediction: every block of every shard,
     each shard opened in turn under the budget (what a model CoCoA+ trained over the shards
     is scored on)."""
 
     def __init__(self, sharded, budget):
+        _check_shards(sharded, budget)  # missing or swapped shards: before the work
         self.sharded, self.budget, self.path = sharded, budget, sharded.path
         self.n_samples, self.n_features = sharded.n_samples, sharded.n_features
         self.task, self.label_map = sharded.task, sharded.label_map

@@ -142,12 +142,14 @@ def _check_body(args):
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
     # a sharded store: each shard's store in turn
-    paths = (ShardedStore(args.store).shard_paths if is_sharded_store(args.store)
-             else [args.store])
+    sharded = ShardedStore(args.store) if is_sharded_store(args.store) else None
+    paths = sharded.shard_paths if sharded is not None else [args.store]
     budget = command_budget(args)
     problems, blocks, digests, unindexed = [], 0, True, []
-    for path in paths:
+    for k, path in enumerate(paths):
         with open_store(path, memory=budget) as store:
+            if sharded is not None:  # the shard the manifest lists, not another store
+                problems += sharded.shard_problems(k, store)
             with tqdm(total=store.n_blocks, desc="check", unit="block", disable=args.quiet,
                       leave=False) as bar:
                 problems += store.verify(progress=lambda b: bar.update(1))

@@ -1,8 +1,8 @@
 """ooc-train --plot: a C search's and a training run's pictures, and the refusals before any
 work (a name matplotlib cannot write, matplotlib missing)."""
 
-import os
 import json
+import os
 
 import numpy as np
 import pytest

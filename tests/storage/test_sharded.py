@@ -154,3 +154,34 @@ def test_a_sharded_store_is_predicted_and_scored_whole_and_refused_where_one_is_
     data.write_bytes(bytes(raw))
     assert check_main([str(tmp_path / "sh"), "--quiet"]) == 2
     assert "shard-2" in capsys.readouterr().err
+
+
+def test_a_shard_swapped_or_missing_is_refused_by_check_predict_and_test(tmp_path, capsys):
+    # shard 1 replaced by a copy of shard 0: ooc-check said whole, and ooc-predict / --test
+    # scored shard 0's rows twice (exit 0); a missing shard was found after training
+    import shutil
+
+    from ooc_learn.cli import check_main, predict_main
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(900, 6)).astype(np.float32)
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    ingest_arrays(X, y, tmp_path / "one", n_blocks=3).close()
+    ingest_arrays(X, y, tmp_path / "sh", n_blocks=3, shards=3).close()
+    m = str(tmp_path / "m.npz")
+    assert train_main([str(tmp_path / "one"), "-o", m, "--solver", "dcd", "--quiet"]) == 0
+    swapped, missing = tmp_path / "swapped", tmp_path / "missing"
+    for bad in (swapped, missing):
+        shutil.copytree(tmp_path / "sh", bad)
+        shutil.rmtree(bad / "shard-1")
+    shutil.copytree(swapped / "shard-0", swapped / "shard-1")
+    capsys.readouterr()
+    assert check_main([str(swapped), "--quiet"]) == 2
+    assert "shard 1" in capsys.readouterr().err
+    for bad, said in ((swapped, "shard 1"), (missing, "Shard 1")):
+        assert predict_main([m, str(bad), "--quiet"]) == 2
+        assert said in capsys.readouterr().err
+        out = tmp_path / "m2.npz"
+        assert train_main([str(tmp_path / "one"), "-o", str(out), "--solver", "dcd",
+                           "--test", str(bad), "--quiet"]) == 2  # before the work
+        assert said in capsys.readouterr().err and not out.exists()
