@@ -38,13 +38,20 @@ def shard_name(k: int) -> str:
     return f"shard-{k}"
 
 
-def is_sharded_store(path) -> bool:
-    """Whether ``path`` is a folder holding a sharded store's manifest."""
+def is_sharded_store(path, *, damaged: bool = False) -> bool:
+    """Whether ``path`` is a folder holding a sharded store's manifest; with ``damaged``,
+    also one whose manifest cannot be read but whose folder holds no store of its own (the
+    commands then say what is wrong with the manifest, not that no data.h5 is there)."""
     try:
         with open(Path(path) / MANIFEST_FILE) as fh:
             return json.load(fh).get("format") == SHARDED_FORMAT
-    except (OSError, ValueError, AttributeError):
+    except FileNotFoundError:
         return False
+    except (OSError, ValueError, AttributeError):
+        from .format import DATA_FILE
+
+        return (damaged and (Path(path) / MANIFEST_FILE).is_file()
+                and not (Path(path) / DATA_FILE).exists())
 
 
 def write_manifest(directory, shards: list[dict], *, n_features: int, task: str, layout: str,

@@ -75,7 +75,7 @@ def open_eval_data(path, spec, budget, stack, *, labels: bool | None = True):
                                  "Drop --no-labels.")
     if is_store(path):
         data = stack.enter_context(open_store(path, memory=budget))
-    elif is_sharded_store(path):  # its shards streamed one after another
+    elif is_sharded_store(path, damaged=True):  # its shards streamed one after another
         data = _ShardsInTurn(ShardedStore(path), budget)
     else:
         from ooc_learn.api import ingest

@@ -76,7 +76,7 @@ def _info_body(args):
                          "ooc-train.")
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
-    if is_sharded_store(args.store):
+    if is_sharded_store(args.store, damaged=True):
         sh = ShardedStore(args.store)
         info = dict(sh.manifest, store=str(sh.path), shards=[
             dict(s, path=str(sh.shard_path(k)), present=os.path.isdir(sh.shard_path(k)))
@@ -142,10 +142,10 @@ def _check_body(args):
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
     # a sharded store: each shard's store in turn
-    sharded = ShardedStore(args.store) if is_sharded_store(args.store) else None
+    sharded = ShardedStore(args.store) if is_sharded_store(args.store, damaged=True) else None
     paths = sharded.shard_paths if sharded is not None else [args.store]
     budget = command_budget(args)
-    problems, blocks, digests, unindexed = [], 0, True, []
+    problems, blocks, digests, unindexed, bad_index = [], 0, True, [], []
     for k, path in enumerate(paths):
         with open_store(path, memory=budget) as store:
             if sharded is not None:  # the shard the manifest lists, not another store
@@ -161,12 +161,18 @@ def _check_body(args):
                         forest.verify()
                 except OOCError as exc:
                     problems.append(exc.message)
+                    bad_index.append(str(path))
             else:  # whole, and not what ooc-train's IBCD can train from: said, not refused
                 unindexed.append(str(path))
             blocks += store.n_blocks
             digests &= store.has_digests
     if problems:
-        raise StoreFormatError("\n".join(problems), REBUILD_HINT)
+        # the index alone damaged: rebuilt from the data, which are whole (ooc-train says so)
+        index_only = len(problems) == len(bad_index)
+        raise StoreFormatError("\n".join(problems), (
+            f"The data are whole: rebuild the index with ooc-index {bad_index[0]} --overwrite"
+            + (" (and the other shards' likewise)." if len(bad_index) > 1 else ".")
+            if index_only else REBUILD_HINT))
     out = {"store": args.store, "ok": True, "digests": digests, "blocks": blocks,
            "indexed": not unindexed}
     if len(paths) > 1:
@@ -175,8 +181,9 @@ def _check_body(args):
     text = f"{args.store}: whole ({shards}{blocks} blocks, " + (
         "digests checked)" if digests else "structure only: written before block digests)")
     if unindexed:
+        more = " and the other shards without one" if len(unindexed) > 1 else ""
         text += (f"; no metric-forest index (IBCD, the default solver, needs one: ooc-index "
-                 f"{unindexed[0]}{' and the other shards' if len(unindexed) > 1 else ''})")
+                 f"{unindexed[0]}{more})")
     return {"json": out, "text": text}
 
 

@@ -18,7 +18,7 @@ from sklearn.datasets import dump_svmlight_file, load_breast_cancer, load_diabet
 
 from ooc_learn.cli import info_main, ingest_main
 from ooc_learn.storage.errors import IngestError
-from ooc_learn.api import ingest
+from ooc_learn.api import ingest, ingest_arrays
 from ooc_learn.storage.store import open_store
 
 INGEST = [sys.executable, "-c",
@@ -247,6 +247,19 @@ def test_a_nan_in_a_npy_with_its_labels_beside_names_the_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{tmp_path / 'X.npy'} (labels {tmp_path / 'y.npy'}): Row 17" in err
     assert "<arrays>" not in err and not (tmp_path / "s").exists()
+
+
+def test_a_damaged_shard_manifest_is_named(tmp_path, capsys):
+    # a garbage shards.json was "not an ooc-learn store (no data.h5 inside)", or, to
+    # ooc-predict, "the source is a directory"
+    from ooc_learn.cli import check_main, info_main
+
+    X = np.random.default_rng(0).normal(size=(60, 3)).astype(np.float32)
+    ingest_arrays(X, np.where(X[:, 0] > 0, 1.0, -1.0), tmp_path / "sh", shards=2).close()
+    (tmp_path / "sh" / "shards.json").write_text("garbage{")
+    for main in (check_main, info_main):
+        assert main([str(tmp_path / "sh"), "--quiet"]) == 2
+        assert "shards.json is not valid JSON" in capsys.readouterr().err
 
 
 def test_csv_options_on_a_libsvm_source_are_refused(tmp_path, capsys):
@@ -771,6 +784,14 @@ def test_check_says_where_a_store_has_no_index(tmp_path, capsys):
     capsys.readouterr()
     assert check_main([str(tmp_path / "s"), "--quiet", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["indexed"] is True
+    # a damaged index over whole data: the cheap fix (ooc-index), not a new ingest
+    shutil.copytree(tmp_path / "s", tmp_path / "d")
+    mdb = tmp_path / "d" / "index.lmdb" / "data.mdb"
+    raw = bytearray(mdb.read_bytes())
+    raw[8192:8592] = bytes(b ^ 0xFF for b in raw[8192:8592])
+    mdb.write_bytes(bytes(raw))
+    assert check_main([str(tmp_path / "d"), "--quiet"]) == 2
+    assert f"ooc-index {tmp_path / 'd'} --overwrite" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "s" / "index.lmdb")
     assert check_main([str(tmp_path / "s"), "--quiet"]) == 0
     out = capsys.readouterr().out
