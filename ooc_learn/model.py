@@ -122,19 +122,15 @@ def _check_values(X) -> None:
     """Refuse rows to score that hold text (numpy's UFuncTypeError from the product) or NaN
     / infinite values (their decision value is NaN, and NaN > 0 is False: a confident
     class for nothing), as ingest refuses them."""
-    from ooc_learn.storage.arrays import first_nonfinite
-    from ooc_learn.storage.errors import NonFiniteError
+    from ooc_learn.storage.arrays import IMPUTE_HINT, refuse_nonfinite
 
     kind = (X.data if sp.issparse(X) else X).dtype.kind
     if kind not in "biuf":
         raise ParameterError(f"X must hold numbers. Got an array of dtype {X.dtype}.",
                              "Encode text columns as numbers first (e.g. sklearn's "
                              "OneHotEncoder).")
-    bad = first_nonfinite(X) if kind == "f" else None
-    if bad is not None:
-        raise NonFiniteError(f"Row {bad[0]} of X holds NaN or an infinite value (column "
-                             f"{bad[1]}).", "Remove or impute those values (e.g. sklearn's "
-                             "SimpleImputer).")
+    if kind == "f":
+        refuse_nonfinite(X, hint=IMPUTE_HINT)
 
 
 class LinearModel:

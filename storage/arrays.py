@@ -8,17 +8,20 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import ParameterError, StoreFormatError
+from .errors import NonFiniteError, ParameterError, StoreFormatError
 from .integrity import REBUILD_HINT
 
-__all__ = ["RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
-           "nonfinite_text", "open_direct", "open_random", "row_sqnorms", "rows_nbytes",
+__all__ = ["IMPUTE_HINT", "RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
+           "nonfinite_text", "refuse_nonfinite", "open_direct", "open_random", "row_sqnorms", "rows_nbytes",
            "rows_one_by_one", "run_bounds", "stack_rows"]
 
 _EMPTY_DENSE = np.empty((0, 0), dtype=np.float32)
 _EMPTY_PTR = np.empty(0, dtype=np.int64)  # dense: no row pointers (kernels test its length)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
 _EMPTY_F32 = np.empty(0, dtype=np.float32)
+
+# what a refusal of NaN / infinite values in arrays a user passes says to do
+IMPUTE_HINT = "Remove or impute those values (e.g. sklearn's SimpleImputer)."
 
 # Store.gather reads wanted rows at most this far apart with one call (run_bounds)
 RUN_GAP = 16
@@ -44,6 +47,20 @@ def nonfinite_text(source_value) -> str:
     finite but beyond float32's range."""
     return ("a value beyond float32's range (|x| > 3.4e38)" if np.isfinite(source_value)
             else "a NaN or infinite value")
+
+
+def refuse_nonfinite(X, source=None, *, row0: int = 0, hint: str = NonFiniteError.HINT,
+                     path=None) -> None:
+    """Raise :class:`NonFiniteError` naming the first NaN or infinite value of ``X`` (rows
+    ``row0`` on of ``source``, the values before a float32 copy, where given: one finite
+    there but beyond float32 is said to be so)."""
+    bad = first_nonfinite(X)
+    if bad is None:
+        return
+    row, col = row0 + bad[0], bad[1]
+    value = X[bad[0], bad[1]] if source is None else source[row, col]
+    raise NonFiniteError(f"Row {row} of X holds {nonfinite_text(value)} (column {col}).",
+                         hint, path=path)
 
 
 def matrix_nbytes(X) -> int:

@@ -36,8 +36,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .budget import MemoryBudget
-from .arrays import first_nonfinite, nonfinite_text
-from .errors import IngestError, NonFiniteError, ParameterError
+from .arrays import refuse_nonfinite
+from .errors import IngestError, ParameterError
 from .ingest_direct import ingest_direct, memmap_array_file, probe_array_files
 from .ingest_parse import IOCount, parse_and_deal
 from .ingest_plan import Shape, check_block_fits, dense_row_bytes
@@ -263,11 +263,8 @@ def _array_chunks(X, y, chunk_rows: int, name: str = "<arrays>"):
             Xc = sp.csr_matrix(X[a:b], dtype=np.float32)
         Xc.eliminate_zeros()
         Xc.sort_indices()
-        bad = first_nonfinite(Xc)
-        if bad is not None:  # as the file sources refuse it: the store holds finite values
-            row, col = a + bad[0], bad[1]
-            raise NonFiniteError(f"Row {row} of X holds {nonfinite_text(X[row, col])} (column "
-                                 f"{col}).", path=name)
+        # as the file sources refuse it: the store holds finite values
+        refuse_nonfinite(Xc, X, row0=a, path=name)
         yield SimpleNamespace(
             labels=np.asarray(y[a:b], dtype=np.float64), indptr=Xc.indptr.astype(np.int64),
             indices=Xc.indices.astype(np.int64), values=Xc.data.astype(np.float32),

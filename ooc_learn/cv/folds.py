@@ -244,15 +244,10 @@ def _check_finite(X, y, source) -> None:
     """Refuse NaN or infinite values of ``X`` (float32) or ``y`` (a learner's updates turned
     them into a score without a word, or numpy's LinAlgError), and values of ``source``
     float32 cannot hold, as ingest_arrays does."""
-    from ooc_learn.storage.arrays import first_nonfinite, nonfinite_text
+    from ooc_learn.storage.arrays import IMPUTE_HINT, refuse_nonfinite
     from ooc_learn.storage.errors import NonFiniteError
 
-    bad = first_nonfinite(X)
-    if bad is not None:
-        row, col = bad
-        raise NonFiniteError(f"Row {row} of X holds {nonfinite_text(source[row, col])} "
-                             f"(column {col}).",
-                             "Remove or impute those values (e.g. sklearn's SimpleImputer).")
+    refuse_nonfinite(X, source, hint=IMPUTE_HINT)
     if y.dtype.kind in "fc" and not np.isfinite(y).all():
         row = int(np.flatnonzero(~np.isfinite(y))[0])
         raise NonFiniteError(f"Label {row} of y is NaN or infinite.",
