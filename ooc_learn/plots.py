@@ -73,7 +73,7 @@ def _save(fig, path) -> None:
     path = Path(path)
     with atomic_file(path) as tmp:
         fmt = path.suffix[1:].lower()
-        key = "Description" if fmt == "png" else "Subject" if fmt == "pdf" else "Description"
+        key = "Subject" if fmt == "pdf" else "Description"  # a field each format has
         fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight", metadata={key: MARK})
     _pyplot().close(fig)
 

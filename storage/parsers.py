@@ -115,18 +115,15 @@ def iter_chunks(path, fmt: str = "auto", *, chunk_bytes: int = 8 << 20, label_co
 def _check_options_apply(path, fmt, label_column, delimiter, header) -> None:
     """Refuse a CSV option given for a source it does not apply to (it was ignored: a LIBSVM
     file's label is always its first token)."""
-    given = [flag for flag, v, formats in (
-        ("--label-column (label_column=)", label_column, ("csv", "npy")),
-        ("--delimiter (delimiter=)", delimiter, ("csv",)),
-        ("--header / --no-header (header=)", header, ("csv",))) if v is not None
-        and fmt not in formats]
-    if given:
-        raise IngestError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
-                          f"to {'CSV' if 'label' not in given[0] else 'CSV and .npy'} "
-                          f"sources; this one is {fmt}",
-                          "Drop the option" + (" (a LIBSVM line's label is its first token)."
-                                               if fmt == "libsvm" else "."),
-                          path=os.fspath(path))
+    for flag, value, applies in (
+            ("--label-column (label_column=)", label_column, ("csv", "npy")),
+            ("--delimiter (delimiter=)", delimiter, ("csv",)),
+            ("--header / --no-header (header=)", header, ("csv",))):
+        if value is not None and fmt not in applies:
+            raise IngestError(f"{flag} applies to {' and '.join(applies)} sources; this one "
+                              f"is {fmt}", "Drop the option" + (
+                                  " (a LIBSVM line's label is its first token)."
+                                  if fmt == "libsvm" else "."), path=os.fspath(path))
 
 
 def _nonempty(gen, path) -> Iterator[RawChunk]:

@@ -36,9 +36,9 @@ from .errors import ParameterError, StoreExistsError
 from .format import DATA_FILE, FORMAT_NAME, META_FILE, TMP_MARKER
 from .resources import process_gone, remove_dead_owned
 
-__all__ = ["check_store_target", "check_file_target", "check_folder_writable", "replace_dir",
-           "recover", "atomic_file", "remove_stale", "temp_sibling", "is_store_dir",
-           "fsync_tree", "fsync_dir"]
+__all__ = ["check_store_target", "check_file_target", "check_folder_writable",
+           "folder_write_error", "replace_dir", "recover", "atomic_file", "remove_stale",
+           "temp_sibling", "is_store_dir", "fsync_tree", "fsync_dir"]
 
 _ASIDE = "-old"
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -93,23 +93,33 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
-def check_folder_writable(path: Path, flag: str = "-o") -> None:
-    """Refuse, before the work, an output ``path`` whose folder does not exist or cannot be
-    written: a file is made there and removed (``os.access`` says yes to root for /proc, and
-    a read-only mount; the run then failed after the work, naming its temporary file)."""
+def folder_write_error(folder) -> str | None:
+    """Why no file can be made in ``folder`` ("does not exist", or the system's reason), or
+    None where one can: a file is made there and removed (``os.access`` says yes to root for
+    /proc and a read-only mount; a run then failed after the work, naming its temporary
+    file)."""
     import tempfile
 
-    parent = path.parent.resolve()
-    if not parent.is_dir():
-        raise ParameterError(f"The output {path}: the folder {path.parent} does not exist.",
-                             f"Create it first, or choose another {flag} path.")
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        return "does not exist"
     try:
-        fd, probe = tempfile.mkstemp(prefix=".ooc-probe-", dir=parent)
+        fd, probe = tempfile.mkstemp(prefix=".ooc-probe-", dir=folder)
     except OSError as exc:
-        raise ParameterError(f"The output {path}: the folder {path.parent} cannot be written "
-                             f"({exc.strerror or exc}).", f"Choose another {flag} path.") from None
+        return f"cannot be written ({exc.strerror or exc})"
     os.close(fd)
     os.unlink(probe)
+    return None
+
+
+def check_folder_writable(path: Path, flag: str = "-o") -> None:
+    """Refuse, before the work, an output ``path`` whose folder does not exist or cannot be
+    written (:func:`folder_write_error`)."""
+    why = folder_write_error(path.parent)
+    if why is not None:
+        raise ParameterError(f"The output {path}: the folder {path.parent} {why}.",
+                             f"Create it first, or choose another {flag} path."
+                             if why == "does not exist" else f"Choose another {flag} path.")
 
 
 def check_store_target(out, *, overwrite: bool, sources=(), what: str = "output") -> None:

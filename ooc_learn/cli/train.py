@@ -153,25 +153,13 @@ def _costs(text: str) -> list[float]:
     return out
 
 
-def _writable_folder(folder) -> bool:
-    """Whether a file can be made in ``folder`` (tried: ``os.access`` says yes to root for
-    /proc and read-only mounts)."""
-    from pathlib import Path
-
-    from ooc_learn.storage.replace import check_folder_writable
-
-    try:
-        check_folder_writable(Path(folder) / "probe")
-    except ParameterError:
-        return False
-    return True
-
-
 def _train_body(args):
     import contextlib
 
     incremental = args.learner is not None or args.cv_method in ("tree", "standard")
-    if args.spill_dir is not None and not _writable_folder(args.spill_dir):
+    from ooc_learn.storage.replace import folder_write_error
+
+    if args.spill_dir is not None and folder_write_error(args.spill_dir) is not None:
         # checked where a spill happens only: a run under a tight cap failed there, late
         raise ParameterError(f"--spill-dir {args.spill_dir} is not a folder this user can "
                              "write.", "Create it, or leave --spill-dir out (the system's "

@@ -116,18 +116,23 @@ class CVRun:
     # -- models and the budget ---------------------------------------------------------
     def new_model(self):
         size = getattr(self.learner, "init_nbytes", None)
-        nb = None if size is None else size(self.source.d, self.source.n)
-        if nb is not None:
-            # asked before the model is made: one wider than the cap is refused with the
-            # figures (exit 2), not allocated (ExactLeastSquares' d^2 floats: 74.5 GiB at
-            # d = 100,000, numpy's MemoryError)
-            self.budget.reserve(
-                int(nb), f"model of {self.source.d:,} features ({self.learner!r})",
-                hint="or check the data for a stray large feature index (the store's "
-                     "feature count is its largest index)")
-            self.budget.release(int(nb))
-        model = self.learner.init(self.source.d, self.source.n)
-        self._hold(model)
+        if size is None:
+            model = self.learner.init(self.source.d, self.source.n)
+            self._hold(model)
+            return model
+        # reserved before the model is made: one wider than the cap is refused with the
+        # figures (exit 2), not allocated (ExactLeastSquares' d^2 floats: 74.5 GiB at
+        # d = 100,000, numpy's MemoryError)
+        nb = int(size(self.source.d, self.source.n))
+        self.budget.reserve(nb, f"model of {self.source.d:,} features ({self.learner!r})",
+                            hint="or check the data for a stray large feature index (the "
+                                 "store's feature count is its largest index)")
+        try:
+            model = self.learner.init(self.source.d, self.source.n)
+        except BaseException:
+            self.budget.release(nb)
+            raise
+        self._count(nb)
         return model
 
     def copy(self, model):
@@ -137,10 +142,14 @@ class CVRun:
     def _hold(self, model):
         nb = int(self.learner.nbytes(model))
         self.budget.reserve(nb, "TreeCV model copy")
+        self._count(nb)
+        return nb
+
+    def _count(self, nb: int) -> None:
+        """A model of ``nb`` bytes, reserved, is alive."""
         self.reserved += nb
         self.alive += 1
         self.max_alive = max(self.max_alive, self.alive)
-        return nb
 
     def drop(self, model):
         nb = int(self.learner.nbytes(model))

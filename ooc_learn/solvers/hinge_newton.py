@@ -362,10 +362,7 @@ class _Hessian:
         self.rebuilt = (self.H is None or self.since_build >= _REBUILD
                         or enter.size + leave.size > _UPDATE_SHARE * max(1, band.size))
         if self.rebuilt:
-            self.H = np.eye(self.d1)
-            self._add(band, self.scale)
-            self.since_build = 0
-            self.factor = None
+            self._build(band)
         elif enter.size or leave.size:
             self._add(enter, self.scale)
             self._add(leave, -self.scale)
@@ -380,14 +377,18 @@ class _Hessian:
         if self.factor is None:
             self.factor = _factor(self.H)
             if self.factor is None and self.since_build:
-                # the rank-one updates' rounding: H again from its band
-                self.H = np.eye(self.d1)
-                self._add(self.band, self.scale)
-                self.since_build = 0
+                self._build(self.band)  # the rank-one updates' rounding: H from its band
                 self.factor = _factor(self.H)
             if self.factor is None:
                 return None
         return sla.cho_solve(self.factor, g, check_finite=False)
+
+    def _build(self, band) -> None:
+        """H afresh: I + scale * the band's rows."""
+        self.H = np.eye(self.d1)
+        self._add(band, self.scale)
+        self.since_build = 0
+        self.factor = None
 
     def _add(self, rows, weight) -> None:
         """H += weight * sum over ``rows`` of [x, bias][x, bias]^T, upper triangle, by chunks."""
