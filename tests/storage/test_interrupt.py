@@ -156,3 +156,25 @@ def test_a_stderr_reader_that_goes_away_does_not_cost_the_model(tmp_path):
     proc.stdout.read()
     assert proc.wait(timeout=120) == 0
     assert model.exists()
+
+
+def test_a_signal_that_an_extensions_import_turns_into_an_import_error_ends_quietly():
+    # a Ctrl-C 50 ms in landed in numpy's import of datetime: numpy reported "PyCapsule_Import
+    # could not import module" as an ImportError (the handler's SystemExit lost), a traceback
+    # and exit 1. Here the import of the commands meets the signal and fails as numpy did.
+    code = ("import builtins, signal, sys\n"
+            "from ooc_learn import _entry\n"
+            "real = builtins.__import__\n"
+            "def fake(name, globals=None, locals=None, fromlist=(), level=0):\n"
+            "    if name == 'ooc_learn' and fromlist and 'cli' in fromlist:\n"
+            "        try:\n"
+            "            signal.raise_signal(signal.SIGINT)\n"
+            "        except SystemExit:\n"
+            "            raise ImportError('PyCapsule_Import could not import module') from None\n"
+            "    return real(name, globals, locals, fromlist, level)\n"
+            "builtins.__import__ = fake\n"
+            "sys.exit(_entry.ingest_main())\n")
+    r = subprocess.run([sys.executable, "-c", code, "x.svm", "-o", "s"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 130, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
