@@ -21,11 +21,11 @@ with their argument bundles in ``kernel_args``.
 """
 
 from .forest import Forest, open_forest
-from .lmdb_io import ForestWriter
+from .lmdb_io import ForestWriter, index_summary
 from .records import INDEX_FORMAT_VERSION
 from .search_config import SearchConfig
 from .tree import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH, FlatTree, build_block_tree
 
-__all__ = ["Forest", "SearchConfig", "open_forest", "ForestWriter",
+__all__ = ["Forest", "SearchConfig", "open_forest", "ForestWriter", "index_summary",
            "INDEX_FORMAT_VERSION",
            "FlatTree", "build_block_tree", "DEFAULT_WIDTH", "DEFAULT_LEAF_SIZE"]

@@ -61,7 +61,7 @@ from .tree import FlatTree
 MANIFEST = "manifest.json"
 
 __all__ = ["CloseOrAbort", "ForestWriter", "open_reader", "open_env", "SharedReader",
-           "index_meta", "index_nbytes", "verify_files", "CorruptIndex", "IndexVersionMismatch",
+           "index_meta", "index_summary", "index_nbytes", "verify_files", "CorruptIndex", "IndexVersionMismatch",
            "MANIFEST"]
 
 def _record_pages(records, psize: int) -> int:
@@ -324,6 +324,29 @@ def index_meta(path) -> dict:
     if raw is None:
         raise CorruptIndex("it has no meta record")
     return json.loads(bytes(raw).decode())
+
+
+def index_summary(path) -> dict:
+    """What ``ooc-info`` says of the index at ``path``: ``{"state": "ok", width, leaf_size,
+    seed, n_nodes, n_leaves}``, ``{"state": "missing"}``, or ``{"state": "damaged",
+    "reason": ...}`` (read without verifying every byte: ``ooc-check`` does that)."""
+    path = Path(path)
+    if not path.exists():
+        return {"state": "missing"}
+    if not path.is_dir():
+        return {"state": "damaged", "reason": "a file, not the index's folder"}
+    try:
+        meta = index_meta(path)
+    except FileNotFoundError:
+        return {"state": "damaged", "reason": "a folder without the index's data.mdb"}
+    except (CorruptIndex, lmdb.Error, ValueError) as exc:
+        return {"state": "damaged", "reason": str(exc) or type(exc).__name__}
+    if meta.get("format_version") != INDEX_FORMAT_VERSION:
+        return {"state": "damaged", "reason": f"written by index format "
+                                              f"{meta.get('format_version')!r}, not "
+                                              f"{INDEX_FORMAT_VERSION}"}
+    return {"state": "ok", **{k: meta.get(k) for k in ("width", "leaf_size", "seed",
+                                                        "n_nodes", "n_leaves")}}
 
 
 class SharedReader:

@@ -112,6 +112,11 @@ class ForestView:
         try:
             self._reader = SharedReader.acquire(self.path)
         except FileNotFoundError:
+            if self.path.exists():  # something in the index's place, not a finished index
+                what = ("a file, not the index's folder" if not self.path.is_dir() else
+                        "a folder without the index's data.mdb")
+                raise self._error(f"The index of store {self.name} is damaged ({self.path} "
+                                  f"is {what}).") from None
             raise self._error(f"The store {self.name} has no index ({self.path} is missing).",
                               build=True) from None
         except IndexVersionMismatch as exc:

@@ -77,22 +77,10 @@ def _info_body(args):
     from ooc_learn.storage.sharded import ShardedStore, is_sharded_store
 
     if is_sharded_store(args.store, damaged=True):
-        sh = ShardedStore(args.store)
-        info = dict(sh.manifest, store=str(sh.path), shards=[
-            dict(s, path=str(sh.shard_path(k)), present=os.path.isdir(sh.shard_path(k)))
-            for k, s in enumerate(sh.shards)])
-        lines = [f"sharded store {info['store']}",
-                 f"rows         {sh.n_samples}",
-                 f"features     {sh.n_features}",
-                 f"layout       {sh.layout}",
-                 f"task         {sh.task}  labels {json.dumps(sh.label_map)}",
-                 f"shards       {sh.n_shards}"]
-        for k, s in enumerate(info["shards"]):
-            lines.append(f"shard {k:<6} {s['n_samples']} rows, {s['n_blocks']} blocks  "
-                         f"{s['path']}{'' if s['present'] else '  (not on this machine)'}")
-        return {"json": info, "text": "\n".join(lines)}
+        return _sharded_info(ShardedStore(args.store), command_budget(args))
     with open_store(args.store, memory=command_budget(args)) as store:
         info = store.info()
+    info["index"] = _index_info(store.path)
     meta = info["metadata"]
     lines = [f"store        {info['store']}",
              f"rows         {info['n_samples']}",
@@ -102,7 +90,7 @@ def _info_body(args):
              f"task         {info['task']}  labels {json.dumps(meta.get('label_map', {}))}",
              f"blocks       {info['n_blocks']} ({info['block_rows']['min']}-"
              f"{info['block_rows']['max']} rows)",
-             f"index        {'yes' if info['has_index'] else 'no'}",
+             f"index        {_index_line(info['index'], store.path)}",
              f"data.h5      {info['data_bytes']} bytes",
              f"memory       a block {format_size(info['memory']['block_bytes'], up=True)}, "
              f"every row {format_size(info['memory']['all_rows_bytes'], up=True)} (data "
@@ -113,6 +101,61 @@ def _info_body(args):
                   if s.get("sha256_pieces") else "")  # arrays from memory have none
         size = f"  {s['bytes']} bytes" if s.get("bytes") is not None else ""
         lines.append(f"source       {s.get('name')}  {s.get('rows')} rows{size}{digest}")
+    return {"json": info, "text": "\n".join(lines)}
+
+
+def _index_info(store_path) -> dict:
+    from ooc_learn.index import index_summary
+    from ooc_learn.storage.format import INDEX_DIR
+
+    return index_summary(os.path.join(store_path, INDEX_DIR))
+
+
+def _index_line(index: dict, store_path, shard: bool = False) -> str:
+    if index["state"] == "ok":
+        return (f"yes (width {index['width']}, leaf size {index['leaf_size']}, "
+                f"{index['n_nodes']} nodes, {index['n_leaves']} leaves)")
+    if index["state"] == "missing":
+        return "no" if shard else (f"no (IBCD, the default solver, needs one: ooc-index "
+                                   f"{store_path})")
+    return (f"damaged ({index['reason']}): rebuild it with ooc-index {store_path} "
+            f"--overwrite")
+
+
+def _sharded_info(sh, budget) -> dict:
+    """The manifest, and of each shard on this machine what ``ooc-info SHARD`` says of its
+    memory and index; the memory of the whole is the largest block and every shard's rows."""
+    from ooc_learn.storage.budget import format_size
+    from ooc_learn.storage.store import open_store
+
+    info = dict(sh.manifest, store=str(sh.path), shards=[])
+    for k, entry in enumerate(sh.shards):
+        path = sh.shard_path(k)
+        shard = dict(entry, path=str(path), present=os.path.isdir(path))
+        if shard["present"]:
+            with open_store(path, memory=budget) as store:
+                shard["memory"] = store.info()["memory"]
+            shard["index"] = _index_info(path)
+        info["shards"].append(shard)
+    here = [s for s in info["shards"] if s["present"]]
+    info["memory"] = ({"block_bytes": max(s["memory"]["block_bytes"] for s in here),
+                       "all_rows_bytes": sum(s["memory"]["all_rows_bytes"] for s in here)}
+                      if len(here) == len(info["shards"]) else None)
+    lines = [f"sharded store {info['store']}",
+             f"rows         {sh.n_samples}",
+             f"features     {sh.n_features}",
+             f"layout       {sh.layout}",
+             f"task         {sh.task}  labels {json.dumps(sh.label_map)}",
+             f"shards       {sh.n_shards}"]
+    if info["memory"] is not None:
+        lines.append(f"memory       a block {format_size(info['memory']['block_bytes'], up=True)}"
+                     f", every row {format_size(info['memory']['all_rows_bytes'], up=True)} "
+                     f"(a worker holds its shards' rows only)")
+    for k, s in enumerate(info["shards"]):
+        where = (f"  index {_index_line(s['index'], s['path'], shard=True)}" if s["present"] else
+                 "  (not on this machine)")
+        lines.append(f"shard {k:<6} {s['n_samples']} rows, {s['n_blocks']} blocks  "
+                     f"{s['path']}{where}")
     return {"json": info, "text": "\n".join(lines)}
 
 

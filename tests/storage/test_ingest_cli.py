@@ -494,6 +494,13 @@ def test_info_of_a_store_and_of_a_model(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["memory"]["all_rows_bytes"] >= X.nbytes // 2
     assert info["memory"]["block_bytes"] <= info["memory"]["all_rows_bytes"]
+    from ooc_learn.index import DEFAULT_LEAF_SIZE, DEFAULT_WIDTH
+
+    assert info["index"]["state"] == "ok" and info["index"]["n_leaves"] > 0
+    assert (info["index"]["leaf_size"], info["index"]["width"]) == (DEFAULT_LEAF_SIZE,
+                                                                    DEFAULT_WIDTH)
+    assert info_main([str(tmp_path / "s")]) == 0
+    assert f"leaf size {DEFAULT_LEAF_SIZE}, " in capsys.readouterr().out
     assert train_main([str(tmp_path / "s"), "-o", str(tmp_path / "m.h5"), "--solver", "dcd",
                        "--C", "2", "--test", str(tmp_path / "d.npy"), "--quiet",
                        "--json"]) == 0
@@ -507,6 +514,37 @@ def test_info_of_a_store_and_of_a_model(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "dcd/hinge C=2" in text and f"accuracy {100 * trained['test_accuracy']:.2f}%" in text
     assert "classes 0, 1\n" in text  # the source's labels 0 / 1, as it wrote them
+
+
+def test_an_index_that_is_a_file_or_an_empty_folder_is_named_damaged(tmp_path, capsys):
+    # index.lmdb replaced by a plain file (or emptied): ooc-info said "index yes", and
+    # ooc-check / ooc-train that it was missing
+    import shutil
+
+    from ooc_learn.cli import check_main, index_main, train_main
+
+    X, y = load_breast_cancer(return_X_y=True)
+    np.save(tmp_path / "d.npy", np.c_[y, X / X.max(axis=0)].astype(np.float32))
+    assert ingest_main([str(tmp_path / "d.npy"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    index = tmp_path / "s" / "index.lmdb"
+    for what, spoil in (("a file, not the index's folder", lambda: index.write_text("x")),
+                        ("a folder without the index's data.mdb", index.mkdir)):
+        shutil.rmtree(index) if index.is_dir() else index.unlink()
+        spoil()
+        capsys.readouterr()
+        assert info_main([str(tmp_path / "s"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["index"] == {"state": "damaged",
+                                                                 "reason": what}
+        assert info_main([str(tmp_path / "s")]) == 0
+        assert f"index        damaged ({what}): rebuild it with ooc-index" in \
+            capsys.readouterr().out
+        for main, args in ((check_main, []), (train_main, ["-o", str(tmp_path / "m.npz")])):
+            assert main([str(tmp_path / "s"), "--quiet", *args]) == 2
+            err = capsys.readouterr().err
+            assert f"is damaged ({index} is {what})" in err and "--overwrite" in err, err
+        assert check_main([str(tmp_path / "s"), "--quiet"]) == 2
+        assert index_main([str(tmp_path / "s"), "--overwrite", "--quiet"]) == 0
+        assert check_main([str(tmp_path / "s"), "--quiet"]) == 0
 
 
 def test_class_names_from_ingest_to_predict(tmp_path, capsys):

@@ -81,6 +81,17 @@ def test_the_cli_writes_reports_and_replaces_a_sharded_store(tmp_path, capsys):
     assert info_main([str(out)]) == 0
     text = capsys.readouterr().out
     assert "shards       4" in text and "shard 3" in text
+    # the memory fields ooc-info STORE has, for the whole and for each shard; each index
+    assert info_main([str(out), "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    per = []
+    for k in range(4):
+        with open_store(out / f"shard-{k}") as st:
+            per.append(st.info()["memory"])
+        assert j["shards"][k]["memory"] == per[-1]
+        assert j["shards"][k]["index"]["state"] == "ok"
+    assert j["memory"] == {"block_bytes": max(m["block_bytes"] for m in per),
+                           "all_rows_bytes": sum(m["all_rows_bytes"] for m in per)}
     # one model over the shards is CoCoA+'s: any other solver is refused, naming the way
     assert train_main([str(out), "-o", str(tmp_path / "m.npz"), "--quiet"]) == 2
     err = capsys.readouterr().err
