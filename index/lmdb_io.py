@@ -61,8 +61,8 @@ from .tree import FlatTree
 MANIFEST = "manifest.json"
 
 __all__ = ["CloseOrAbort", "ForestWriter", "open_reader", "open_env", "SharedReader",
-           "index_meta", "index_summary", "index_nbytes", "verify_files", "CorruptIndex", "IndexVersionMismatch",
-           "MANIFEST"]
+           "index_meta", "index_summary", "index_nbytes", "verify_files", "CorruptIndex",
+           "IndexVersionMismatch", "MANIFEST"]
 
 def _record_pages(records, psize: int) -> int:
     """Pages LMDB needs to hold ``records`` (a fresh B-tree bound, not a guess).
