@@ -172,10 +172,13 @@ def test_sampled_checks_read_part_of_the_store_and_the_stop_is_still_certified(t
                                                                                 freeze):
     # a dual-dense problem checked n = 30 rows at a time over 20 blocks: early checks see
     # far more violators than they may admit, so their passes end after a few blocks; the
-    # stop still rests on a pass over every row, and the answer is the whole-pass run's
+    # stop still rests on a pass over every row, and the answer is the whole-pass run's.
+    # The checks admit the most violating: with the default uniform sample (admit="random")
+    # whole passes need fewer checks here, and where no row freezes the sampled run's
+    # saving is gone (16,295 rows examined against 16,026)
     X, y = problem(rng, n=6000, flip=0.25)
     kw = dict(C=0.1, n=30, eps=0.01, init_sample=200, seed=3, freeze_margin=freeze,
-              cost_model=False, check_growth=0.05)
+              cost_model=False, check_growth=0.05, admit="worst")
     with ingest_arrays(X, y, tmp_path / "s", n_blocks=20, build_index=True, leaf_size=50) as store:
         sampled = ibcd.solve_ibcd(store, **kw)
         whole = ibcd.solve_ibcd(store, **kw, check_sample=0)
@@ -248,7 +251,8 @@ def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the
             st.read_range = lambda a, b, **kw: (reads.append(b - a), read_range(a, b, **kw))[1]
             stats = IBCDStats()
             checker = ibcd_check.Checker(RowSource(st), in_S, low=-np.inf,
-                                         cfg=IBCDConfig(check_sample=0), stats=stats)
+                                         cfg=IBCDConfig(check_sample=0, admit="worst"),
+                                         stats=stats)
             ans = checker.check(w, w, want, np.inf, keep_pool=False)
             assert ans.scanned and sum(reads) == 20000  # the gather reads by runs
             assert stats.gathered_checks == int(gathered)
@@ -264,3 +268,37 @@ def test_a_check_leaves_its_scan_whole_chunks_where_the_selection_could_take_the
             np.testing.assert_array_equal(ans.y, ya[ans.rows])
             assert ans.n_viol == ref_viol and ans.worst == pytest.approx(ref_worst)
             checker.clear()
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_a_scan_that_may_admit_fewer_than_it_found_admits_a_uniform_sample(tmp_path, rng,
+                                                                          sparse):
+    # IBCDConfig.admit = "random": of the rows a pass finds violating, a uniform sample of
+    # n joins S (the most violating alone swung w on the issue-23 store); same seed, same rows
+    X, y = problem(rng, n=2000, d=8, sparse=sparse, flip=0.2)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=5,
+                       layout="csr" if sparse else "dense") as st:
+        Xa, ya, _ = st.read_range(0, st.n_samples)
+    w = rng.normal(size=Xa.shape[1] + 1) * 0.3
+    in_S = rng.random(Xa.shape[0]) < 0.1
+    y64 = ya.astype(float)
+    n = 40
+    top, ref_worst, ref_viol, _ = _brute(Xa, y64, w, w, -np.inf, in_S, n, 0)
+    every, _, _, _ = _brute(Xa, y64, w, w, -np.inf, in_S, ref_viol, 0)
+    assert ref_viol > 10 * n
+    with open_store(tmp_path / "s", memory="300K") as st:
+        def scan(seed):
+            return ibcd_check.scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, n,
+                                        rng=np.random.default_rng(seed))[0]
+
+        a, again, other = scan(1), scan(1), scan(2)
+    assert a.scanned and a.n_viol == ref_viol and a.worst == pytest.approx(ref_worst)
+    assert len(a.rows) == n and np.all(np.diff(a.rows) > 0)  # store order
+    assert set(a.rows) <= set(every)  # violators only
+    np.testing.assert_array_equal(a.rows, again.rows)
+    assert not np.array_equal(a.rows, other.rows)
+    # not the most violating: a uniform sample of ~20x as many holds few of those 40
+    assert len(set(a.rows) & set(top)) <= n // 4
+    dense = Xa.toarray() if sparse else Xa
+    np.testing.assert_array_equal(a.X.toarray() if sparse else a.X, dense[a.rows])
+    np.testing.assert_array_equal(a.y, ya[a.rows])

@@ -2,7 +2,8 @@
 
 The check looks at every row outside the active set S for those satisfying eq. 10 at w
 (not an outlier at the outer iterate w_t, y w^T x < 1) and hands the most violating ones to
-IBCD. Two sources answer it, cheapest first:
+IBCD (where it may admit fewer than it found, a uniform sample of them:
+``IBCDConfig.admit``). Two sources answer it, cheapest first:
 
 * the **pool**: rows (values included) that the last scan found near a boundary but did not
   admit. After the solve of S that follows a check, the rows the solve pushed over the
@@ -110,6 +111,7 @@ class Checker:
         self.frozen_loss = 0.0
         self.pool_rows, self.pool_band = cfg.n, cfg.pool_band
         self.sample = cfg.check_sample
+        self.random_admit = cfg.admit == "random"
         self.next_block = 0  # where the next pass starts (a sample ends mid-store)
         self.stats = stats
         self.pool = Pool(self.budget, cfg.pool_share)
@@ -126,12 +128,16 @@ class Checker:
         self.budget.release(self.held)
         self.held = 0
 
-    def check(self, w, w_t, want: int, thresh: float, *, keep_pool: bool = True) -> Answer:
-        """The rows satisfying eq. 10 at ``w``, at most ``want`` of them, most violating
-        first. The pool answers only with a violation of ``thresh`` or more; otherwise the
-        store is scanned. ``keep_pool=False`` (S spilled): no pool is held."""
+    def check(self, w, w_t, want: int, thresh: float, *, keep_pool: bool = True,
+              seed: int = 0) -> Answer:
+        """The rows satisfying eq. 10 at ``w``, at most ``want`` of them (a scan's: a
+        uniform sample of those it found, drawn with ``seed``, or the most violating:
+        ``IBCDConfig.admit``). The pool answers only with a violation of ``thresh`` or
+        more; otherwise the store is scanned. ``keep_pool=False`` (S spilled): no pool is
+        held."""
         self.drop_answer()
-        return self._from_pool(w, w_t, want, thresh) or self._scan(w, w_t, want, keep_pool)
+        return (self._from_pool(w, w_t, want, thresh)
+                or self._scan(w, w_t, want, keep_pool, seed))
 
     def _from_pool(self, w, w_t, want, thresh):
         got = self.pool.take(w, w_t, self.low, self.bias, self.in_S, want, thresh)
@@ -183,7 +189,7 @@ class Checker:
         self.budget.release(self.held - min(self.held, answer))
         self.held = min(self.held, answer)
 
-    def _scan(self, w, w_t, want, keep_pool):
+    def _scan(self, w, w_t, want, keep_pool, seed):
         """The check by a sequential pass; refreshes the pool. The pass may end once it has
         seen ``check_sample`` times ``want`` rows violating (a sample: a stop may not rest
         on it); where it never does, it reads every block, and a stop may rest on it."""
@@ -196,7 +202,7 @@ class Checker:
         ans, pool, self.next_block = scan_rows(
             self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
             frozen=self.frozen, start_block=self.next_block, enough=int(self.sample * want),
-            gather=gather)
+            gather=gather, rng=np.random.default_rng(seed) if self.random_admit else None)
         self.stats.gathered_checks += int(gather)
         if ans.scanned:  # the frozen rows' loss at w is known only after a whole pass
             self.frozen_loss = ans.frozen_loss
@@ -226,7 +232,7 @@ def scan_room_rows(store) -> int:
 
 def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
               pool_band=IBCDConfig.pool_band, *, frozen=None, start_block=0, enough=0,
-              gather=False):
+              gather=False, rng=None):
     """The check on every row outside S: a sequential pass over the blocks (the whole data
     must be examined, so the index's best-first order buys nothing here and a block scan
     avoids its per-leaf overhead). Returns ``(answer, pool, next_block)``: the
@@ -248,7 +254,11 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     "scan").
 
     ``gather``: the selection keeps positions and keys alone, and the admitted rows are
-    read again after the pass (see :meth:`Checker._reserve_selection`)."""
+    read again after the pass (see :meth:`Checker._reserve_selection`).
+
+    ``rng`` (a numpy Generator): where more rows violate than the ``n`` admitted, the
+    admitted are a uniform sample of them (``IBCDConfig.admit = "random"``); None: the most
+    violating. A frozen row that violates competes with its violation either way."""
     store = rows_src.store
     chunk = scan_chunk_rows(store)
     truncated = math.isfinite(low)
@@ -290,7 +300,9 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
             n_viol += int(v.sum())
             if v.any():
                 worst = max(worst, float(-key[v].min()))
-                admit.offer(a + hit[v], key[v], X, y, hit[v])
+                # a uniform sample (random keys in (-1, 0)), or the most violating first
+                admit.offer(a + hit[v], key[v] if rng is None else
+                            -rng.uniform(1e-12, 1.0, int(v.sum())), X, y, hit[v])
             near.offer(a + hit[~v], key[~v], X, y, hit[~v])
         # the chunk goes before the next is read and before the selection's last merge
         # (its reservation ended when the loop asked for the next chunk)

@@ -16,9 +16,10 @@ step of :meth:`InnerLoop.run`:
    S) stops here; a query that was cut (a limit of rows examined, read, or precision), or
    that cost more than a scan, hands over to
 5. the **check** (§4.3): S is solved to eps and every row outside S is examined (the pool
-   of rows near the margin first, else a sequential scan); the most violating rows (at
-   most |S|) join S. The loop stops when a scan after a full solve of S finds no row
-   violating by more than the tolerance: every row of the data has then been certified.
+   of rows near the margin first, else a sequential scan); the violators join S (at most
+   |S| of them: then a uniform sample, ``IBCDConfig.admit``). The loop stops when a scan
+   after a full solve of S finds no row violating by more than the tolerance: every row of
+   the data has then been certified.
    Whether the index or the scan looks for the next rows is a cost comparison (in stored
    values touched; ``IBCDConfig.cost_model``).
 """
@@ -316,7 +317,9 @@ class InnerLoop:
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > cfg.n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(cfg.n, want // 2)
-        return st.checker.check(st.w, self.w_t, want, thresh, keep_pool=not S.spilled)
+        seed = st.draw_seed() if cfg.admit == "random" else 0  # the run's stream: its draws
+        return st.checker.check(st.w, self.w_t, want, thresh, keep_pool=not S.spilled,
+                                seed=seed)
 
     def freeze(self) -> None:
         """After a solve of S, the rows it left at alpha = C far inside the margin leave S
