@@ -108,7 +108,15 @@ def test_incomplete_writer_refuses_and_leaves_nothing(tmp_path, data_rng):
 def test_store_without_index(tmp_path, data_rng):
     X, y = blobs(data_rng, n=100, d=3)
     store, _ = make_indexed(X, y, tmp_path)
+    # a folder without its data: damaged, not missing (ooc-info said "index yes" of it)
     (tmp_path / "index.lmdb" / "data.mdb").unlink()
+    with pytest.raises(IndexStateError, match=f"store {tmp_path} is damaged .*a folder without "
+                                              f"the index's data.mdb.*Rebuild it with "
+                                              f"`ooc-index {tmp_path} --overwrite`"):
+        store.forest()
+    import shutil
+
+    shutil.rmtree(tmp_path / "index.lmdb")
     with pytest.raises(IndexStateError, match=f"store {tmp_path} has no index.*Build it with "
                                               f"`ooc-index {tmp_path} --overwrite`"):
         store.forest()
