@@ -51,6 +51,19 @@ def full_kkt_violation(store, w, sv_rows, sv_alpha, C, bias=1.0):
     return worst
 
 
+def assert_hinge_optimum(store, w, C, eps):
+    """The hinge SVM's objective at ``w`` equals in-memory dual CD's to 1e-3 relative."""
+    Xa, ya, _ = store.read_range(0, store.n_samples)
+    ref = solve_dcd(Xa, ya.astype(float), C=C, eps=eps, max_iter=5000)
+    d = Xa.shape[1]
+
+    def primal(v):
+        m = ya * (np.asarray(Xa @ v[:d]).ravel() + v[d])
+        return 0.5 * v @ v + C * np.maximum(0, 1 - m).sum()
+
+    assert primal(w) == pytest.approx(primal(ref.w), rel=1e-3)
+
+
 @pytest.mark.parametrize("query_share", [None, 0.0, 2.0, "scan", "no-pool"],
                          ids=["default-share", "cut", "exhaustive", "scan", "no-pool"])
 @pytest.mark.parametrize("leaf_size", [None, 50], ids=["default-leaf", "leaf50"])
@@ -87,15 +100,7 @@ def test_ibcd_is_optimal_on_all_rows(tmp_path, rng, sparse, leaf_size, query_sha
         viol = full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C)
         assert viol < 2 * eps, viol
         # and the objective equals in-memory dual CD's to 1e-3 relative
-        Xa, ya, _ = store.read_range(0, store.n_samples)
-        ref = solve_dcd(Xa, ya.astype(float), C=C, eps=eps, max_iter=5000)
-        d = Xa.shape[1]
-
-        def primal(w):
-            m = ya * (np.asarray(Xa @ w[:d]).ravel() + w[d])
-            return 0.5 * w @ w + C * np.maximum(0, 1 - m).sum()
-
-        assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
+        assert_hinge_optimum(store, res.w, C, eps)
         assert res.stats["rows_read"] > 0 and res.stats["outer_iterations"] == 1
         if query_share is None:  # S doubled at least once: the re-solve and prune ran
             assert res.stats["S_resolves"] >= 1 and res.stats["pruned"] > 0
@@ -835,12 +840,4 @@ def test_either_admission_of_a_checks_violators_reaches_the_optimum(tmp_path, rn
         assert any(0 < k < v for k, v, _ in seen)  # some check admitted a part
         assert all(r == (admit == "random") for _, _, r in seen)
         assert full_kkt_violation(store, res.w, res.sv_rows, res.sv_alpha, C=C) < 2 * eps
-        Xa, ya, _ = store.read_range(0, store.n_samples)
-        ref = solve_dcd(Xa, ya.astype(float), C=C, eps=eps, max_iter=5000)
-        d = Xa.shape[1]
-
-        def primal(w):
-            m = ya * (np.asarray(Xa @ w[:d]).ravel() + w[d])
-            return 0.5 * w @ w + C * np.maximum(0, 1 - m).sum()
-
-        assert primal(res.w) == pytest.approx(primal(ref.w), rel=1e-3)
+        assert_hinge_optimum(store, res.w, C, eps)
