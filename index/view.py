@@ -21,7 +21,7 @@ from ooc_learn.storage.budget import MemoryBudget, holds_rows
 from ooc_learn.storage.cache import LRUCache
 from ooc_learn.storage.errors import ClosedError, IndexStateError
 
-from .lmdb_io import CorruptIndex, IndexVersionMismatch, SharedReader
+from .lmdb_io import CorruptIndex, IndexVersionMismatch, SharedReader, index_summary
 from .records import (INDEX_FORMAT, INDEX_FORMAT_VERSION, META_KEY, Node, decode_node,
                       decode_tree_header, node_key, rows_crc, tree_key, tree_node_records)
 from .resident import Resident
@@ -112,11 +112,10 @@ class ForestView:
         try:
             self._reader = SharedReader.acquire(self.path)
         except FileNotFoundError:
-            if self.path.exists():  # something in the index's place, not a finished index
-                what = ("a file, not the index's folder" if not self.path.is_dir() else
-                        "a folder without the index's data.mdb")
+            found = index_summary(self.path)  # something in the index's place?
+            if found["state"] == "damaged":
                 raise self._error(f"The index of store {self.name} is damaged ({self.path} "
-                                  f"is {what}).") from None
+                                  f"is {found['reason']}).") from None
             raise self._error(f"The store {self.name} has no index ({self.path} is missing).",
                               build=True) from None
         except IndexVersionMismatch as exc:

@@ -111,7 +111,6 @@ class Checker:
         self.frozen_loss = 0.0
         self.pool_rows, self.pool_band = cfg.n, cfg.pool_band
         self.sample = cfg.check_sample
-        self.random_admit = cfg.admit == "random"
         self.next_block = 0  # where the next pass starts (a sample ends mid-store)
         self.stats = stats
         self.pool = Pool(self.budget, cfg.pool_share)
@@ -129,15 +128,14 @@ class Checker:
         self.held = 0
 
     def check(self, w, w_t, want: int, thresh: float, *, keep_pool: bool = True,
-              seed: int = 0) -> Answer:
+              rng=None) -> Answer:
         """The rows satisfying eq. 10 at ``w``, at most ``want`` of them (a scan's: a
-        uniform sample of those it found, drawn with ``seed``, or the most violating:
-        ``IBCDConfig.admit``). The pool answers only with a violation of ``thresh`` or
-        more; otherwise the store is scanned. ``keep_pool=False`` (S spilled): no pool is
-        held."""
+        uniform sample of those it found, drawn by ``rng``, or with None the most
+        violating). The pool answers only with a violation of ``thresh`` or more; otherwise
+        the store is scanned. ``keep_pool=False`` (S spilled): no pool is held."""
         self.drop_answer()
         return (self._from_pool(w, w_t, want, thresh)
-                or self._scan(w, w_t, want, keep_pool, seed))
+                or self._scan(w, w_t, want, keep_pool, rng))
 
     def _from_pool(self, w, w_t, want, thresh):
         got = self.pool.take(w, w_t, self.low, self.bias, self.in_S, want, thresh)
@@ -189,7 +187,7 @@ class Checker:
         self.budget.release(self.held - min(self.held, answer))
         self.held = min(self.held, answer)
 
-    def _scan(self, w, w_t, want, keep_pool, seed):
+    def _scan(self, w, w_t, want, keep_pool, rng):
         """The check by a sequential pass; refreshes the pool. The pass may end once it has
         seen ``check_sample`` times ``want`` rows violating (a sample: a stop may not rest
         on it); where it never does, it reads every block, and a stop may rest on it."""
@@ -202,7 +200,7 @@ class Checker:
         ans, pool, self.next_block = scan_rows(
             self.src, w, w_t, self.low, self.in_S, self.bias, want, k_pool, self.pool_band,
             frozen=self.frozen, start_block=self.next_block, enough=int(self.sample * want),
-            gather=gather, rng=np.random.default_rng(seed) if self.random_admit else None)
+            gather=gather, rng=rng)
         self.stats.gathered_checks += int(gather)
         if ans.scanned:  # the frozen rows' loss at w is known only after a whole pass
             self.frozen_loss = ans.frozen_loss

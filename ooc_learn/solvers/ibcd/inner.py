@@ -317,9 +317,10 @@ class InnerLoop:
         per_row = S.nnz / max(1, S.m) if S.sparse else 0.0
         while want > cfg.n and not S.fits(2 * want, int(2 * want * per_row)):
             want = max(cfg.n, want // 2)
-        seed = st.draw_seed() if cfg.admit == "random" else 0  # the run's stream: its draws
+        # IBCDConfig.admit: a uniform sample drawn from the run's stream, or the most violating
+        rng = np.random.default_rng(st.draw_seed()) if cfg.admit == "random" else None
         return st.checker.check(st.w, self.w_t, want, thresh, keep_pool=not S.spilled,
-                                seed=seed)
+                                rng=rng)
 
     def freeze(self) -> None:
         """After a solve of S, the rows it left at alpha = C far inside the margin leave S
