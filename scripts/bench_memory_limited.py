@@ -33,6 +33,8 @@ The memory-limited scenario, built here end to end:
   the whole training set in memory (~14 GB and ~500 s at 1.02M rows), cached in
   ``WORK/liblinear-*.json``.
 
+Its ``read_back`` column is IBCD's rows of the active set spilled to disk and read back from
+there (``ooc-train --json``'s ``rows_read_back``); ``read GiB`` counts those reads too.
 It prints one row per run and the ratios the issue targets (IBCD wall / SGD 3-epoch wall,
 10x wall / 1g wall per command, accuracy minus LIBLINEAR's), and writes everything to
 ``--json-out``. A command that fails or is OOM-killed is a finding: its row shows rc and the
@@ -431,7 +433,7 @@ def _accuracy(out: dict) -> float | None:
 
 HEADER = (f"{'run':<12} {'setting':<7} {'rc':>4} {'oom':>3} {'wall s':>8} {'fit s':>8} "
           f"{'RSS MiB':>8} {'cg MiB':>7} {'read GiB':>8} {'acc %':>6} {'outer':>5} "
-          f"{'rows_read':>10}")
+          f"{'rows_read':>10} {'read_back':>10}")
 
 
 def _f(v, fmt, width):
@@ -458,7 +460,8 @@ def format_row(r: dict) -> str:
             f"{_f(r.get('fit_s'), '.1f', 8)} {_f(_mib(r.get('peak_rss_bytes')), '.0f', 8)} "
             f"{_f(_mib(r.get('cgroup_peak_bytes')), '.0f', 7)} {_f(read, '.2f', 8)} "
             f"{_f(acc, '.2f', 6)} {_f(res.get('outer_iterations'), 'd', 5)} "
-            f"{_f(rows_read, 'd', 10)}  {note}").rstrip()
+            f"{_f(rows_read, 'd', 10)} {_f(res.get('rows_read_back'), 'd', 10)}  "
+            f"{note}").rstrip()
 
 
 # ---------------------------------------------------------------- the scenario

@@ -333,6 +333,9 @@ def _train_and_test(args, budget, test):
            "converged": st.get("converged"), "stop_reason": st.get("stop_reason"),
            "rows_read": st.get("rows_read"), "bytes_read": st.get("bytes_read"),
            "peak_rss_bytes": None}
+    if "rows_read_back" in st:  # IBCD: its active set's rows spilled to disk and read back
+        out.update(spills=st["spills"], rows_spilled=st["rows_spilled"],
+                   rows_read_back=st["rows_read_back"])
     if model.regression:
         out["epsilon"] = args.epsilon
     elif model.multiclass:
@@ -350,6 +353,8 @@ def _train_and_test(args, budget, test):
     parts += [] if obj is None else [f"objective {round(obj, 6)}"]
     parts += [] if out["n_sv"] is None else [f"{out['n_sv']} support vectors"]
     parts += [] if out["rows_read"] is None else [f"{out['rows_read']} rows read"]
+    if out.get("rows_read_back"):
+        parts += [f"{out['rows_read_back']} rows of the spilled active set read back"]
     parts += [f"{st['rounds']} rounds over {st['shards']} shards"] if solver == "cocoa" else []
     text = f"{args.output}: " + ", ".join(parts)
     if model.multiclass:
