@@ -27,11 +27,11 @@ def child_peak_rss(cmd):
     return rss
 
 
-def capped_peak_rss(cmd, cap, *, stdout: bool = False):
-    """Peak RSS of ``cmd`` run with ``--memory cap``: inside a memory cgroup of the cap plus
-    64 MiB for the page cache where the machine allows one (an OOM kill fails the test, as
-    it would kill a user's run), else read from the child's rusage alone; with ``stdout``,
-    and what the command printed."""
+def capped_run(cmd, cap):
+    """Run ``cmd`` with ``--memory cap``: inside a memory cgroup of the cap plus 64 MiB for
+    the page cache where the machine allows one (an OOM kill fails the test, as it would
+    kill a user's run), else measured from the child's rusage alone; returns the run's
+    figures and output (``storage.measure``)."""
     cmd = list(map(str, cmd)) + ["--memory", str(cap)]
     if CGROUP_OK:
         r = run_in_memory_cgroup(cmd, cap + (64 << 20), drop_caches=False, timeout=600)
@@ -39,7 +39,12 @@ def capped_peak_rss(cmd, cap, *, stdout: bool = False):
     else:  # the reason is in CGROUP_WHY
         r = run_measured(cmd, timeout=600)
         assert r["rc"] == 0, r["stderr"]
-    return (r["peak_rss_bytes"], r["stdout"]) if stdout else r["peak_rss_bytes"]
+    return r
+
+
+def capped_peak_rss(cmd, cap):
+    """Peak RSS of ``cmd`` run with ``--memory cap`` (:func:`capped_run`)."""
+    return capped_run(cmd, cap)["peak_rss_bytes"]
 
 
 def fixed_part(cmd):
@@ -139,12 +144,13 @@ def test_ibcd_with_a_spilled_active_set_stays_within_the_cap(tmp_path, rng):
     cap = small_cap(TRAIN + [tmp_path / "tiny", "-o", tmp_path / "t.npz"] + common)
     child_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "w.npz", "--memory", str(cap)]
                    + common)  # warm numba
-    peak, out = capped_peak_rss(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz", "--json"]
-                                + common, cap, stdout=True)
+    run = capped_run(TRAIN + [tmp_path / "big", "-o", tmp_path / "b.npz", "--json"] + common,
+                     cap)
+    peak = run["peak_rss_bytes"]
     stats = load_model(tmp_path / "b.npz").meta["stats"]
     assert stats["spills"] >= 1 and stats["rows_read_back"] > 0, stats
     # --json says so too: the spilled set's reads are the user's to see
-    report = json.loads(out.strip().splitlines()[-1])
+    report = json.loads(run["stdout"])
     assert report["rows_read_back"] == stats["rows_read_back"], report
     assert report["spills"] == stats["spills"] and report["rows_spilled"] > 0, report
     assert peak <= cap, (peak - cap) / 2**20
