@@ -10,8 +10,9 @@ import scipy.sparse as sp
 
 from .errors import NonFiniteError, ParameterError, StoreFormatError
 from .integrity import REBUILD_HINT
+from .value_codes import decode
 
-__all__ = ["IMPUTE_HINT", "RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
+__all__ = ["CodedDataset", "CodedSlicer", "IMPUTE_HINT", "RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
            "nonfinite_text", "refuse_nonfinite", "open_direct", "open_random", "row_sqnorms", "rows_nbytes",
            "rows_one_by_one", "run_bounds", "stack_rows"]
 
@@ -196,13 +197,19 @@ class Slicer:
         self.n = int(ds.shape[0])
 
     @classmethod
-    def of(cls, fd: int, ds, fd_small: int | None = None, fd_direct: int | None = None):
-        """A slicer for ``ds``, or ``ds`` itself when it is not stored as plain bytes."""
+    def of(cls, fd: int, ds, fd_small: int | None = None, fd_direct: int | None = None,
+           table: np.ndarray | None = None):
+        """A slicer for ``ds``, or ``ds`` itself when it is not stored as plain bytes; with
+        ``table``, ``ds`` holds value codes, and both read them decoded
+        (:class:`CodedSlicer`, :class:`CodedDataset`)."""
         try:
             plain = (ds.chunks is None and ds.compression is None and ds.dtype.isnative
                      and ds.dtype.kind in "fiub" and ds.id.get_offset() is not None)
         except Exception:  # an HDF5 build that cannot say: keep h5py's reads
             plain = False
+        if table is not None:
+            return CodedSlicer(fd, ds, fd_small, fd_direct, table) if plain else \
+                CodedDataset(ds, table)
         return cls(fd, ds, fd_small, fd_direct) if plain else ds
 
     def _read_into(self, buf: memoryview, row: int) -> None:
@@ -269,11 +276,15 @@ class Slicer:
             if odd[j - 1] == odd[i]:
                 self._read_into(buf[i * rb:j * rb], r0)
             else:
-                np.take(self[r0:r1], rows[i:j] - r0, axis=0, out=out[i:j])
+                np.take(self._slice(r0, r1), rows[i:j] - r0, axis=0, out=out[i:j])
         return read
 
     def __getitem__(self, sl: slice) -> np.ndarray:
         a, b, _ = sl.indices(self.n)
+        return self._slice(a, b)
+
+    def _slice(self, a: int, b: int) -> np.ndarray:
+        """Rows ``a:b`` as stored."""
         shape = (max(a, b) - a,) + self.row_shape
         at = self.offset + a * self.row_bytes
         if (self.fd_direct is not None and shape[0] * self.row_bytes >= SMALL_READ
@@ -296,6 +307,71 @@ class Slicer:
                    (at - self.offset) // self.row_bytes, DIRECT_ALIGN)
         start = p + at - lo
         return raw[start:start + nbytes].view(self.dtype).reshape(shape)
+
+
+#: the codes a coded read holds at a time on their way to the float32 rows (at least
+#: SMALL_READ: a scan's pieces are still read past the page cache where the store is)
+CODED_PIECE = 4 << 20
+
+
+class CodedSlicer(Slicer):
+    """A :class:`Slicer` over value codes (:mod:`~ooc_learn.storage.value_codes`) that
+    returns the rows decoded, as float32. The codes pass through memory ``CODED_PIECE``
+    bytes at a time (a chunk's rows cost the float32 array returned, and one piece more);
+    ``row_bytes`` and the offsets stay the file's (codes). ``dtype`` is the codes'."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, fd, ds, fd_small, fd_direct, table):
+        super().__init__(fd, ds, fd_small, fd_direct)
+        self.table = table
+
+    def _piece_rows(self) -> int:
+        return max(1, CODED_PIECE // max(1, self.row_bytes))
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b, _ = sl.indices(self.n)
+        out = np.empty((max(a, b) - a,) + self.row_shape, np.float32)
+        step = self._piece_rows()
+        for p in range(a, b, step):
+            q = min(b, p + step)
+            decode(self._slice(p, q), self.table, out[p - a:q - a])
+        return out
+
+    def take(self, rows) -> np.ndarray:
+        return decode(super().take(rows), self.table)
+
+    def take_runs(self, rows: np.ndarray, runs, out: np.ndarray) -> int:
+        """As :meth:`Slicer.take_runs`, into float32 ``out``: the runs (cut to pieces) a
+        piece's worth of codes at a time."""
+        step = self._piece_rows()
+        cut = [(s, min(j, s + step)) for i, j in runs for s in range(i, j, step)]
+        read = 0
+        k = 0
+        while k < len(cut):
+            i0 = cut[k][0]
+            z = k + 1
+            while z < len(cut) and cut[z][1] - i0 <= step:
+                z += 1
+            j1 = cut[z - 1][1]
+            raw = np.empty((j1 - i0,) + self.row_shape, self.dtype)
+            read += super().take_runs(rows[i0:j1], [(i - i0, j - i0) for i, j in cut[k:z]],
+                                      raw)
+            decode(raw, self.table, out[i0:j1])
+            k = z
+        return read
+
+
+class CodedDataset:
+    """An h5py dataset of value codes read decoded (where :class:`CodedSlicer` cannot read
+    the file itself)."""
+
+    def __init__(self, ds, table):
+        self.ds, self.table = ds, table
+        self.shape, self.dtype = ds.shape, ds.dtype
+
+    def __getitem__(self, sl):
+        return decode(self.ds[sl], self.table)
 
 
 def rows_one_by_one(read_range, rows):

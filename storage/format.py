@@ -20,14 +20,19 @@ name                dtype       content
 ``sqnorm``          float32     squared Euclidean norm of each row
 ``block_offsets``   int64       R+1 row offsets; block b is rows
                                 ``block_offsets[b]:block_offsets[b+1]``
-``X``               float32     dense layout only: n x d
+``X``               float32     dense layout only: n x d (format 2: uint8 or uint16
+                                codes, see ``X_values``)
+``X_values``        float32     format 2 only: the value of each code of ``X``, one
+                                entry per code its type has (256 or 65,536; unused
+                                codes 0); attribute ``distinct``: the codes used
 ``indptr``          int64       CSR layout only: n+1 offsets into indices/data
 ``indices``         int32       CSR layout only: column of each stored value,
                                 ascending within a row
 ``data``            float32     CSR layout only: the stored values (no explicit zeros)
 ==================  ==========  ==================================================
 
-Root attributes: ``format`` = "ooc-learn-store", ``format_version`` = 1, ``complete`` = True
+Root attributes: ``format`` = "ooc-learn-store", ``format_version`` = 1 (2 where ``X`` holds
+value codes: :mod:`~ooc_learn.storage.value_codes`; both are read), ``complete`` = True
 (written last), ``n_samples``, ``n_features``, ``nnz``, ``n_blocks``, ``layout``
 ("dense" | "csr"), ``task`` ("binary" | "regression" | "multiclass"), and JSON-encoded
 ``metadata`` (label map, sources with sha256 and byte counts, creation parameters).
@@ -41,6 +46,8 @@ end, so a store that did not finish never opens.
 
 FORMAT_NAME = "ooc-learn-store"
 FORMAT_VERSION = 1
+CODED_VERSION = 2  # a dense X held as value codes with X_values
+READ_VERSIONS = (FORMAT_VERSION, CODED_VERSION)
 DATA_FILE = "data.h5"
 META_FILE = "meta.json"
 INDEX_DIR = "index.lmdb"

@@ -49,6 +49,7 @@ from .sharded import ShardedStore
 from .shuffle import MemoryBucket, balanced_sizes
 from .stop import check_stop
 from .store import Store
+from .value_codes import WIDTHS, ValueCodesFull, next_width
 
 __all__ = ["ingest", "ingest_arrays"]
 
@@ -98,6 +99,7 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
            label_column=None, delimiter: str | None = None, header: bool | None = None,
            zero_based="auto", block_orderer=None, seed: int = 0, memory=None,
            overwrite: bool = False, progress: bool = False, shards: int | None = None,
+           value_codes: str | None = "auto",
            _chunks=None, _chunks_total: int = 0, _files=None) -> Store | ShardedStore:
     """Ingest source files into a new store and return it opened.
 
@@ -141,6 +143,14 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
         The block count is rounded up to a multiple of K where the rows allow. The sources are
         read once; a CSR shard's entries are spooled once more (their count is known only
         when its blocks are written).
+    value_codes : "auto" | "uint8" | "uint16" | None
+        How a dense X is stored (:mod:`~ooc_learn.storage.value_codes`): "auto" as 1- or
+        2-byte codes of its distinct values where the first block shows few of them (a
+        block bringing more than fit starts the ingest again with the next width, or
+        float32: the sources are read once more then, and ``ingest_stats["restarts"]``
+        says so); a width forces it (more distinct values than it holds raise
+        :class:`IngestError`); None float32. The rows read back are the same float32
+        values either way.
 
     Returns
     -------
@@ -172,6 +182,9 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
                                or not 1 <= shards <= 4096):
         raise ParameterError(f"The 'shards' parameter of ingest must be an int in 1..4096. "
                              f"Got {shards!r} instead.", "Pass e.g. --shards 4.")
+    if value_codes not in ("auto", None, *WIDTHS):
+        raise ParameterError(f"The 'value_codes' parameter of ingest must be 'auto', None or "
+                             f"one of {', '.join(WIDTHS)}. Got {value_codes!r} instead.")
     budget = MemoryBudget.coerce(memory)
     if _chunks is None and not sources:
         raise ParameterError("ingest needs at least one source file.")
@@ -187,14 +200,35 @@ def ingest(sources, out, *, format: str = "auto", layout: str = "auto", task: st
     tmp = temp_sibling(out)
     tmp.mkdir()
     try:
-        stats = _ingest_into(tmp, sources, budget=budget, fmt=format, layout=layout,
-                             task=task, n_blocks=n_blocks, block_rows=block_rows,
-                             n_features=n_features, positive_label=positive_label,
-                             label_names=label_names, source_names=source_names or {},
-                             label_column=label_column, delimiter=delimiter, header=header,
-                             zero_based=zero_based, block_orderer=block_orderer,
-                             seed=seed, progress=progress, chunks=_chunks,
-                             chunks_total=_chunks_total, shards=shards, files=_files)
+        restarts = 0
+        auto = value_codes == "auto"
+        while True:
+            try:
+                stats = _ingest_into(
+                    tmp, sources, budget=budget, fmt=format, layout=layout, task=task,
+                    n_blocks=n_blocks, block_rows=block_rows, n_features=n_features,
+                    positive_label=positive_label, label_names=label_names,
+                    source_names=source_names or {}, label_column=label_column,
+                    delimiter=delimiter, header=header, zero_based=zero_based,
+                    block_orderer=block_orderer, seed=seed, progress=progress,
+                    chunks=_chunks, chunks_total=_chunks_total, shards=shards, files=_files,
+                    value_codes=value_codes)
+                break
+            except ValueCodesFull as exc:
+                if not auto:
+                    raise IngestError(
+                        f"{_source_names(sources)}: the features hold {exc}, more than "
+                        f"--value-codes {exc.width} can store.",
+                        "Use --value-codes auto (or uint16, or none).") from None
+                # the first block showed fewer distinct values than the data hold: again,
+                # with wider codes or float32 (the sources are read once more)
+                value_codes = next_width(exc.width) or None
+                restarts += 1
+                log.warning("ingest: %s; starting again with %s.", exc,
+                            f"{value_codes} codes" if value_codes else "float32 values")
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+        stats["restarts"] = restarts
         check_store_target(out, overwrite=overwrite, sources=sources)  # it may have appeared
         check_stop()  # the last point where a stop leaves the old store as it was
         replace_dir(tmp, out)
@@ -290,7 +324,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                  n_features, positive_label, label_names, source_names, label_column,
                  delimiter, header,
                  zero_based, block_orderer, seed, progress, chunks, chunks_total,
-                 shards=None, files=None):
+                 shards=None, files=None, value_codes="auto"):
     deal_ss, plan_ss = np.random.SeedSequence(seed).spawn(2)
     shape_kw = dict(layout=layout, n_features=n_features, zero_based=zero_based,
                     limit=budget.limit)
@@ -308,7 +342,8 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
                              n_features=n_features, positive_label=positive_label,
                              source_names=source_names, block_orderer=block_orderer,
                              seed=seed, rng=np.random.default_rng(plan_ss),
-                             counter=counter, progress=progress, shards=shards)
+                             counter=counter, progress=progress, shards=shards,
+                             value_codes=value_codes)
         if done is not None:
             p, shape, task_, info = done
             took = time.perf_counter() - t0
@@ -370,7 +405,7 @@ def _ingest_into(tmp: Path, sources, *, budget, fmt, layout, task, n_blocks, blo
         write_store(tmp, p, shape, buckets, task=task_, label_map=label_map, mapper=mapper,
                     seed=seed, positive_label=positive_label, n_features=n_features,
                     block_orderer=block_orderer, rng=rng, counter=counter, progress=progress,
-                    shards=shards)
+                    shards=shards, value_codes=value_codes)
     finally:
         budget.release(held)
     shutil.rmtree(tmp / "buckets", ignore_errors=True)

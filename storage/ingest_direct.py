@@ -563,7 +563,7 @@ def _write_group(out: StoreOutput, lay: _Layout, g: int, first_block: int, rows,
 
 def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_blocks,
                   block_rows, n_features, positive_label, source_names, block_orderer, seed,
-                  rng, counter: IOCount, progress, shards=None):
+                  rng, counter: IOCount, progress, shards=None, value_codes="auto"):
     """Write the store into ``tmp`` in group passes (see module doc).
 
     Returns ``(parsed, shape, task, info)`` (``info``: ``passes``, ``run_rows``,
@@ -611,7 +611,7 @@ def ingest_direct(tmp: Path, files: list[ArrayFile], *, budget, layout, task, n_
                                           positive_label=positive_label,
                                           n_features=n_features),
                                       nnz=None, block_orderer=block_orderer, seed=seed,
-                                      shards=shards)
+                                      shards=shards, value_codes=value_codes)
                 if g + 1 < plan.n_groups:
                     reading = start_reading(g + 1)
                 p.nnz = (0 if g == 0 else p.nnz) + _write_group(

@@ -94,7 +94,7 @@ class StoreOutput:
     """
 
     def __init__(self, tmp: Path, block_sizes, *, shape: Shape, task, metadata: dict, nnz,
-                 block_orderer, seed: int, shards: int | None):
+                 block_orderer, seed: int, shards: int | None, value_codes="auto"):
         self.tmp, self.shape, self.shards = tmp, shape, shards
         K = self.K = shards or 1
         block_sizes = np.asarray(block_sizes, np.int64)
@@ -115,7 +115,8 @@ class StoreOutput:
                 self.writers.append(StoreWriter(where, n_samples=int(local[-1]),
                                                 n_features=shape.d, nnz=nnz_k,
                                                 layout=shape.layout, block_offsets=local,
-                                                task=task, metadata=meta))
+                                                task=task, metadata=meta,
+                                                value_codes=value_codes))
                 if block_orderer is not None:
                     self.forests.append(block_orderer(where, n_blocks=int(blocks.size),
                                                       n_samples=int(local[-1]),
@@ -209,7 +210,7 @@ def store_metadata(p: Parsed, shape: Shape, *, task, label_map, seed, positive_l
 
 def write_store(tmp: Path, p: Parsed, shape: Shape, buckets: list, *, task, label_map,
                  mapper, seed, positive_label, n_features, block_orderer, rng, counter,
-                 progress, shards: int | None = None) -> None:
+                 progress, shards: int | None = None, value_codes="auto") -> None:
     """Pass 3: plan the blocks from the buckets, then build block after block from them
     (each bucket read once, a shared one split at random) and write it into a
     :class:`StoreOutput`."""
@@ -224,7 +225,7 @@ def write_store(tmp: Path, p: Parsed, shape: Shape, buckets: list, *, task, labe
                               positive_label=positive_label, n_features=n_features)
     out = StoreOutput(tmp, plan.block_sizes, shape=shape, task=task, metadata=metadata,
                       nnz=None if shards else p.nnz, block_orderer=block_orderer, seed=seed,
-                      shards=shards)
+                      shards=shards, value_codes=value_codes)
     starts = np.concatenate(([0], np.cumsum([r for _, r in buckets])))
     pending: dict = {}
     nxt = 0

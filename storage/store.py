@@ -19,12 +19,14 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from .arrays import Slicer, open_direct, open_random, rows_nbytes, rows_one_by_one, run_bounds
+from .arrays import (CodedDataset, Slicer, open_direct, open_random, rows_nbytes,
+                     rows_one_by_one, run_bounds)
 from .budget import MemoryBudget
 from .cache import LRUCache
 from .errors import (BudgetExceededError, ClosedError, IndexStateError, ParameterError,
                      StoreFormatError)
-from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, TMP_MARKER
+from .format import (CODED_VERSION, DATA_FILE, FORMAT_NAME, FORMAT_VERSION, INDEX_DIR,
+                     READ_VERSIONS, TMP_MARKER)
 from .integrity import HASHED, REBUILD_HINT, check_columns, check_row_pointers, digest
 from .stop import check_stop
 
@@ -180,8 +182,11 @@ class Store:
                 self._fd_small = open_random(data)
             if direct:
                 self._fd_direct = open_direct(data)
-            self._ds = {k: Slicer.of(self._fd, v, self._fd_small, self._fd_direct)
+            self._ds = {k: Slicer.of(self._fd, v, self._fd_small, self._fd_direct,
+                                     self.value_table if k == "X" else None)
                         for k, v in self._ds.items()}
+        elif self.value_table is not None:
+            self._ds["X"] = CodedDataset(self._ds["X"], self.value_table)
         # shared with every other view of this file under this budget (_acquire_block_cache):
         # entries keep the stored labels; a one-vs-rest view maps them as they leave
         self._cache, self._cache_key = _acquire_block_cache(self.budget, data,
@@ -203,17 +208,17 @@ class Store:
             raise StoreFormatError(f"{data} is not an ooc-learn store file.",
                                    "Create one with: ooc-ingest SOURCE -o STORE")
         version = int(a.get("format_version", -1))
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise StoreFormatError(
                 f"{self.path} was written by store format {version}; this ooc-learn reads "
-                f"format {FORMAT_VERSION}.",
+                f"formats {' and '.join(map(str, READ_VERSIONS))}.",
                 "Re-ingest the source with this version: ooc-ingest SOURCE -o STORE --overwrite")
         if not bool(a.get("complete", False)):
             raise StoreFormatError(f"{self.path} is incomplete (its ingest did not finish).",
                                    "Re-run ooc-ingest with --overwrite.")
-        self._read_shape(a)
+        self._read_shape(a, version)
 
-    def _read_shape(self, a) -> None:
+    def _read_shape(self, a, version: int = FORMAT_VERSION) -> None:
         """The header's figures, each checked against the datasets they describe."""
         def bad(what):
             return StoreFormatError(f"{self.path / DATA_FILE} is damaged: {what}.", REBUILD_HINT)
@@ -236,7 +241,11 @@ class Store:
             raise bad("its metadata attribute is not a JSON object")
         f = self._file
         want = {"y": ((n,), "f"), "row_id": ((n,), "i"), "sqnorm": ((n,), "f")}
-        if self.layout == "dense":
+        self.value_table = None
+        if self.layout == "dense" and version == CODED_VERSION:
+            want["X"] = ((n, d), "u")
+            self.value_table = self._read_value_table(bad)
+        elif self.layout == "dense":
             want["X"] = ((n, d), "f")
         else:
             want.update(indptr=((n + 1,), "i"), indices=((self.nnz,), "i"),
@@ -270,6 +279,24 @@ class Store:
             # while open (replaced by a rename, never rewritten in place), so a read pass
             # after the first checks nothing new
             self._checked = np.zeros(self._hashes.shape, dtype=bool)
+
+    def _read_value_table(self, bad) -> np.ndarray:
+        """``X_values`` of a store whose X holds value codes: one float32 entry per code."""
+        X, vals = self._file.get("X"), self._file.get("X_values")
+        if not (isinstance(X, h5py.Dataset) and isinstance(vals, h5py.Dataset)):
+            raise bad("its X or X_values dataset is missing")
+        if (X.dtype not in (np.uint8, np.uint16) or vals.dtype != np.float32
+                or vals.shape != (int(np.iinfo(X.dtype).max) + 1,)):
+            raise bad(f"X_values ({vals.shape}, {vals.dtype}) does not hold one float32 "
+                      f"value per code of X ({X.dtype})")
+        self._code_dtype = X.dtype
+        return vals[:]
+
+    @property
+    def value_codes(self) -> str | None:
+        """The type of X's value codes ("uint8", "uint16"), None where X is float32
+        (:mod:`~ooc_learn.storage.value_codes`)."""
+        return None if self.value_table is None else str(self._code_dtype)
 
     def _one_vs_rest(self, positive) -> None:
         """Read a multiclass store as the binary task ``positive`` vs the rest: every label
@@ -383,7 +410,7 @@ class Store:
     def info(self) -> dict:
         return {"store": str(self.path), "n_samples": self.n_samples,
                 "n_features": self.n_features, "n_blocks": self.n_blocks, "nnz": self.nnz,
-                "layout": self.layout, "task": self.task,
+                "layout": self.layout, "task": self.task, "value_codes": self.value_codes,
                 "block_rows": {"min": int(self.block_sizes.min()),
                                "max": int(self.block_sizes.max())},
                 "data_bytes": (self.path / DATA_FILE).stat().st_size,
@@ -424,6 +451,8 @@ class Store:
             y = self.labels_out(y)
         self.rows_read += stop - start
         nb = rows_nbytes(X, y, row_ids)
+        if self.value_table is not None:  # the codes read, not the float32 returned
+            nb -= X.nbytes - X.size * self._code_dtype.itemsize
         self.bytes_read += nb
         return X, y, row_ids
 
@@ -467,7 +496,7 @@ class Store:
         if self.layout == "dense" and isinstance(Xs, Slicer) and isinstance(ys, Slicer):
             X, y = Xs.take(rows), ys.take(rows)
             self.rows_read += rows.size
-            self.bytes_read += X.nbytes + y.nbytes
+            self.bytes_read += rows.size * Xs.row_bytes + y.nbytes
             return X, self.labels_out(y)
         return rows_one_by_one(lambda a, b: self.read_range(a, b, ids=False), rows)
 
@@ -612,7 +641,7 @@ class Store:
         blocks = self.block_of(srt)
         f = self._ds
         dense = self.layout == "dense"
-        Xout = np.empty((n, self.n_features), f["X"].dtype) if dense else None
+        Xout = np.empty((n, self.n_features), np.float32) if dense else None
         yout, idout = np.empty(n, f["y"].dtype), np.empty(n, f["row_id"].dtype)
         parts_X = []  # CSR rows, block by block: (row lengths, data, indices)
         # read straight from the file: one system call per run of rows (X; a CSR store's

@@ -14,10 +14,11 @@ import scipy.sparse as sp
 
 from .arrays import row_sqnorms
 from .errors import ParameterError
-from .format import DATA_FILE, FORMAT_NAME, FORMAT_VERSION, META_FILE
+from .format import CODED_VERSION, DATA_FILE, FORMAT_NAME, FORMAT_VERSION, META_FILE
 from .integrity import HASHED, block_digests, digest
 from .stop import check_stop
 from .store import open_store
+from .value_codes import WIDTHS, ValueCodes
 
 __all__ = ["StoreWriter", "rewrite_block_order"]
 
@@ -37,7 +38,7 @@ class StoreWriter:
     """
 
     def __init__(self, directory, *, n_samples: int, n_features: int, nnz: int, layout: str,
-                 block_offsets, task: str, metadata: dict):
+                 block_offsets, task: str, metadata: dict, value_codes="auto"):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.n_samples, self.n_features = int(n_samples), int(n_features)
@@ -56,8 +57,17 @@ class StoreWriter:
         f.create_dataset("row_id", (n,), dtype=np.int64)
         f.create_dataset("sqnorm", (n,), dtype=np.float32)
         f.create_dataset("block_offsets", data=self.block_offsets)
+        # a dense X: float32, or value codes (decided on the first block where "auto")
+        self._codes = None
+        self._codes_mode = value_codes if layout == "dense" else None
+        if isinstance(value_codes, str) and value_codes in WIDTHS:
+            self._codes = ValueCodes(value_codes)
+        elif value_codes not in (None, "auto"):
+            raise ParameterError(f"value_codes must be 'auto', None or one of "
+                                 f"{', '.join(WIDTHS)}; got {value_codes!r}.")
         if layout == "dense":
-            f.create_dataset("X", (n, d), dtype=np.float32)
+            if value_codes is None:
+                f.create_dataset("X", (n, d), dtype=np.float32)
         elif layout == "csr":
             f.create_dataset("indptr", (n + 1,), dtype=np.int64)
             if self.nnz is None:
@@ -88,9 +98,11 @@ class StoreWriter:
         else:
             self._labels_due.add(b)
         if self.layout == "dense":
-            parts["X"] = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float32)
+            parts["X"] = np.ascontiguousarray(X.toarray() if sp.issparse(X) else X,
+                                              dtype=np.float32)
             if self.nnz is None:  # counted as the blocks come (a shard's)
                 self._nnz_pos += int(np.count_nonzero(parts["X"]) if nnz is None else nnz)
+            stored = self._dense_X(parts["X"])
         else:
             X = sp.csr_matrix(X) if not sp.issparse(X) else X
             a = self._nnz_pos
@@ -106,11 +118,32 @@ class StoreWriter:
                 f["data"][a:a + nb] = parts["data"]
             f["indptr"][start + 1:stop + 1] = parts["indptr"][1:]
             self._nnz_pos = a + nb
-        for name in ("y", "row_id", "sqnorm") + (("X",) if self.layout == "dense" else ()):
+        for name in ("y", "row_id", "sqnorm"):
             if name in parts:
                 f[name][start:stop] = parts[name]
+        if self.layout == "dense":
+            f["X"][start:stop] = stored
+        # a coded X's digest is of its float32 values, as the store reads them back
         self._hashes[b] = block_digests(parts, self.layout, missing=0)
         self._next_block += 1
+
+    def _dense_X(self, X: np.ndarray) -> np.ndarray:
+        """A dense block as stored: the codes of its values (the first block decides whether
+        X has codes, and their width), or X itself. Raises ``ValueCodesFull`` where a block
+        brings more distinct values than the codes hold."""
+        if "X" not in self._file:
+            if self._codes is None and self._codes_mode == "auto":
+                self._codes = ValueCodes.first_block(X)
+            self._file.create_dataset("X", (self.n_samples, self.n_features),
+                                      dtype=np.float32 if self._codes is None
+                                      else self._codes.dtype)
+        return X if self._codes is None else self._codes.encode(X)
+
+    @property
+    def value_codes(self) -> str | None:
+        """The width of X's value codes ("uint8", "uint16"), None for float32 (or before a
+        first dense block decided)."""
+        return None if self._codes is None else self._codes.width
 
     def set_labels(self, b: int, y) -> None:
         """The labels of block ``b``, written without them (in the block's written order)."""
@@ -141,11 +174,21 @@ class StoreWriter:
             raise ValueError("not every block was written, or not every block's labels")
         self._labels()  # a store of no rows
         f = self._file
+        if self.layout == "dense" and "X" not in f:  # no block (no rows): float32
+            f.create_dataset("X", (self.n_samples, self.n_features), dtype=np.float32)
+        coded = self.layout == "dense" and self._codes is not None
+        if coded:
+            f.create_dataset("X_values", data=self._codes.table())
+            f["X_values"].attrs["distinct"] = self._codes.n
+            self.metadata["value_codes"] = {"width": self._codes.width,
+                                            "distinct": self._codes.n}
         if self.nnz is None:  # a shard's entries, counted in write_block
             self.nnz = self.metadata["nnz"] = self._nnz_pos
         if self._spool is not None:
             self._copy_spool()
-        attrs = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+        # format 2: X holds value codes (a reader of format 1 refuses the store by name)
+        attrs = {"format": FORMAT_NAME, "format_version": CODED_VERSION if coded
+                 else FORMAT_VERSION,
                  "n_samples": self.n_samples, "n_features": self.n_features,
                  "nnz": self.nnz if self.layout == "csr" else self._dense_nnz(),
                  "n_blocks": len(self.block_offsets) - 1, "layout": self.layout,
@@ -211,7 +254,8 @@ def rewrite_block_order(store_path, perms, *, memory=None) -> None:
         try:
             w = StoreWriter(tmp, n_samples=old.n_samples, n_features=old.n_features,
                             nnz=old.nnz, layout=old.layout, block_offsets=old.block_offsets,
-                            task=old.task, metadata=old.metadata)
+                            task=old.task, metadata=old.metadata,
+                            value_codes=old.value_codes)
             for b, perm in enumerate(perms(tmp)):
                 X, y, ids = old.read_range(old.block_offsets[b], old.block_offsets[b + 1])
                 perm = np.asarray(perm, dtype=np.int64)
