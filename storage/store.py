@@ -422,10 +422,12 @@ class Store:
 
     # -- reads ---------------------------------------------------------------------------
     def read_range(self, start: int, stop: int, *, ids: bool = True,
-                   stored_labels: bool = False):
+                   stored_labels: bool = False, out: np.ndarray | None = None):
         """Rows ``start:stop`` of the store as ``(X, y, row_ids)``; one read per dataset
         (``ids=False`` skips the row ids, returning None for them: one read fewer;
-        ``stored_labels`` the labels as stored, not as this view maps them)."""
+        ``stored_labels`` the labels as stored, not as this view maps them). ``out``: a
+        float32 buffer of at least ``stop - start`` rows that a store with value codes
+        decodes X into (X is then a view of it); others ignore it."""
         self._check_open()
         check_stop()  # a safe point for SIGINT / SIGTERM
         start, stop = int(start), int(stop)
@@ -436,7 +438,8 @@ class Store:
         if ids:
             got["row_id"] = f["row_id"][start:stop]
         if self.layout == "dense":
-            X = got["X"] = f["X"][start:stop]
+            X = got["X"] = (f["X"][start:stop] if out is None or self.value_table is None
+                            else f["X"].read_into(start, stop, out))
         else:
             indptr = got["indptr"] = f["indptr"][start:stop + 1]
             check_row_pointers(self.path, indptr, self.nnz, f"rows {start}:{stop}")
@@ -562,7 +565,8 @@ class Store:
         for b in (range(self.n_blocks) if order is None else order):
             yield self.read_block(b)
 
-    def iter_chunks(self, max_rows: int, *, ids: bool = True, blocks=None):
+    def iter_chunks(self, max_rows: int, *, ids: bool = True, blocks=None,
+                    reuse: bool = False):
         """Yield ``(start, X, y, row_ids)`` covering the store in order (or the blocks
         ``blocks``, in the order given), under the read policy
         of :meth:`reads_whole_block`: a whole block through the cache when it takes one, else
@@ -570,18 +574,31 @@ class Store:
         (``ids=False`` skips the row ids). Where the cap holds less than ``max_rows`` rows at
         the moment (the caller's state grew between chunks, or the RSS holds more than the
         account), the range halves down to ``CHUNK_MIN_ROWS`` rows before the reservation
-        fails. A caller lets go of each chunk before asking for the next."""
-        self._check_open()
-        for b in range(self.n_blocks) if blocks is None else blocks:
-            b = int(b)
-            yield from self.iter_range(int(self.block_offsets[b]),
-                                       int(self.block_offsets[b + 1]), max_rows, ids=ids)
+        fails. A caller lets go of each chunk before asking for the next.
 
-    def iter_range(self, start: int, stop: int, max_rows: int, *, ids: bool = True):
+        ``reuse``: the caller copies what it keeps of a chunk (a scan's selection), so on a
+        store with value codes the ranges are decoded into one buffer, reserved while the
+        pass lasts, instead of a fresh array each: the pages of 96 MiB chunks faulted in
+        afresh each time cost more than their decoding (bench-log, session 50)."""
+        self._check_open()
+        into = _ChunkBuffer(self) if reuse and self.value_table is not None else None
+        try:
+            for b in range(self.n_blocks) if blocks is None else blocks:
+                b = int(b)
+                yield from self.iter_range(int(self.block_offsets[b]),
+                                           int(self.block_offsets[b + 1]), max_rows, ids=ids,
+                                           _into=into)
+        finally:
+            if into is not None:
+                into.release()
+
+    def iter_range(self, start: int, stop: int, max_rows: int, *, ids: bool = True,
+                   _into=None):
         """Yield ``(start, X, y, row_ids)`` covering the rows ``start:stop`` of one block
         under the read policy of :meth:`iter_chunks`: a view of the whole block through the
         cache when it takes one, else ranges of at most ``max_rows`` rows paid from the
-        budget while they are held."""
+        budget while they are held (``_into``: :meth:`iter_chunks`'s reused buffer, paid
+        while it lives)."""
         self._check_open()
         start, stop = int(start), int(stop)
         b = int(np.searchsorted(self.block_offsets, start, side="right") - 1)
@@ -600,6 +617,11 @@ class Store:
             return
         step, budget = max(1, int(max_rows)), self.budget
         a = start
+        while a < stop and _into is not None:
+            buf = _into.rows(min(stop, a + step) - a)
+            z = a + buf.shape[0]
+            yield (a,) + tuple(self.read_range(a, z, ids=ids, out=buf))
+            a = z
         while a < stop:
             # by the RSS too: what the account does not itemise (the caller's last
             # chunk, still held while this one is read) halves the chunk
@@ -875,6 +897,31 @@ class Store:
                                   f"Build it with: ooc-index {self.path} (in Python, "
                                   "ingest with build_index=True, or train with "
                                   "solver='dcd', which needs none).")
+
+
+class _ChunkBuffer:
+    """The float32 buffer a pass's chunks are decoded into (:meth:`Store.iter_chunks`'s
+    ``reuse``), reserved from the budget while it lives; made again (shrinking as a chunk's
+    reservation does) only when a chunk wants more rows than it holds."""
+
+    def __init__(self, store: Store):
+        self.store, self.X, self.held = store, None, 0
+
+    def rows(self, k: int) -> np.ndarray:
+        """A buffer of ``k`` rows, or fewer where the cap holds fewer."""
+        if self.X is not None and self.X.shape[0] >= k:
+            return self.X[:k]
+        self.release()
+        st = self.store
+        k = st.budget.reserve_shrinking(k, st.estimated_bytes, CHUNK_MIN_ROWS, "store chunk")
+        self.held = st.estimated_bytes(k)
+        self.X = np.empty((k, st.n_features), np.float32)
+        return self.X
+
+    def release(self) -> None:
+        self.X = None
+        self.store.budget.release(self.held)
+        self.held = 0
 
 
 def open_store(path, memory=None, *, positive=None, direct: bool | None = None) -> Store:

@@ -20,6 +20,16 @@ INGEST = [sys.executable, "-c",
           "import sys; from ooc_learn.cli import ingest_main; sys.exit(ingest_main())"]
 
 
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch):
+    """Pieces of 64 KiB, so that these small stores' reads take several (and the direct
+    reads' SMALL_READ floor is met by one piece)."""
+    import ooc_learn.storage.arrays as arrays
+
+    monkeypatch.setattr(arrays, "CODED_PIECE", 64 << 10)
+    monkeypatch.setattr(arrays, "SMALL_READ", 16 << 10)
+
+
 def pixels(rng, n=3000, d=64):
     """Image-like rows: 256 levels k / 255 (float32 as numpy rounds them), half of them 0."""
     X = (rng.integers(0, 256, (n, d)) / 255).astype(np.float32)
@@ -56,6 +66,11 @@ def test_pixels_are_stored_as_uint8_codes_and_every_read_gives_the_same_bits(tmp
         G, _, gi = coded.gather(rows[::-1], whole_blocks=False)
         np.testing.assert_array_equal(bits(G), bits(A[rows[::-1]]))
         assert coded.verify() == [] and plain.verify() == []
+        # past the page cache (O_DIRECT where the file system has it): pieces of codes
+        # read aligned into the reader's buffer, a chunk larger than a piece
+        with open_store(tmp_path / "c", direct=True) as d:
+            for lo, hi in ((0, d.n_samples), (7, 2993), (1, 2)):
+                np.testing.assert_array_equal(bits(d.read_range(lo, hi)[0]), bits(A[lo:hi]))
         # the bytes read are the codes': a quarter of the float32 rows (+ labels, ids)
         before = coded.bytes_read
         coded.read_range(0, 1000)
@@ -202,3 +217,31 @@ def test_the_codes_written_before_an_overflow_still_decode():
     assert table.shape == (256,)
     np.testing.assert_array_equal(decode(first, table),
                                   np.arange(200, dtype=np.float32).reshape(20, 10))
+
+
+def test_a_capped_scan_through_one_reused_buffer_finds_what_float32_chunks_find(tmp_path,
+                                                                                rng):
+    """IBCD's check scans a store the cap keeps out of memory in chunks decoded into one
+    buffer (``iter_chunks(reuse=True)``): the rows it admits, their values and the pool are
+    those of the float32 store's fresh chunks."""
+    from ooc_learn.solvers.ibcd.check import scan_rows
+    from ooc_learn.solvers.ibcd.rows import RowSource
+
+    X, y = pixels(rng, n=12000, d=64)
+    answers = []
+    for codes in ("auto", None):
+        ingest_arrays(X, y, tmp_path / f"s{codes}", n_blocks=6, value_codes=codes).close()
+        with open_store(tmp_path / f"s{codes}", memory="1M") as st:
+            assert not st.reads_whole_block(0)  # the cap reads chunks, not cached blocks
+            w = np.linspace(-1, 1, 65)
+            in_S = np.zeros(st.n_samples, bool)
+            in_S[::7] = True
+            ans, pool, _ = scan_rows(RowSource(st), w, w, -np.inf, in_S, 1.0, 500, 300)
+            answers.append((ans, pool, st.rows_read))
+    (a, pa, ra), (b, pb, rb) = answers
+    assert ra == rb == 12000 and a.scanned and 0 < len(a.rows) <= 500
+    np.testing.assert_array_equal(a.rows, b.rows)
+    np.testing.assert_array_equal(bits(a.X), bits(b.X))
+    assert (a.worst, a.n_viol) == (b.worst, b.n_viol)
+    np.testing.assert_array_equal(pa[0], pb[0])
+    np.testing.assert_array_equal(bits(pa[1]), bits(pb[1]))

@@ -269,7 +269,9 @@ def scan_rows(rows_src, w, w_t, low, in_S, bias, n, pool_rows=0,
     order = (int(start_block) + np.arange(nb)) % nb
     ends = store.block_offsets[order + 1]
     done = 0  # blocks read
-    for a, X, y, _ in store.iter_chunks(chunk, ids=False, blocks=order):
+    # every row kept is copied out of its chunk (the selections, the pool): the chunks of
+    # a store with value codes share one buffer
+    for a, X, y, _ in store.iter_chunks(chunk, ids=False, blocks=order, reuse=True):
         block_end = a + X.shape[0] == ends[done]
         done += int(block_end)
         free = ~in_S[a:a + X.shape[0]]
