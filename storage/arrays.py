@@ -199,7 +199,7 @@ class Slicer:
 
     @classmethod
     def of(cls, fd: int, ds, fd_small: int | None = None, fd_direct: int | None = None,
-           table: np.ndarray | None = None):
+           table: np.ndarray | None = None, piece: int | None = None):
         """A slicer for ``ds``, or ``ds`` itself when it is not stored as plain bytes; with
         ``table``, ``ds`` holds value codes, and both read them decoded
         (:class:`CodedSlicer`, :class:`CodedDataset`)."""
@@ -209,7 +209,7 @@ class Slicer:
         except Exception:  # an HDF5 build that cannot say: keep h5py's reads
             plain = False
         if table is not None:
-            return CodedSlicer(fd, ds, fd_small, fd_direct, table) if plain else \
+            return CodedSlicer(fd, ds, fd_small, fd_direct, table, piece) if plain else \
                 CodedDataset(ds, table)
         return cls(fd, ds, fd_small, fd_direct) if plain else ds
 
@@ -320,7 +320,8 @@ class CodedSlicer(Slicer):
     returns the rows decoded, as float32; ``row_bytes`` and the offsets stay the file's
     (codes), ``dtype`` is the codes'.
 
-    The codes pass through one buffer of ``CODED_PIECE`` bytes per reading thread, made at
+    The codes pass through one buffer of ``piece`` bytes (default ``CODED_PIECE``; the
+    store sizes it from its cap and reserves it) per reading thread, made at
     its first read and kept while the store is open (aligned, for ``O_DIRECT``): a chunk
     costs the float32 rows returned and nothing more. A fresh piece each time did not: its
     free raised glibc's mmap threshold to its size, and from then on every array below it
@@ -329,11 +330,16 @@ class CodedSlicer(Slicer):
 
     __slots__ = ("table", "_local", "_piece_bytes")
 
-    def __init__(self, fd, ds, fd_small, fd_direct, table):
+    def __init__(self, fd, ds, fd_small, fd_direct, table, piece: int | None = None):
         super().__init__(fd, ds, fd_small, fd_direct)
         self.table = table
         self._local = threading.local()
-        self._piece_bytes = max(CODED_PIECE, self.row_bytes)
+        self._piece_bytes = max(CODED_PIECE if piece is None else int(piece), self.row_bytes)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """What a reading thread's piece buffer holds (its memory, alignment included)."""
+        return self._piece_bytes + 3 * DIRECT_ALIGN
 
     def _piece_rows(self) -> int:
         return max(1, self._piece_bytes // max(1, self.row_bytes))

@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from .arrays import (CodedDataset, Slicer, open_direct, open_random, rows_nbytes,
-                     rows_one_by_one, run_bounds)
+from .arrays import (CODED_PIECE, CodedDataset, Slicer, open_direct, open_random,
+                     rows_nbytes, rows_one_by_one, run_bounds)
 from .budget import MemoryBudget
 from .cache import LRUCache
 from .errors import (BudgetExceededError, ClosedError, IndexStateError, ParameterError,
@@ -183,10 +183,20 @@ class Store:
             if direct:
                 self._fd_direct = open_direct(data)
             self._ds = {k: Slicer.of(self._fd, v, self._fd_small, self._fd_direct,
-                                     self.value_table if k == "X" else None)
+                                     self.value_table if k == "X" else None,
+                                     coded_piece_bytes(self.budget.limit))
                         for k, v in self._ds.items()}
         elif self.value_table is not None:
             self._ds["X"] = CodedDataset(self._ds["X"], self.value_table)
+        # the buffer the value codes are read through (one reading thread's)
+        self._piece_held = getattr(self._ds.get("X"), "buffer_bytes", 0)
+        if self._piece_held:
+            try:
+                self.budget.reserve(self._piece_held, f"value-code reads of {self.path.name}")
+            except BaseException:
+                self._piece_held = 0
+                self.close()
+                raise
         # shared with every other view of this file under this budget (_acquire_block_cache):
         # entries keep the stored labels; a one-vs-rest view maps them as they leave
         self._cache, self._cache_key = _acquire_block_cache(self.budget, data,
@@ -333,7 +343,10 @@ class Store:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        _release_block_cache(self.budget, self._cache_key, self._cache)
+        self.budget.release(getattr(self, "_piece_held", 0))
+        self._piece_held = 0
+        if getattr(self, "_cache", None) is not None:
+            _release_block_cache(self.budget, self._cache_key, self._cache)
         self._file.close()
         for name in ("_fd", "_fd_small", "_fd_direct"):
             if getattr(self, name, None) is not None:
@@ -897,6 +910,13 @@ class Store:
                                   f"Build it with: ooc-index {self.path} (in Python, "
                                   "ingest with build_index=True, or train with "
                                   "solver='dcd', which needs none).")
+
+
+def coded_piece_bytes(limit: int) -> int:
+    """The codes a coded read holds at a time (:class:`~.arrays.CodedSlicer`): 1/64 of the
+    cap's working share, 64 KiB to ``CODED_PIECE`` (4 MiB; a direct read wants 1 MiB or
+    more, which caps of 64 MiB and up give)."""
+    return int(min(CODED_PIECE, max(64 << 10, limit // 64)))
 
 
 class _ChunkBuffer:
