@@ -286,13 +286,6 @@ def _index_parser() -> argparse.ArgumentParser:
                     "in leaf order; the old store stays intact until the new one is complete).",
         epilog="example:  ooc-index a9a.store --width 10 --leaf-size 16")
     p.add_argument("store", metavar="STORE")
-    p.add_argument("--value-codes", choices=("auto", "uint8", "uint16", "none"),
-                   default="auto",
-                   help="a dense X with few distinct values (pixels, 0/1, small counts) as "
-                        "1- or 2-byte codes and a table of its values: the same float32 "
-                        "rows read back from 2-4x fewer bytes on disk (auto: where the first "
-                        "block shows at most 256, or 16,384 repeating, distinct values; none: "
-                        "float32)")
     p.add_argument("--width", type=int, default=None, metavar="K",
                    help="children per node (default 10)")
     p.add_argument("--leaf-size", type=int, default=None, metavar="L",

@@ -245,3 +245,21 @@ def test_a_capped_scan_through_one_reused_buffer_finds_what_float32_chunks_find(
     assert (a.worst, a.n_viol) == (b.worst, b.n_viol)
     np.testing.assert_array_equal(pa[0], pb[0])
     np.testing.assert_array_equal(bits(pa[1]), bits(pb[1]))
+
+
+def test_indexing_a_coded_store_later_keeps_its_codes_and_rows(tmp_path, rng):
+    from ooc_learn.index.build import build_index
+
+    X, y = pixels(rng, n=4000, d=32)
+    with ingest_arrays(X, y, tmp_path / "s", n_blocks=2) as st:
+        assert st.value_codes == "uint8" and not st.has_index
+        A, _, ids = st.read_range(0, st.n_samples)
+        distinct = st.metadata["value_codes"]["distinct"]
+    build_index(tmp_path / "s")  # every block rewritten in leaf order
+    with open_store(tmp_path / "s") as st:
+        assert st.value_codes == "uint8" and st.has_index
+        assert st.metadata["value_codes"]["distinct"] == distinct
+        B, _, idb = st.read_range(0, st.n_samples)
+        order = np.argsort(idb)
+        np.testing.assert_array_equal(bits(B[order]), bits(A[np.argsort(ids)]))
+        assert st.verify() == []
