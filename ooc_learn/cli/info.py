@@ -86,7 +86,10 @@ def _info_body(args):
              f"rows         {info['n_samples']}",
              f"features     {info['n_features']}",
              f"layout       {info['layout']} (nnz {info['nnz']}, density "
-             f"{meta.get('density', 0):.4f})",
+             f"{meta.get('density', 0):.4f})"
+             + (f", X as {info['value_codes']} codes of "
+                f"{meta.get('value_codes', {}).get('distinct', '?')} values"
+                if info.get("value_codes") else ""),
              f"task         {info['task']}  labels {json.dumps(meta.get('label_map', {}))}",
              f"blocks       {info['n_blocks']} ({info['block_rows']['min']}-"
              f"{info['block_rows']['max']} rows)",

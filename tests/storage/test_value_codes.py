@@ -146,7 +146,9 @@ def test_a_forced_width_too_narrow_is_refused_and_the_old_store_is_kept(tmp_path
         np.testing.assert_array_equal(st.read_range(0, st.n_samples)[0], before)
 
 
-def test_the_cli_reports_the_codes_and_none_keeps_float32(tmp_path, rng):
+def test_the_cli_reports_the_codes_and_none_keeps_float32(tmp_path, rng, capsys):
+    from ooc_learn.cli import info_main
+
     X, y = pixels(rng, n=2000, d=20)
     src = tmp_path / "px.npy"
     np.save(src, np.insert(X, 0, y, axis=1))
@@ -160,6 +162,9 @@ def test_the_cli_reports_the_codes_and_none_keeps_float32(tmp_path, rng):
             assert st.value_codes == want
             with h5py.File(tmp_path / flag / "data.h5", "r") as f:
                 assert f.attrs["format_version"] == (2 if want else 1)
+        capsys.readouterr()
+        assert info_main([str(tmp_path / flag)]) == 0
+        assert ("X as uint8 codes of" in capsys.readouterr().out) == (want is not None)
 
 
 def test_a_damaged_code_fails_its_block_digest(tmp_path, rng):
