@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["ValueCodes", "ValueCodesFull", "decode", "choose_width", "next_width",
-           "U16_FIRST_BLOCK", "WIDTHS"]
+__all__ = ["RowCodes", "ValueCodes", "ValueCodesFull", "decode", "choose_width",
+           "next_width", "U16_FIRST_BLOCK", "WIDTHS"]
 
 #: the code types, by name as ``ooc-ingest --value-codes`` and the metadata say them
 WIDTHS = {"uint8": np.uint8, "uint16": np.uint16}
@@ -112,6 +112,58 @@ class ValueCodes:
         entry for each code the width has, so that any code a damaged file holds decodes
         (the block digests then name the damage)."""
         return self.bits.view(np.float32).copy()
+
+
+class RowCodes:
+    """A coded store's codes for rows read from it, to write them to a file of codes and read
+    them back (IBCD's spilled active set: a quarter of the float32 bytes, for uint8), a piece
+    of ``PIECE`` bytes at a time through one buffer of its own (``PIECE`` is what to reserve
+    for it). Every value of such rows is in the store's table, so the codes never
+    overflow."""
+
+    PIECE = 1 << 18
+
+    def __init__(self, table: np.ndarray):
+        width = "uint8" if table.size == 256 else "uint16"
+        self._codes = ValueCodes(width)
+        self._codes.encode(table)  # a code for every value of the store, in its table order
+        self.table = self._codes.table()
+        self.dtype = self._codes.dtype
+        self._buf = np.empty(self.PIECE, np.uint8)
+
+    def row_bytes(self, d: int) -> int:
+        return d * self.dtype.itemsize
+
+    def _step(self, d: int) -> int:
+        return max(1, self.PIECE // max(1, self.row_bytes(d)))
+
+    def write(self, X: np.ndarray, f) -> None:
+        """The codes of the float32 rows ``X`` to the open binary file ``f``."""
+        c = self._codes
+        d = X.shape[1]
+        for a in range(0, X.shape[0], self._step(d)):
+            part = np.ascontiguousarray(X[a:a + self._step(d)], np.float32)
+            out = self._buf[:part.size * self.dtype.itemsize].view(self.dtype)
+            n = _encode(part.view(np.uint32).ravel(), c._slots, c._codes, c.bits, c.n, out)
+            if n != c.n:  # pragma: no cover - rows read from the store hold its values
+                raise ValueError("a row holds a value outside the store's value table")
+            f.write(memoryview(out).cast("B"))
+
+    def read(self, f, offset: int, rows: int, d: int) -> np.ndarray:
+        """``rows`` float32 rows of ``d`` values decoded from ``f`` at byte ``offset``."""
+        out = np.empty((rows, d), np.float32)
+        f.seek(offset)
+        step = self._step(d)
+        for a in range(0, rows, step):
+            k = min(rows, a + step) - a
+            nbytes = k * self.row_bytes(d)
+            got = f.readinto(memoryview(self._buf)[:nbytes])
+            if got != nbytes:
+                raise OSError(f"{getattr(f, 'name', 'a spill file')} ends {nbytes - got} "
+                              "bytes early")
+            decode(self._buf[:nbytes].view(self.dtype).reshape(k, d), self.table,
+                   out[a:a + k])
+        return out
 
 
 @njit(cache=True, nogil=True)

@@ -52,6 +52,38 @@ def test_spilled_set_reads_back_exactly_what_was_added(tmp_path, rng, sparse):
     assert not list(tmp_path.iterdir()), "the spill folder must be removed"
 
 
+@pytest.mark.parametrize("width", [256, 65536])
+def test_a_coded_stores_rows_spill_as_codes_and_read_back_the_same(tmp_path, rng, width,
+                                                                   monkeypatch):
+    """Rows of a store with value codes spill as those codes (a quarter or half of the
+    bytes), a piece at a time, and come back as the same float32 rows through every read."""
+    from ooc_learn.storage.value_codes import RowCodes
+
+    monkeypatch.setattr(RowCodes, "PIECE", 4096)  # several pieces a read
+    d = 37
+    values = rng.permutation(width // 2).astype(np.float32) / 7  # the store's values
+    table = np.zeros(width, np.float32)
+    table[:values.size] = values
+    ref = values[rng.integers(0, values.size, (1500, d))]
+    budget = MemoryBudget("64M")
+    S = ActiveSet(d, False, budget, spill_dir=tmp_path, value_table=table)
+    S.add(np.arange(900), ref[:900], np.ones(900), np.zeros(900))
+    S.spill()
+    S.add(np.arange(900, 1500), ref[900:], np.ones(600), np.zeros(600))
+    (folder,) = tmp_path.iterdir()
+    item = 1 if width == 256 else 2
+    assert (folder / "X.bin").stat().st_size == 1500 * d * item
+    np.testing.assert_array_equal(S.read(0, S.m), ref)
+    np.testing.assert_array_equal(S.read(450, 1210), ref[450:1210])
+    pos = rng.permutation(S.m)[:300]
+    np.testing.assert_array_equal(S.take(pos), ref[pos])
+    mask = rng.random(S.m) < 0.5
+    S.keep(mask)
+    np.testing.assert_array_equal(S.read(0, S.m), ref[mask])
+    S.release()
+    assert budget.used == 0 and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 def test_resident_keep_compacts_in_place_without_a_copy(rng, sparse):
     d = 25

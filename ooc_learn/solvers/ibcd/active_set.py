@@ -10,7 +10,8 @@ memory; the solver then reads S back in windows as it traverses it (the cyclic r
 rows, the sweeps of problem (13), the outlier check), each window a single contiguous read.
 
 Storage grows geometrically (dense rows or CSR arrays); the spill file is written append-only
-(rows in S order) and rewritten by :meth:`ActiveSet.keep`. It lives in a private temporary
+(rows in S order; a coded store's rows as its value codes, ``RowCodes``) and rewritten by
+:meth:`ActiveSet.keep`. It lives in a private temporary
 directory that :meth:`ActiveSet.release` removes.
 """
 
@@ -27,6 +28,7 @@ from numba import njit
 
 from ooc_learn.storage.budget import MemoryBudget, format_size
 from ooc_learn.storage.errors import BudgetExceededError
+from ooc_learn.storage.value_codes import RowCodes
 
 from .config import IBCDConfig
 
@@ -59,10 +61,16 @@ class ActiveSet:
 
     def __init__(self, n_features: int, sparse: bool, budget: MemoryBudget, *,
                  spill_dir=None, can_spill: bool = True,
-                 resident_share: float | None = None):
+                 resident_share: float | None = None, value_table=None):
         self.d = int(n_features)
         self.sparse = bool(sparse)
         self.budget = budget
+        # a coded store's rows spill as its value codes (a quarter of the bytes for uint8),
+        # through a buffer paid for while S lives
+        self._codes = None
+        if value_table is not None and not self.sparse:
+            budget.reserve(RowCodes.PIECE, "IBCD active-set spill codes")
+            self._codes = RowCodes(value_table)
         self.m = 0
         self.nnz = 0
         self._reserved = 0
@@ -239,7 +247,7 @@ class ActiveSet:
         if not self.spilled:
             return self.X[a:b]
         self.rows_read_back += b - a
-        return _read_file(self._dir, self.sparse, self.d, self.indptr, a, b)
+        return _read_file(self._dir, self.sparse, self.d, self.indptr, a, b, self._codes)
 
     def take(self, pos: np.ndarray):
         """The rows at positions ``pos`` of S (a copy), reading contiguous runs."""
@@ -343,7 +351,10 @@ class ActiveSet:
                 np.ascontiguousarray(X.indices, np.int32).tofile(f)
         else:
             with open(self._dir / "X.bin", "ab") as f:
-                np.ascontiguousarray(X, np.float32).tofile(f)
+                if self._codes is not None:
+                    self._codes.write(X, f)
+                else:
+                    np.ascontiguousarray(X, np.float32).tofile(f)
         self.rows_spilled += X.shape[0]
 
     # ---- removal -----------------------------------------------------------------------
@@ -375,7 +386,8 @@ class ActiveSet:
                 continue
             nb = _range_bytes(self.sparse, self.d, indptr_old, a, b)
             with self.budget.reservation(2 * nb, "IBCD active-set window"):
-                X = _read_file(old, self.sparse, self.d, indptr_old, a, b)[sel - a]
+                X = _read_file(old, self.sparse, self.d, indptr_old, a, b,
+                               self._codes)[sel - a]
                 self.rows_read_back += b - a
                 i = np.searchsorted(keep, sel)
                 self.add(rows[i], X, y[i], sqn[i], alpha[i])
@@ -411,6 +423,9 @@ class ActiveSet:
     def release(self) -> None:
         self.budget.release(self._reserved)
         self._reserved = 0
+        if self._codes is not None:
+            self.budget.release(RowCodes.PIECE)
+            self._codes = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -431,7 +446,11 @@ def _range_bytes(sparse: bool, d: int, indptr: np.ndarray, a: int, b: int) -> in
     return 4 * d * (b - a)
 
 
-def _read_file(folder: Path, sparse: bool, d: int, indptr: np.ndarray, a: int, b: int):
+def _read_file(folder: Path, sparse: bool, d: int, indptr: np.ndarray, a: int, b: int,
+               codes: RowCodes | None = None):
+    if codes is not None:
+        with open(folder / "X.bin", "rb") as f:
+            return codes.read(f, codes.row_bytes(d) * a, b - a, d)
     if sparse:
         lo, hi = int(indptr[a]), int(indptr[b])
         data = np.fromfile(folder / "data.bin", np.float32, hi - lo, offset=4 * lo)

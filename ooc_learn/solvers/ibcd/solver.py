@@ -105,7 +105,8 @@ def solve_ibcd(store, config: IBCDConfig | None = None, *, spill_dir=None,
     held = held_out(holdout, n_all, "holdout of solve_ibcd")
     m0, start = sample_start(store, cfg, rng, held, solve=warm is None)
     S = ActiveSet(store.n_features, store.layout == "csr", store.budget,
-                  spill_dir=_spill_dir(store, spill_dir), resident_share=cfg.resident_share)
+                  spill_dir=_spill_dir(store, spill_dir), resident_share=cfg.resident_share,
+                  value_table=getattr(store, "value_table", None))
     in_S = np.zeros(n_all, bool)
     store.budget.reserve(n_all, "IBCD active-set mask")
     frozen = None
