@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -18,9 +19,12 @@ from ooc_learn.cli import ingest_main
 
 
 def build(tmp_path, csr):
+    """A dense, CSR or (csr="coded") dense store of value codes."""
     rng = np.random.default_rng(3)
     n, d = 600, 30
-    if csr:
+    if csr == "coded":  # 9 values, so X is stored as uint8 codes and X_values
+        X = rng.integers(-4, 5, size=(n, d)).astype(float)
+    elif csr:
         X = sp.random(n, d, density=0.1, random_state=3, format="csr")
     else:
         X = rng.normal(size=(n, d))
@@ -30,11 +34,13 @@ def build(tmp_path, csr):
     dump_svmlight_file(X, y, str(src), zero_based=False)
     store = tmp_path / "store"
     args = [str(src), "-o", str(store), "--quiet", "--blocks", "3"]
-    assert ingest_main(args + ["--layout", "csr" if csr else "dense"]) == 0
+    assert ingest_main(args + ["--layout", "csr" if csr is True else "dense"]) == 0
+    with h5py.File(store / "data.h5", "r") as f:
+        assert ("X_values" in f) == (csr == "coded")
     return store
 
 
-@pytest.mark.parametrize("csr", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("csr", [False, True, "coded"], ids=["dense", "csr", "coded"])
 def test_a_corpus_of_damaged_stores_is_refused_cleanly(tmp_path, csr):
     store = build(tmp_path, csr)
     made = corpus(store, tmp_path / "bad", np.random.default_rng(7))
