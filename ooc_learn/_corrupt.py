@@ -26,10 +26,13 @@ def _data(store) -> Path:
 
 
 def flip_byte(store, name: str, rng) -> str:
-    """Flip one bit pattern (xor 0xFF) of one byte of dataset ``name``'s stored values."""
+    """Flip one bit pattern (xor 0xFF) of one byte of dataset ``name``'s stored values (of
+    ``X_values``, one of the codes in use: the others decode nothing)."""
     with h5py.File(_data(store), "r") as f:
         ds = f[name]
         offset, size = ds.id.get_offset(), ds.id.get_storage_size()
+        if name == "X_values":
+            size = min(size, 4 * int(ds.attrs["distinct"]))
     if offset is None or size == 0:
         return f"{name}: empty, nothing to flip"
     pos = offset + int(rng.integers(size))
@@ -184,6 +187,7 @@ def corpus(store, out, rng, flips_per_dataset: int = 2,
     store, out = Path(store), Path(out)
     with h5py.File(_data(store), "r") as f:
         names = [k for k in HASHED[str(f.attrs["layout"])] if k in f]
+        names += ["X_values"] if "X_values" in f else []  # checked by X's digests
     made = []
 
     def copy(tag):
