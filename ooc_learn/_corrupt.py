@@ -58,11 +58,12 @@ def _rehash(f) -> None:
     layout = str(f.attrs["layout"])
     off = f["block_offsets"][:]
     h = f["block_hash"][:]
+    table = f["X_values"][:] if "X_values" in f else None  # value codes
     for b in range(len(off) - 1):
         lo, hi = int(off[b]), int(off[b + 1])
         parts = {k: f[k][lo:hi] for k in ("y", "row_id", "sqnorm", "X") if k in f}
-        if "X" in parts and "X_values" in f:  # value codes: the digest is of their values
-            parts["X"] = f["X_values"][:][parts["X"]]
+        if table is not None and "X" in parts:  # the digest is of the codes' values
+            parts["X"] = table[parts["X"]]
         if layout == "csr":
             ip = f["indptr"][lo:hi + 1]
             parts.update(indptr=ip, indices=f["indices"][int(ip[0]):int(ip[-1])],

@@ -13,7 +13,7 @@ from .errors import NonFiniteError, ParameterError, StoreFormatError
 from .integrity import REBUILD_HINT
 from .value_codes import decode
 
-__all__ = ["CodedDataset", "CodedSlicer", "IMPUTE_HINT", "RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
+__all__ = ["CodedDataset", "CodedSlicer", "coded_piece_bytes", "IMPUTE_HINT", "RUN_GAP", "Slicer", "first_nonfinite", "kernel_args", "matrix_nbytes",
            "nonfinite_text", "refuse_nonfinite", "open_direct", "open_random", "row_sqnorms", "rows_nbytes",
            "rows_one_by_one", "run_bounds", "stack_rows"]
 
@@ -313,6 +313,13 @@ class Slicer:
 #: the codes a coded read holds at a time on their way to the float32 rows (at least
 #: SMALL_READ: a scan's pieces are still read past the page cache where the store is)
 CODED_PIECE = 4 << 20
+
+
+def coded_piece_bytes(limit: int) -> int:
+    """The codes a coded read holds at a time (:class:`CodedSlicer`) under a cap of working
+    share ``limit``: 1/64 of it, 64 KiB to ``CODED_PIECE`` (4 MiB; a direct read wants 1 MiB
+    or more, which caps of 64 MiB and up give)."""
+    return int(min(CODED_PIECE, max(64 << 10, limit // 64)))
 
 
 class CodedSlicer(Slicer):

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from .arrays import (CODED_PIECE, CodedDataset, Slicer, open_direct, open_random,
+from .arrays import (CodedDataset, Slicer, coded_piece_bytes, open_direct, open_random,
                      rows_nbytes, rows_one_by_one, run_bounds)
 from .budget import MemoryBudget
 from .cache import LRUCache
@@ -910,13 +910,6 @@ class Store:
                                   f"Build it with: ooc-index {self.path} (in Python, "
                                   "ingest with build_index=True, or train with "
                                   "solver='dcd', which needs none).")
-
-
-def coded_piece_bytes(limit: int) -> int:
-    """The codes a coded read holds at a time (:class:`~.arrays.CodedSlicer`): 1/64 of the
-    cap's working share, 64 KiB to ``CODED_PIECE`` (4 MiB; a direct read wants 1 MiB or
-    more, which caps of 64 MiB and up give)."""
-    return int(min(CODED_PIECE, max(64 << 10, limit // 64)))
 
 
 class _ChunkBuffer:

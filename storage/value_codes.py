@@ -80,28 +80,37 @@ class ValueCodes:
         self._codes = np.zeros(2 * size, np.int32)
 
     @classmethod
-    def first_block(cls, X) -> ValueCodes | None:
-        """The codes for a store whose first block is ``X`` (already holding its values), or
-        None where it is better stored as float32."""
-        probe = cls("uint16")
-        try:
-            probe.encode(X)
-        except ValueCodesFull:
-            return None
-        width = choose_width(probe.n, int(np.size(X)))
-        if width is None:
-            return None
+    def of_table(cls, width: str, values: np.ndarray) -> ValueCodes:
+        """Codes whose table starts with ``values`` (float32) in their order: code i is
+        ``values[i]``'s (a value repeated keeps its first code)."""
         codes = cls(width)
-        codes.encode(X)
+        codes.encode(values)
         return codes
 
-    def encode(self, X) -> np.ndarray:
-        """``X`` (float32, C order) as codes of the same shape; new values join the table.
-        Raises :class:`ValueCodesFull` where they do not fit: the codes of the blocks
-        before stay valid, and the store being written starts again."""
+    @classmethod
+    def first_block(cls, X) -> tuple[ValueCodes | None, np.ndarray | None]:
+        """``(codes, X's codes)`` for a store whose first block is ``X`` (one pass over it),
+        or ``(None, None)`` where it is better stored as float32."""
+        probe = cls("uint16")
+        try:
+            coded = probe.encode(X)
+        except ValueCodesFull:
+            return None, None
+        width = choose_width(probe.n, int(np.size(X)))
+        if width == "uint8":  # the same codes, one byte each
+            return cls.of_table(width, probe.table()[:probe.n]), coded.astype(np.uint8)
+        return (probe, coded) if width else (None, None)
+
+    def encode(self, X, out: np.ndarray | None = None) -> np.ndarray:
+        """``X`` (float32, C order) as codes of the same shape (into ``out``, C-contiguous,
+        where given); new values join the table. Raises :class:`ValueCodesFull` where they
+        do not fit: the codes of the blocks before stay valid, and the store being written
+        starts again."""
         bits = np.ascontiguousarray(X, np.float32).view(np.uint32)
-        out = np.empty(bits.shape, self.dtype)
-        n = _encode(bits.ravel(), self._slots, self._codes, self.bits, self.n, out.ravel())
+        if out is None:
+            out = np.empty(bits.shape, self.dtype)
+        n = _encode(bits.ravel(), self._slots, self._codes, self.bits, self.n,
+                    out.reshape(-1))
         if n < 0:
             raise ValueCodesFull(self.width, self.n)
         self.n = n
@@ -124,9 +133,8 @@ class RowCodes:
     PIECE = 1 << 18
 
     def __init__(self, table: np.ndarray):
-        width = "uint8" if table.size == 256 else "uint16"
-        self._codes = ValueCodes(width)
-        self._codes.encode(table)  # a code for every value of the store, in its table order
+        # a code for every value of the store, in its table order
+        self._codes = ValueCodes.of_table("uint8" if table.size == 256 else "uint16", table)
         self.table = self._codes.table()
         self.dtype = self._codes.dtype
         self._buf = np.empty(self.PIECE, np.uint8)
@@ -140,12 +148,11 @@ class RowCodes:
     def write(self, X: np.ndarray, f) -> None:
         """The codes of the float32 rows ``X`` to the open binary file ``f``."""
         c = self._codes
-        d = X.shape[1]
-        for a in range(0, X.shape[0], self._step(d)):
-            part = np.ascontiguousarray(X[a:a + self._step(d)], np.float32)
-            out = self._buf[:part.size * self.dtype.itemsize].view(self.dtype)
-            n = _encode(part.view(np.uint32).ravel(), c._slots, c._codes, c.bits, c.n, out)
-            if n != c.n:  # pragma: no cover - rows read from the store hold its values
+        n, step = c.n, self._step(X.shape[1])
+        for a in range(0, X.shape[0], step):
+            part = X[a:a + step]
+            out = c.encode(part, self._buf[:part.size * self.dtype.itemsize].view(self.dtype))
+            if c.n != n:  # pragma: no cover - rows read from the store hold its values
                 raise ValueError("a row holds a value outside the store's value table")
             f.write(memoryview(out).cast("B"))
 

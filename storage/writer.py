@@ -131,13 +131,16 @@ class StoreWriter:
         """A dense block as stored: the codes of its values (the first block decides whether
         X has codes, and their width), or X itself. Raises ``ValueCodesFull`` where a block
         brings more distinct values than the codes hold."""
+        coded = None
         if "X" not in self._file:
             if self._codes is None and self._codes_mode == "auto":
-                self._codes = ValueCodes.first_block(X)
+                self._codes, coded = ValueCodes.first_block(X)
             self._file.create_dataset("X", (self.n_samples, self.n_features),
                                       dtype=np.float32 if self._codes is None
                                       else self._codes.dtype)
-        return X if self._codes is None else self._codes.encode(X)
+        if self._codes is None:
+            return X
+        return self._codes.encode(X) if coded is None else coded
 
     @property
     def value_codes(self) -> str | None:
